@@ -1,0 +1,22 @@
+"""flax_encoder: the Transformer encoder of "Attention Is All You Need" in Flax linen.
+
+Numerically the PyTorch port of the seed tutorials (Post-LN, -1e9 mask fill, LayerNorm eps 1e-5,
+embedding * sqrt(d_model), interleaved sinusoids), with converters to and from PyTorch weights
+(`flax_encoder.interop`) and a parity report (`python -m flax_encoder.parity`).
+"""
+
+from flax_encoder.attention import MASK_FILL, MultiHeadAttention, scaled_dot_product_attention
+from flax_encoder.config import EncoderConfig
+from flax_encoder.embedding import PositionalEncoding, sinusoidal_positions
+from flax_encoder.encoder import Encoder, stack_layers, unstack_layers
+from flax_encoder.feed_forward import PositionwiseFeedForward
+from flax_encoder.inputs import check_token_shape, check_token_values, checked_apply
+from flax_encoder.layer import EncoderLayer
+from flax_encoder.masks import padding_mask
+
+__all__ = [
+    "MASK_FILL", "Encoder", "EncoderConfig", "EncoderLayer", "MultiHeadAttention",
+    "PositionalEncoding", "PositionwiseFeedForward", "check_token_shape", "check_token_values",
+    "checked_apply", "padding_mask", "scaled_dot_product_attention", "sinusoidal_positions",
+    "stack_layers", "unstack_layers",
+]

@@ -1,0 +1,119 @@
+"""Scaled dot-product attention and multi-head attention (paper section 3.2).
+
+Shapes: b = batch, q = query positions, k = key positions, h = heads, d = head_dim,
+m = d_model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from flax_encoder.config import EncoderConfig
+
+# The seed port fills masked scores with -1e9 (`masked_fill(mask == 0, -1e9)`), not -inf, so a
+# row whose keys are all masked averages the values instead of producing NaN.
+MASK_FILL = -1e9
+
+
+def scaled_dot_product_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: jax.Array | None = None,
+    *,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+  """softmax(q k^T / sqrt(d) masked) v, the reference einsum implementation.
+
+  Args:
+    query: [batch, q, heads, head_dim].
+    key: [batch, k, heads, head_dim].
+    value: [batch, k, heads, head_dim].
+    mask: bool, True = attend, broadcastable to [batch, heads, q, k].
+    dropout_rate: dropout on the attention weights; needs `dropout_rng` when > 0.
+    dropout_rng: PRNG key for that dropout.
+
+  Returns:
+    (output [batch, q, heads, head_dim], weights [batch, heads, q, k]). The weights are the
+    softmax before dropout.
+  """
+  head_dim = query.shape[-1]
+  scores = jnp.einsum("bqhd,bkhd->bhqk", query, key) / math.sqrt(head_dim)
+  # Softmax in at least float32: bf16 scores lose the small weights otherwise.
+  scores = scores.astype(jnp.promote_types(scores.dtype, jnp.float32))
+  if mask is not None:
+    scores = jnp.where(mask, scores, MASK_FILL)
+  weights = jax.nn.softmax(scores, axis=-1).astype(value.dtype)
+  dropped = weights
+  if dropout_rate > 0.0:
+    if dropout_rng is None:
+      raise ValueError("dropout_rng is needed when dropout_rate > 0")
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+    dropped = jnp.where(keep, weights / (1.0 - dropout_rate), 0).astype(weights.dtype)
+  output = jnp.einsum("bhqk,bkhd->bqhd", dropped, value)
+  return output, weights
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention with separate w_q, w_k, w_v, w_o projections, as in the seed port.
+
+  The attention weights of the reference implementation are sown into the 'intermediates'
+  collection as `attention_weights` ([batch, heads, q, k]); `apply(..., mutable=
+  ['intermediates'])` returns them.
+  """
+
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, query: jax.Array, key: jax.Array | None = None,
+               value: jax.Array | None = None, mask: jax.Array | None = None, *,
+               kv_lengths: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    """Attends from `query` to `key`/`value` (self-attention when they are omitted).
+
+    Args:
+      query: [batch, q, d_model].
+      key: [batch, k, d_model]; defaults to `query`.
+      value: [batch, k, d_model]; defaults to `key`.
+      mask: bool, True = attend, broadcastable to [batch, heads, q, k].
+      kv_lengths: int32 [batch] count of real keys per row, for right-padded input: the
+        cuDNN fast path of `attention_impl='cudnn'`; other implementations ignore it.
+      deterministic: no dropout when True.
+
+    Returns:
+      [batch, q, d_model].
+    """
+    cfg = self.config
+    key = query if key is None else key
+    value = key if value is None else value
+    dense = lambda name: nn.Dense(cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                                  kernel_init=nn.initializers.xavier_uniform(), name=name)
+    batch, q_len, _ = query.shape
+    k_len = key.shape[1]
+    # [batch, seq, d_model] -> [batch, seq, heads, head_dim]
+    q = dense("w_q")(query).reshape(batch, q_len, cfg.n_heads, cfg.head_dim)
+    k = dense("w_k")(key).reshape(batch, k_len, cfg.n_heads, cfg.head_dim)
+    v = dense("w_v")(value).reshape(batch, k_len, cfg.n_heads, cfg.head_dim)
+
+    if cfg.attention_impl == "reference":
+      rate = 0.0 if deterministic else cfg.attention_dropout
+      rng = self.make_rng("dropout") if rate > 0 else None
+      context, weights = scaled_dot_product_attention(q, k, v, mask, dropout_rate=rate,
+                                                      dropout_rng=rng)
+      self.sow("intermediates", "attention_weights", weights)
+    elif cfg.attention_impl == "cudnn" and kv_lengths is not None:
+      context = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=kv_lengths,
+                                             implementation="cudnn")
+    else:
+      if mask is not None:
+        mask = jnp.broadcast_to(mask, (batch, cfg.n_heads, q_len, k_len))
+      context = jax.nn.dot_product_attention(q, k, v, mask=mask,
+                                             implementation=cfg.attention_impl)
+
+    # [batch, q, heads, head_dim] -> [batch, q, d_model]
+    context = context.reshape(batch, q_len, cfg.d_model)
+    return dense("w_o")(context)

@@ -1,0 +1,105 @@
+"""The encoder stack: embedding * sqrt(d_model) + positions, dropout, N layers, final LayerNorm."""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flax_encoder.config import EncoderConfig
+from flax_encoder.embedding import PositionalEncoding
+from flax_encoder.inputs import check_token_shape, check_token_values
+from flax_encoder.layer import EncoderLayer, layer_norm
+from flax_encoder.masks import check_mask, padding_mask, right_padded_lengths
+
+REMAT_POLICIES = {
+    "full": None,  # save nothing, recompute the whole layer
+    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _layer_class(cfg: EncoderConfig):
+  if cfg.remat == "none":
+    return EncoderLayer
+  # Arguments: self=0, x=1, mask=2, kv_lengths=3, deterministic=4 (a Python bool).
+  return nn.remat(EncoderLayer, policy=REMAT_POLICIES[cfg.remat], static_argnums=(4,))
+
+
+class Encoder(nn.Module):
+  """The Transformer encoder of "Attention Is All You Need", numerically the seed PyTorch port."""
+
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, mask: jax.Array | None = None, *,
+               deterministic: bool = True) -> jax.Array:
+    """Encodes token ids.
+
+    Args:
+      tokens: int ids in [0, vocab_size), [batch, seq], seq <= max_len.
+      mask: bool, True = attend, broadcastable to [batch, heads, seq, seq]
+        ([batch, 1, 1, seq] or [batch, 1, seq, seq]); defaults to the padding mask
+        `tokens != pad_id`.
+      deterministic: no dropout when True; otherwise dropout draws from the 'dropout' rng.
+
+    Returns:
+      [batch, seq, d_model] in config.dtype.
+    """
+    cfg = self.config
+    check_token_shape(tokens, cfg.max_len)
+    check_token_values(tokens, cfg.vocab_size)
+    batch, seq = tokens.shape
+
+    kv_lengths = None
+    if mask is None:
+      mask = padding_mask(tokens, cfg.pad_id)
+      if cfg.attention_impl == "cudnn":
+        # cuDNN's fast path takes padding as sequence lengths, which assumes right padding.
+        kv_lengths = right_padded_lengths(mask)
+    else:
+      check_mask(mask, batch, cfg.n_heads, seq, seq)
+
+    embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                     # std d_model^-0.5: after the sqrt(d_model) scale the embeddings have unit
+                     # variance, the scale of the sinusoids (tensor2tensor's choice).
+                     embedding_init=nn.initializers.normal(stddev=cfg.d_model**-0.5),
+                     name="embedding")
+    x = embed(tokens) * math.sqrt(cfg.d_model)
+    x = PositionalEncoding(cfg.max_len, cfg.d_model, name="pos_encoder")(x)
+    x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
+
+    layer = _layer_class(cfg)
+    if cfg.scan_layers:
+      layers = nn.scan(layer, variable_axes={"params": 0, "intermediates": 0},
+                       split_rngs={"params": True, "dropout": True},
+                       in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.n_layers)
+      x, _ = layers(cfg, name="layers")(x, mask, kv_lengths, deterministic)
+    else:
+      for i in range(cfg.n_layers):
+        x = layer(cfg, name=f"layers_{i}")(x, mask, kv_lengths, deterministic)
+
+    if cfg.final_norm:
+      x = layer_norm(cfg, "norm")(x)
+    return x
+
+
+def stack_layers(params: dict, n_layers: int) -> dict:
+  """Unscanned params (`layers_0` … `layers_{n-1}`) -> scanned (`layers`, leading axis n)."""
+  params = dict(params)
+  per_layer = [params.pop(f"layers_{i}") for i in range(n_layers)]
+  # numpy stays numpy (and float64 stays float64 without jax_enable_x64).
+  stack = lambda *xs: (np.stack if isinstance(xs[0], np.ndarray) else jnp.stack)(xs)
+  params["layers"] = jax.tree.map(stack, *per_layer)
+  return params
+
+
+def unstack_layers(params: dict, n_layers: int) -> dict:
+  """Scanned params (`layers` with leading axis n) -> unscanned (`layers_0` … `layers_{n-1}`)."""
+  params = dict(params)
+  stacked = params.pop("layers")
+  for i in range(n_layers):
+    params[f"layers_{i}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
+  return params

@@ -1,0 +1,33 @@
+"""Position-wise feed-forward network (paper section 3.3): w_2(dropout(act(w_1 x)))."""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+
+from flax_encoder.config import EncoderConfig
+
+ACTIVATION_FNS = {
+    "relu": jax.nn.relu,
+    # PyTorch's nn.GELU default is the exact erf form; jax.nn.gelu defaults to the tanh one.
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+}
+
+
+class PositionwiseFeedForward(nn.Module):
+  """Two dense layers d_model -> d_ff -> d_model, dropout after the activation."""
+
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, deterministic: bool = True) -> jax.Array:
+    """[batch, seq, d_model] -> [batch, seq, d_model]."""
+    cfg = self.config
+    dense = lambda features, name: nn.Dense(
+        features, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        kernel_init=nn.initializers.xavier_uniform(), name=name)
+    h = ACTIVATION_FNS[cfg.activation](dense(cfg.d_ff, "w_1")(x))
+    h = nn.Dropout(cfg.dropout)(h, deterministic=deterministic)
+    return dense(cfg.d_model, "w_2")(h)

@@ -1,0 +1,71 @@
+"""Checks on token ids: a bad id must raise, never gather a NaN or clamped row.
+
+Flax's Embed returns NaN rows for out-of-range ids and a plain gather clamps them, so values
+are checked on the host whenever they are concrete. Under a caller's jit the values are
+tracers; there the check is a `checkify.debug_check`, which `checked_apply` turns on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
+
+
+def check_token_shape(tokens: Any, max_len: int) -> None:
+  """Raises unless `tokens` is a 2-D integer array no longer than `max_len`."""
+  dtype = getattr(tokens, "dtype", None)
+  if dtype is None or not hasattr(tokens, "shape"):
+    raise TypeError(
+        f"tokens must be an integer array of shape [batch, seq], got {type(tokens).__name__}")
+  if not jnp.issubdtype(dtype, jnp.integer):
+    raise TypeError(f"tokens must hold integer ids, got dtype {dtype}")
+  if tokens.ndim != 2:
+    raise ValueError(f"tokens must be 2-D [batch, seq], got shape {tuple(tokens.shape)}")
+  if tokens.shape[1] > max_len:
+    raise ValueError(
+        f"tokens have sequence length {tokens.shape[1]}, longer than max_len={max_len} "
+        f"(the positional-encoding table); truncate the input or raise EncoderConfig.max_len")
+
+
+def _out_of_range_message(vocab_size: int) -> str:
+  return f"tokens must lie in [0, vocab_size={vocab_size})"
+
+
+def check_token_values(tokens: Any, vocab_size: int) -> None:
+  """Raises ValueError naming the first id outside [0, vocab_size).
+
+  Concrete arrays are checked on the host. Traced values (inside jit) get a
+  `checkify.debug_check`, which is a no-op unless the caller runs under `checkify`
+  (see `checked_apply`).
+  """
+  if isinstance(tokens, jax.core.Tracer):
+    in_range = jnp.all((tokens >= 0) & (tokens < vocab_size))
+    checkify.debug_check(in_range, _out_of_range_message(vocab_size) + "; got an id outside it")
+    return
+  values = np.asarray(tokens)
+  bad = (values < 0) | (values >= vocab_size)
+  if bad.any():
+    where = tuple(int(i) for i in np.argwhere(bad)[0])
+    raise ValueError(
+        f"{_out_of_range_message(vocab_size)}; got {int(values[where])} at index {where} "
+        f"({int(bad.sum())} ids out of range, min {int(values.min())}, max {int(values.max())})")
+
+
+def checked_apply(apply_fn: Callable, **jit_kwargs) -> Callable:
+  """jit-compiles `apply_fn` with its token checks kept: a bad id raises after the call.
+
+  `apply_fn` is e.g. `Encoder(config).apply`; the result takes the same arguments.
+  Checking costs one device-to-host transfer of a flag per call.
+  """
+  checked = jax.jit(checkify.checkify(apply_fn, errors=checkify.user_checks), **jit_kwargs)
+
+  def run(*args, **kwargs):
+    error, out = checked(*args, **kwargs)
+    error.throw()
+    return out
+
+  return run

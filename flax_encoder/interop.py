@@ -1,0 +1,276 @@
+"""PyTorch weights in and out.
+
+Two layouts of the PyTorch state dict:
+  "seed":     the seed port's names: embedding.weight, layers.{i}.self_attn.w_q … w_o,
+              layers.{i}.feed_forward.w_1 / w_2, layers.{i}.norm1 / norm2, norm,
+              pos_encoder.pe (a buffer, checked against the sinusoid).
+  "torch_nn": layers.{i} are torch.nn.TransformerEncoderLayer: self_attn.in_proj_weight /
+              in_proj_bias (q, k, v stacked), self_attn.out_proj, linear1, linear2, norm1, norm2;
+              beside embedding.weight and norm.
+torch.nn.Linear stores weight as [out, in]; flax's Dense kernel is [in, out].
+torch is imported only inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+from flax_encoder.config import EncoderConfig
+from flax_encoder.embedding import sinusoidal_positions
+from flax_encoder.encoder import stack_layers, unstack_layers
+
+LAYOUTS = ("seed", "torch_nn")
+
+# flax name within a layer -> (torch name within a layer) per layout, for the Dense layers that
+# map one to one.
+_DENSE = {
+    "seed": {("self_attn", "w_q"): "self_attn.w_q", ("self_attn", "w_k"): "self_attn.w_k",
+             ("self_attn", "w_v"): "self_attn.w_v", ("self_attn", "w_o"): "self_attn.w_o",
+             ("feed_forward", "w_1"): "feed_forward.w_1",
+             ("feed_forward", "w_2"): "feed_forward.w_2"},
+    "torch_nn": {("self_attn", "w_o"): "self_attn.out_proj", ("feed_forward", "w_1"): "linear1",
+                 ("feed_forward", "w_2"): "linear2"},
+}
+_NORMS = ("norm1", "norm2")
+_QKV = (("w_q", 0), ("w_k", 1), ("w_v", 2))  # order of the packed in_proj rows
+PE_KEY = "pos_encoder.pe"
+# The seed computes its table in float32, off by up to ~max_len * 6e-8 from the exact sinusoid;
+# a table of another formula (other base, halves instead of interleaved) is off by O(1).
+_PE_ATOL = 1e-3
+
+
+def _check_layout(layout: str) -> None:
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+
+
+def expected_shapes(config: EncoderConfig, layout: str = "seed") -> dict[str, tuple[int, ...]]:
+  """Every key of a PyTorch state dict in `layout` for `config`, with its shape."""
+  _check_layout(layout)
+  d, f = config.d_model, config.d_ff
+  shapes = {"embedding.weight": (config.vocab_size, d)}
+  dense_shapes = {"w_1": (f, d), "w_2": (d, f)}
+  for i in range(config.n_layers):
+    prefix = f"layers.{i}."
+    for (_, flax_name), torch_name in _DENSE[layout].items():
+      out_in = dense_shapes.get(flax_name, (d, d))
+      shapes[prefix + torch_name + ".weight"] = out_in
+      shapes[prefix + torch_name + ".bias"] = out_in[:1]
+    if layout == "torch_nn":
+      shapes[prefix + "self_attn.in_proj_weight"] = (3 * d, d)
+      shapes[prefix + "self_attn.in_proj_bias"] = (3 * d,)
+    for norm in _NORMS:
+      shapes[prefix + norm + ".weight"] = (d,)
+      shapes[prefix + norm + ".bias"] = (d,)
+  if config.final_norm:
+    shapes["norm.weight"] = (d,)
+    shapes["norm.bias"] = (d,)
+  return shapes
+
+
+def _to_numpy(name: str, value: Any) -> np.ndarray:
+  if hasattr(value, "detach"):  # a torch.Tensor, without importing torch
+    value = value.detach().cpu()
+    if str(value.dtype) == "torch.bfloat16":
+      value = value.float()  # numpy has no bfloat16; exact, and cast to param_dtype below
+    value = value.numpy()
+  value = np.asarray(value)
+  if not np.issubdtype(value.dtype, np.floating) and value.dtype.name != "bfloat16":
+    raise TypeError(f"state_dict[{name!r}] must hold floating-point weights, got {value.dtype}")
+  return value
+
+
+def _check_keys(state: Mapping[str, Any], config: EncoderConfig, layout: str) -> None:
+  expected = expected_shapes(config, layout)
+  optional = {PE_KEY} if layout == "seed" else set()
+  missing = sorted(set(expected) - set(state))
+  unexpected = sorted(set(state) - set(expected) - optional)
+  wrong = sorted(f"{k}: got {tuple(np.shape(state[k]))}, expected {expected[k]}"
+                 for k in set(expected) & set(state)
+                 if tuple(np.shape(state[k])) != expected[k])
+  problems = []
+  if missing:
+    problems.append(f"missing keys ({len(missing)}): {', '.join(missing)}")
+  if unexpected:
+    problems.append(f"unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
+  if wrong:
+    problems.append(f"wrong shapes ({len(wrong)}): {'; '.join(wrong)}")
+  if problems:
+    raise ValueError(
+        f"state_dict does not match layout={layout!r} for {config.n_layers} layers, "
+        f"d_model={config.d_model}, d_ff={config.d_ff}, vocab_size={config.vocab_size}, "
+        f"final_norm={config.final_norm}:\n  " + "\n  ".join(problems))
+
+
+def _check_positions(pe: np.ndarray, config: EncoderConfig) -> None:
+  pe = pe.reshape(pe.shape[-2:]) if pe.ndim == 3 and pe.shape[0] == 1 else pe
+  if pe.ndim != 2 or pe.shape[1] != config.d_model:
+    raise ValueError(
+        f"state_dict[{PE_KEY!r}] has shape {pe.shape}, expected [1, max_len, {config.d_model}]")
+  expected = sinusoidal_positions(pe.shape[0], config.d_model, np.float64)
+  error = float(np.max(np.abs(pe.astype(np.float64) - expected)))
+  if error > _PE_ATOL:
+    raise ValueError(
+        f"state_dict[{PE_KEY!r}] is not the interleaved sin/cos table of the paper "
+        f"(max abs difference {error:.3g} > {_PE_ATOL}); this port cannot reproduce that model")
+
+
+def from_torch_state_dict(state_dict: Mapping[str, Any], config: EncoderConfig,
+                          layout: str = "seed") -> dict:
+  """PyTorch state dict -> flax variables for `Encoder(config).apply(variables, tokens)`.
+
+  Args:
+    state_dict: names -> torch tensors or numpy arrays (e.g. from `load_torch_checkpoint`).
+    config: the encoder's sizes; `param_dtype` is the dtype of the result, `scan_layers` its
+      layer layout.
+    layout: "seed" or "torch_nn" (see the module docstring).
+
+  Returns:
+    {'params': ...} nested dicts of numpy arrays in config.param_dtype.
+  """
+  _check_layout(layout)
+  if not isinstance(state_dict, Mapping):
+    raise TypeError(f"state_dict must be a mapping of names to tensors, got "
+                    f"{type(state_dict).__name__}")
+  _check_keys(state_dict, config, layout)
+  state = {k: _to_numpy(k, v) for k, v in state_dict.items()}
+  if PE_KEY in state:
+    _check_positions(state[PE_KEY], config)
+  cast = lambda x: np.asarray(x, dtype=config.param_dtype)
+  dense = lambda w, b: {"kernel": cast(w.T), "bias": cast(b)}
+  norm = lambda name: {"scale": cast(state[name + ".weight"]), "bias": cast(state[name + ".bias"])}
+
+  params: dict = {"embedding": {"embedding": cast(state["embedding.weight"])}}
+  for i in range(config.n_layers):
+    prefix = f"layers.{i}."
+    layer: dict = {"self_attn": {}, "feed_forward": {}}
+    for (block, flax_name), torch_name in _DENSE[layout].items():
+      layer[block][flax_name] = dense(state[prefix + torch_name + ".weight"],
+                                      state[prefix + torch_name + ".bias"])
+    if layout == "torch_nn":
+      w = np.split(state[prefix + "self_attn.in_proj_weight"], 3, axis=0)
+      b = np.split(state[prefix + "self_attn.in_proj_bias"], 3, axis=0)
+      for flax_name, row in _QKV:
+        layer["self_attn"][flax_name] = dense(w[row], b[row])
+    for name in _NORMS:
+      layer[name] = norm(prefix + name)
+    params[f"layers_{i}"] = layer
+  if config.final_norm:
+    params["norm"] = norm("norm")
+  if config.scan_layers:
+    params = stack_layers(params, config.n_layers)
+  return {"params": params}
+
+
+def _tree_to_numpy(tree):
+  if isinstance(tree, Mapping):
+    return {k: _tree_to_numpy(v) for k, v in tree.items()}
+  return np.asarray(tree)
+
+
+def to_torch_state_dict(variables: Mapping, config: EncoderConfig, layout: str = "seed") -> dict:
+  """Flax variables -> PyTorch state dict (torch tensors), the inverse of from_torch_state_dict.
+
+  The seed layout includes `pos_encoder.pe` ([1, max_len, d_model] float32), so that the seed
+  module loads it with `load_state_dict(strict=True)`.
+  """
+  import torch
+
+  _check_layout(layout)
+  params = variables.get("params", variables)
+  if config.scan_layers:
+    params = unstack_layers(params, config.n_layers)
+  params = _tree_to_numpy(params)
+
+  def tensor(x: np.ndarray):
+    if x.dtype.name == "bfloat16":
+      return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+  state = {"embedding.weight": tensor(params["embedding"]["embedding"])}
+  if layout == "seed":
+    table = sinusoidal_positions(config.max_len, config.d_model, np.float32)
+    state[PE_KEY] = torch.from_numpy(table[None])
+  for i in range(config.n_layers):
+    layer, prefix = params[f"layers_{i}"], f"layers.{i}."
+    for (block, flax_name), torch_name in _DENSE[layout].items():
+      state[prefix + torch_name + ".weight"] = tensor(layer[block][flax_name]["kernel"].T)
+      state[prefix + torch_name + ".bias"] = tensor(layer[block][flax_name]["bias"])
+    if layout == "torch_nn":
+      attn = layer["self_attn"]
+      state[prefix + "self_attn.in_proj_weight"] = tensor(
+          np.concatenate([attn[name]["kernel"].T for name, _ in _QKV], axis=0))
+      state[prefix + "self_attn.in_proj_bias"] = tensor(
+          np.concatenate([attn[name]["bias"] for name, _ in _QKV], axis=0))
+    for name in _NORMS:
+      state[prefix + name + ".weight"] = tensor(layer[name]["scale"])
+      state[prefix + name + ".bias"] = tensor(layer[name]["bias"])
+  if config.final_norm:
+    state["norm.weight"] = tensor(params["norm"]["scale"])
+    state["norm.bias"] = tensor(params["norm"]["bias"])
+  return state
+
+
+_TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+
+
+def load_torch_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
+  """Reads a PyTorch state dict from `.safetensors` or `.pt` / `.pth` / `.bin`.
+
+  `.pt` files are read with `torch.load(weights_only=True)`, with no fallback: a pickle that
+  needs anything beyond tensors and plain containers is refused, never run. A checkpoint that
+  wraps its weights as {'state_dict': …} or {'model': …} is unwrapped.
+
+  Returns:
+    names -> numpy arrays (bfloat16 tensors come back as float32, exactly).
+  """
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"checkpoint path {path!r} does not exist or is not a file")
+  suffix = os.path.splitext(path)[1].lower()
+  if suffix == ".safetensors":
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    try:
+      state = load_file(path)
+    except (SafetensorError, OSError, RuntimeError) as e:
+      raise ValueError(f"checkpoint {path!r} is not a readable safetensors file (truncated or "
+                       f"corrupt?): {e}") from e
+  elif suffix in _TORCH_SUFFIXES:
+    import pickle
+
+    import torch
+    try:
+      state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+      raise ValueError(
+          f"checkpoint {path!r} needs more than tensors to be unpickled, and loading it that way "
+          f"could run arbitrary code; it was refused (torch.load weights_only=True). Save a "
+          f"plain state_dict or a .safetensors file instead. Details: {e}") from e
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+      raise ValueError(f"checkpoint {path!r} could not be read (truncated or corrupt?): "
+                       f"{e}") from e
+  else:
+    raise ValueError(f"checkpoint {path!r} has suffix {suffix!r}; expected .safetensors, "
+                     f"{', '.join(_TORCH_SUFFIXES)}")
+  state = _unwrap(state, path)
+  return {name: _to_numpy(name, value) for name, value in state.items()}
+
+
+def _unwrap(state: Any, path: str) -> Mapping[str, Any]:
+  if isinstance(state, Mapping):
+    for key in ("state_dict", "model"):
+      if isinstance(state.get(key), Mapping):
+        state = state[key]
+        break
+  if not isinstance(state, Mapping):
+    raise ValueError(f"checkpoint {path!r} holds a {type(state).__name__}, expected a state "
+                     f"dict of names to tensors")
+  bad = [k for k, v in state.items() if not hasattr(v, "detach")]
+  if bad:
+    raise ValueError(f"checkpoint {path!r} holds non-tensor entries {bad[:10]}; expected a state "
+                     f"dict of names to tensors")
+  return state

@@ -1,0 +1,46 @@
+"""One encoder layer: self-attention and feed-forward, each with residual and LayerNorm."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+
+from flax_encoder.attention import MultiHeadAttention
+from flax_encoder.config import EncoderConfig
+from flax_encoder.feed_forward import PositionwiseFeedForward
+
+
+def layer_norm(cfg: EncoderConfig, name: str) -> nn.LayerNorm:
+  # PyTorch's LayerNorm uses eps=1e-5 (Flax: 1e-6) and a two-pass variance; Flax's default
+  # E[x^2] - E[x]^2 loses digits when the mean is large.
+  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                      use_fast_variance=False, name=name)
+
+
+class EncoderLayer(nn.Module):
+  """Post-LN (the paper's): x = norm(x + dropout(sublayer(x))); Pre-LN: x + dropout(sublayer(norm(x)))."""
+
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array | None = None,
+               kv_lengths: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    """[batch, seq, d_model] -> [batch, seq, d_model]; `mask` as in MultiHeadAttention.
+
+    With `config.scan_layers` it returns `(x, None)`, the carry and output of an `nn.scan` step.
+    """
+    cfg = self.config
+    attend = lambda h: MultiHeadAttention(cfg, name="self_attn")(
+        h, mask=mask, kv_lengths=kv_lengths, deterministic=deterministic)
+    feed_forward = lambda h: PositionwiseFeedForward(cfg, name="feed_forward")(
+        h, deterministic=deterministic)
+    dropout = lambda h: nn.Dropout(cfg.dropout)(h, deterministic=deterministic)
+    norm1, norm2 = layer_norm(cfg, "norm1"), layer_norm(cfg, "norm2")
+
+    if cfg.norm_position == "post":
+      x = norm1(x + dropout(attend(x)))
+      x = norm2(x + dropout(feed_forward(x)))
+    else:
+      x = x + dropout(attend(norm1(x)))
+      x = x + dropout(feed_forward(norm2(x)))
+    return (x, None) if cfg.scan_layers else x

@@ -1,0 +1,48 @@
+"""Attention masks. Polarity everywhere in this package: True = attend, False = masked out.
+
+Shapes: b = batch, h = heads, q = query positions, k = key positions.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def padding_mask(tokens: jax.Array, pad_id: int = 0) -> jax.Array:
+  """The key-padding mask of the seed port: `(tokens != pad_id)[:, None, None, :]`.
+
+  Args:
+    tokens: int ids, [batch, seq].
+    pad_id: the id that marks padding.
+
+  Returns:
+    bool mask, [batch, 1, 1, seq]; True where the key is a real token.
+  """
+  return (tokens != pad_id)[:, None, None, :]
+
+
+def check_mask(mask, batch: int, heads: int, q_len: int, k_len: int) -> None:
+  """Raises unless `mask` is a bool array broadcastable to [batch, heads, q_len, k_len]."""
+  target = (batch, heads, q_len, k_len)
+  dtype = getattr(mask, "dtype", None)
+  if dtype is None or np.dtype(dtype) != np.bool_:
+    raise TypeError(
+        f"mask must be a bool array (True = attend), got "
+        f"{type(mask).__name__} of dtype {dtype}; build one with padding_mask(tokens) or "
+        f"`mask != 0`")
+  shape = tuple(mask.shape)
+  try:
+    broadcast = np.broadcast_shapes(shape, target)
+  except ValueError:
+    broadcast = None
+  if len(shape) > 4 or broadcast != target:
+    raise ValueError(
+        f"mask of shape {shape} does not broadcast to [batch, heads, q, k] = {target}; "
+        f"expected e.g. [{batch}, 1, 1, {k_len}] (key padding) or [{batch}, 1, {q_len}, {k_len}]")
+
+
+def right_padded_lengths(mask: jax.Array) -> jax.Array:
+  """Number of real tokens per row of a [batch, 1, 1, seq] key-padding mask, as int32 [batch]."""
+  return jnp.sum(mask[:, 0, 0, :], axis=-1, dtype=jnp.int32)
