@@ -105,6 +105,11 @@ class MultiHeadAttention(nn.Module):
       context, weights = scaled_dot_product_attention(q, k, v, mask, dropout_rate=rate,
                                                       dropout_rng=rng)
       self.sow("intermediates", "attention_weights", weights)
+    elif cfg.attention_impl == "cudnn" and jax.default_backend() != "gpu":
+      raise ValueError(
+          f"attention_impl='cudnn' is cuDNN flash attention and needs an NVIDIA GPU; the default "
+          f"backend here is {jax.default_backend()!r}. Use attention_impl='xla' (same numbers) "
+          f"or 'reference'")
     elif cfg.attention_impl == "cudnn" and kv_lengths is not None:
       context = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=kv_lengths,
                                              implementation="cudnn")
