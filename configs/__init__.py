@@ -1,0 +1,1 @@
+"""Training configs: each file's get_config() returns an ml_collections.ConfigDict."""

@@ -1,0 +1,63 @@
+r"""The built-in default: a small Post-LN encoder learning masked bytes on a 2-core CPU.
+
+  python -m train --workdir runs/demo
+
+Trains on the standard library's pydoc topics (~460 KB, no download) for 1200 steps, in about
+4 minutes on 2 CPU cores. Expect eval masked-byte accuracy around 0.55 against a baseline
+(always guessing the most frequent byte, a space) of about 0.18.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+
+  config.model = model = ml_collections.ConfigDict()  # flax_encoder.EncoderConfig fields
+  model.vocab_size = 260  # 256 bytes + pad, mask and two reserved ids
+  model.d_model = 128
+  model.n_heads = 4
+  model.d_ff = 512  # 4 x d_model, as in the paper
+  model.n_layers = 3
+  model.dropout = 0.1  # paper value, on embeddings and every sub-layer output
+  model.attention_dropout = 0.0
+  model.max_len = 512  # positions in the sinusoid table; >= train.seq_len
+  model.pad_id = 0
+  model.norm_position = "post"  # the paper's Add & Norm
+  model.final_norm = True
+  model.layer_norm_eps = 1e-5  # PyTorch's default
+  model.activation = "relu"
+  model.dtype = "float32"  # compute dtype; "bfloat16" for mixed precision on GPU/TPU
+  model.param_dtype = "float32"
+  model.attention_impl = "reference"  # "xla"; "cudnn" on NVIDIA GPUs with bfloat16
+  model.scan_layers = False  # True: nn.scan over layers, compile time independent of depth
+  model.remat = "none"  # "full" or "save_dots" to trade compute for activation memory
+
+  config.data = ml_collections.ConfigDict()
+  config.data.paths = ()  # UTF-8 text files; empty = the built-in corpus (pydoc topics)
+  config.data.mask_rate = 0.15  # fraction of non-pad bytes to predict (80% mask/10% random/10% kept)
+  config.data.eval_fraction = 0.05  # held-out fraction of the windows
+
+  config.optim = ml_collections.ConfigDict()
+  config.optim.warmup_steps = 200  # steps of linear warm-up (the paper: 4000 at 100k steps)
+  # Peak lr = lr_scale * d_model^-0.5 * warmup^-0.5 = 2 * 0.088 * 0.071 = 1.25e-2 would diverge
+  # here: Post-LN layers are sensitive to the peak rate. 0.5 gives a peak of 3.1e-3, which
+  # trained reliably in every seed we tried; 1.0 (6.2e-3) was sometimes unstable early.
+  config.optim.lr_scale = 0.5
+  config.optim.b1 = 0.9  # paper
+  config.optim.b2 = 0.98  # paper
+  config.optim.eps = 1e-9  # paper
+  config.optim.label_smoothing = 0.1  # paper; the eval loss is reported without it
+  config.optim.clip_norm = None  # global-norm clipping threshold; None = off
+  config.optim = ml_collections.ConfigDict(config.optim.to_dict(), type_safe=False)
+
+  config.train = ml_collections.ConfigDict()
+  config.train.num_steps = 1200
+  config.train.batch_size = 32  # windows per step
+  config.train.seq_len = 128  # bytes per window
+  config.train.seed = 0  # parameters, dropout, data order and masking all follow from it
+  config.train.log_every = 25  # steps between train records (and the only host syncs)
+  config.train.eval_every = 200  # steps between evaluations on the held-out split
+  config.train.checkpoint_every = 200  # steps between checkpoints
+  config.train.keep_checkpoints = 3  # newest checkpoints kept
+  return config

@@ -1,0 +1,228 @@
+"""The training program: schedule, step, learning, checkpoints, exact resume, signals, NaN."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests import tiny_train_config
+from train import data
+from train.checkpoint import Checkpointer
+from train.loop import TrainState, encoder_config, init_state, train_step
+from train.metrics import read_metrics
+from train.optim import make_optimizer, paper_schedule
+from train.task import MaskedLM
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "tests", "tiny_train_config.py")
+
+
+def test_schedule_matches_the_paper_formula_counting_from_one():
+  d_model, warmup = 512, 4000
+  schedule = paper_schedule(d_model, warmup, lr_scale=2.0)
+  formula = lambda step: 2.0 * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+  for step in (1, warmup, 10 * warmup):
+    # optax passes the number of updates done: step - 1.
+    np.testing.assert_allclose(schedule(step - 1), formula(step), rtol=1e-6)
+  assert schedule(0) > 0  # the first update does not run at lr 0
+  np.testing.assert_allclose(schedule(warmup - 1), 2.0 * (d_model * warmup) ** -0.5, rtol=1e-6)
+  assert schedule(warmup - 2) < schedule(warmup - 1) > schedule(warmup)
+
+
+def test_data_masking_follows_80_10_10():
+  tokens = np.full((400, 128), 50, np.int32)
+  tokens[:, 100:] = data.PAD_ID
+  out = data.mask_tokens(tokens, 0.15, np.random.default_rng(0))
+  chosen = out["weights"] > 0
+  assert not chosen[:, 100:].any()  # padding is never a target
+  np.testing.assert_allclose(chosen.mean() * 128 / 100, 0.15, atol=0.005)
+  inputs = out["inputs"][chosen]
+  np.testing.assert_allclose((inputs == data.MASK_ID).mean(), 0.8, atol=0.02)
+  np.testing.assert_allclose((inputs == 50).mean(), 0.1 + 0.1 / 256, atol=0.02)
+  np.testing.assert_array_equal(out["targets"], tokens)
+  assert data.decode(data.encode("héllo")) == "héllo"
+
+
+def _tiny():
+  config = tiny_train_config.get_config()
+  cfg = encoder_config(config)
+  model = MaskedLM(cfg)
+  tx, schedule = make_optimizer(config.optim, cfg.d_model)
+  return config, model, tx, schedule
+
+
+def _batches(config, seed=0):
+  examples = data.chunk(data.load_documents([]), config.train.seq_len)
+  return data.train_batches(examples, config.train.batch_size, 0.15, seed)
+
+
+def test_one_train_step():
+  config, model, tx, schedule = _tiny()
+  state = init_state(model, tx, 0, config.train.batch_size, config.train.seq_len)
+  batch = next(_batches(config))
+  chex.assert_shape(batch["inputs"], (config.train.batch_size, config.train.seq_len))
+  step = jax.jit(lambda s, b: train_step(s, b, model=model, tx=tx, schedule=schedule,
+                                         label_smoothing=0.1))
+  new_state, metrics = step(state, batch)
+  assert int(new_state.step) == 1
+  assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
+  np.testing.assert_allclose(metrics["lr"], schedule(0))
+  changed = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), state.params, new_state.params)
+  assert all(jax.tree.leaves(changed))
+  # The uniform prediction of 260 classes costs ln(260) = 5.56 nats before smoothing.
+  assert 4.5 < float(metrics["loss"]) < 7.0
+
+
+def test_checkpoint_round_trip_is_bitwise(tmp_path):
+  config, model, tx, schedule = _tiny()
+  state = init_state(model, tx, 0, config.train.batch_size, config.train.seq_len)
+  iterator = _batches(config)
+  step = jax.jit(lambda s, b: train_step(s, b, model=model, tx=tx, schedule=schedule,
+                                         label_smoothing=0.1))
+  for _ in range(3):  # Adam's moments are non-zero after a few updates
+    state, _ = step(state, next(iterator))
+  checkpointer = Checkpointer(str(tmp_path / "checkpoints"), keep=2)
+  checkpointer.save(3, state, iterator, "{}")
+  checkpointer.wait()
+  expected_next = next(iterator)
+
+  fresh = init_state(model, tx, 1, config.train.batch_size, config.train.seq_len)
+  fresh_iterator = _batches(config)  # the same pipeline, at its start
+  restored, meta = Checkpointer(str(tmp_path / "checkpoints"), keep=2).restore_newest(
+      fresh, fresh_iterator)
+  assert meta["step"] == 3 and int(restored.step) == 3
+  chex.assert_trees_all_equal(restored, state)  # params, Adam mu/nu, step, rng
+  mu = restored.opt_state[0].mu
+  assert any(bool(jnp.any(x != 0)) for x in jax.tree.leaves(mu))
+  chex.assert_trees_all_equal(next(fresh_iterator), expected_next)
+
+
+def _corrupt_one_file(directory):
+  data_files = [os.path.join(d, f) for d, _, fs in os.walk(directory) for f in fs
+                if os.path.getsize(os.path.join(d, f)) > 256]
+  path = max(data_files, key=os.path.getsize)
+  raw = bytearray(open(path, "rb").read())
+  raw[len(raw) // 2: len(raw) // 2 + 64] = bytes(64)  # flip a stretch in the middle
+  open(path, "wb").write(bytes(raw))
+
+
+def _train(workdir, *overrides, check=True, **popen):
+  cmd = [sys.executable, "-m", "train", f"--config={TINY}", f"--workdir={workdir}", *overrides]
+  if popen:
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+  result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  if check:
+    assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+def _losses(workdir):
+  records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("reference"))
+  _train(workdir)
+  return workdir
+
+
+def test_uninterrupted_run_learns_and_writes_its_outputs(reference_run):
+  losses = _losses(reference_run)
+  assert sorted(losses) == list(range(1, 31))
+  assert np.mean([losses[s] for s in range(26, 31)]) < np.mean([losses[s] for s in range(1, 6)])
+  records = read_metrics(os.path.join(reference_run, "metrics.jsonl"))
+  evals = [r for r in records if r["split"] == "eval"]
+  assert [r["step"] for r in evals] == [15, 30]
+  assert set(evals[-1]) >= {"loss", "accuracy", "baseline_accuracy"}
+  assert evals[-1]["loss"] < evals[0]["loss"]
+  first_train = next(r for r in records if r["split"] == "train")
+  assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= set(first_train)
+  for name in ("loss.png", "accuracy.png", "learning_rate.png"):
+    assert os.path.getsize(os.path.join(reference_run, "plots", name)) > 1000
+  assert os.listdir(os.path.join(reference_run, "tensorboard"))
+  assert sorted(os.listdir(os.path.join(reference_run, "checkpoints"))) == ["16", "24", "30", "8"]
+
+
+def test_kill_9_and_restart_gives_the_same_losses_bit_for_bit(reference_run, tmp_path):
+  workdir = str(tmp_path)
+  proc = _train(workdir, popen=True)
+  deadline = time.time() + 300
+  while time.time() < deadline and max(_losses_or_empty(workdir), default=0) < 19:
+    time.sleep(0.05)
+  proc.kill()  # SIGKILL: no handler runs
+  proc.wait()
+  assert proc.returncode == -signal.SIGKILL
+  killed_at = max(_losses(workdir))
+  assert 19 <= killed_at < 30
+  result = _train(workdir)
+  assert "resumed from the checkpoint at step" in result.stderr
+  assert _losses(workdir) == _losses(reference_run)  # exact float equality, every step
+
+
+def _losses_or_empty(workdir):
+  try:
+    return _losses(workdir)
+  except FileNotFoundError:
+    return {}
+
+
+def test_sigterm_saves_at_the_step_reached_then_resumes(reference_run, tmp_path):
+  workdir = str(tmp_path)
+  proc = _train(workdir, popen=True)
+  deadline = time.time() + 300
+  while time.time() < deadline and max(_losses_or_empty(workdir), default=0) < 3:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 143, stderr[-2000:]
+  stopped_at = max(_losses(workdir))
+  assert stopped_at < 30
+  assert str(stopped_at) in os.listdir(os.path.join(workdir, "checkpoints"))
+  _train(workdir)
+  assert _losses(workdir) == _losses(reference_run)
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_an_older_one(reference_run, tmp_path):
+  import shutil
+  workdir = str(tmp_path / "run")
+  shutil.copytree(reference_run, workdir)
+  _corrupt_one_file(os.path.join(workdir, "checkpoints", "30", "state"))
+  config, model, tx, _ = _tiny()
+  abstract = init_state(model, tx, 0, config.train.batch_size, config.train.seq_len)
+  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=5)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    state, meta = checkpointer.restore_newest(abstract)
+  messages = [str(w.message) for w in caught if "step 30" in str(w.message)]
+  assert messages and any(("corrupt" in m) or ("checksum" in m) for m in messages)
+  assert meta["step"] == 24 and int(state.step) == 24
+  assert os.path.isdir(os.path.join(workdir, "checkpoints_corrupt", "30"))  # kept, not deleted
+
+
+def test_non_finite_loss_halts_and_leaves_the_last_checkpoint(tmp_path):
+  workdir = str(tmp_path)
+  _train(workdir, "--config.train.num_steps=8")
+  before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+  meta_path = os.path.join(workdir, "checkpoints", "8", "meta", "metadata")
+  meta_before = open(meta_path).read()
+  # A rate of 1e30 sends the weights to overflow within a few steps.
+  result = _train(workdir, "--config.train.num_steps=30", "--config.optim.lr_scale=1e30",
+                  check=False)
+  assert result.returncode == 1
+  assert "non-finite training loss" in result.stderr
+  assert "step 8) is left untouched" in result.stderr
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
+  assert open(meta_path).read() == meta_before
+  assert json.loads(meta_before)["step"] == 8

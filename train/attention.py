@@ -1,0 +1,80 @@
+"""Draws every head's attention weights of every layer for one text, as a PNG grid.
+
+  python -m train.attention --workdir runs/demo --text "The quick brown fox"
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+
+from flax_encoder import Encoder
+from train import data
+
+
+def attention_weights(cfg, variables, text: str) -> tuple[np.ndarray, list[str]]:
+  """Sown attention weights [layers, heads, seq, seq] of `text`, and its byte labels."""
+  tokens = data.encode(text)[None, :cfg.max_len]
+  _, state = Encoder(cfg).apply(variables, jnp.asarray(tokens), mutable=["intermediates"])
+  inter = state["intermediates"]
+  if cfg.scan_layers:
+    weights = np.asarray(inter["layers"]["self_attn"]["attention_weights"][0])[:, 0]
+  else:
+    weights = np.stack([np.asarray(inter[f"layers_{i}"]["self_attn"]["attention_weights"][0][0])
+                        for i in range(cfg.n_layers)])
+  labels = [bytes([t - data.NUM_SPECIAL]).decode("latin-1") for t in tokens[0]]
+  return weights, labels
+
+
+def draw(weights: np.ndarray, labels: list[str], path: str, title: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  n_layers, n_heads, seq, _ = weights.shape
+  size = max(2.0, 0.12 * seq + 1)
+  fig, axes = plt.subplots(n_layers, n_heads, figsize=(size * n_heads, size * n_layers),
+                           squeeze=False)
+  shown = [repr(c)[1:-1] if not c.isprintable() or c == " " else c for c in labels]
+  shown = ["␣" if c == " " else c for c in labels] if seq <= 64 else None
+  for layer in range(n_layers):
+    for head in range(n_heads):
+      ax = axes[layer, head]
+      ax.imshow(weights[layer, head], cmap="viridis", vmin=0, vmax=1)
+      ax.set_title(f"layer {layer} head {head}", fontsize=9)
+      if shown:
+        ax.set_xticks(range(seq), shown, fontsize=6, family="monospace")
+        ax.set_yticks(range(seq), shown, fontsize=6, family="monospace")
+      else:
+        ax.set_xticks([]), ax.set_yticks([])
+  fig.suptitle(title + "  (rows: queries, columns: keys)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m train.attention", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workdir", required=True)
+  parser.add_argument("--text", required=True)
+  parser.add_argument("--out", help="PNG path (default: WORKDIR/plots/attention.png)")
+  args = parser.parse_args(argv)
+  if not args.text:
+    parser.error("--text must not be empty")
+  from train.loop import load_encoder
+  cfg, variables = load_encoder(args.workdir)
+  weights, labels = attention_weights(cfg, variables, args.text)
+  out = args.out or os.path.join(args.workdir, "plots", "attention.png")
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  draw(weights, labels, out, f"attention weights for {args.text[:60]!r}")
+  print(out)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,232 @@
+"""The training loop: masked-token prediction with the paper's optimizer, resumable exactly."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from tqdm import tqdm
+
+from flax_encoder import EncoderConfig
+from train import data
+from train.checkpoint import Checkpointer
+from train.metrics import MetricWriter, read_metrics
+from train.optim import make_optimizer
+from train.plots import plot_run
+from train.task import MaskedLM, eval_sums, smoothed_loss
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # updates done so far
+  params: Any
+  opt_state: Any
+  rng: jax.Array  # base key; step k's dropout key is fold_in(rng, k)
+
+
+def encoder_config(config: ml_collections.ConfigDict) -> EncoderConfig:
+  """config.model (a ConfigDict of EncoderConfig fields) -> EncoderConfig."""
+  fields = config.model.to_dict()
+  if fields.get("vocab_size") != data.VOCAB_SIZE:
+    raise ValueError(f"config.model.vocab_size must be {data.VOCAB_SIZE} (256 bytes + "
+                     f"{data.NUM_SPECIAL} special ids) for the byte-level task, got "
+                     f"{fields.get('vocab_size')}")
+  if fields.get("pad_id", data.PAD_ID) != data.PAD_ID:
+    raise ValueError(f"config.model.pad_id must be {data.PAD_ID}, got {fields['pad_id']}")
+  return EncoderConfig(**fields)
+
+
+def init_state(model: MaskedLM, tx, seed: int, batch_size: int, seq_len: int) -> TrainState:
+  params_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
+  tokens = jnp.ones((batch_size, seq_len), jnp.int32)
+  params = model.init(params_rng, tokens)["params"]
+  return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
+                    rng=dropout_rng)
+
+
+def train_step(state: TrainState, batch: dict, *, model, tx, schedule,
+               label_smoothing: float) -> tuple[TrainState, dict]:
+  """One Adam update on one batch. Pure: everything it depends on is in its arguments."""
+  dropout_rng = jax.random.fold_in(state.rng, state.step)
+
+  def loss_fn(params):
+    logits = model.apply({"params": params}, batch["inputs"], deterministic=False,
+                         rngs={"dropout": dropout_rng})
+    return smoothed_loss(logits, batch["targets"], batch["weights"], label_smoothing)
+
+  loss, grads = jax.value_and_grad(loss_fn)(state.params)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                            opt_state=opt_state)
+  metrics = {"loss": loss, "lr": schedule(state.step), "grad_norm": optax.tree.norm(grads)}
+  return new_state, metrics
+
+
+def eval_step(params, batch: dict, *, model, baseline_token: int) -> dict:
+  logits = model.apply({"params": params}, batch["inputs"])
+  return eval_sums(logits, batch["targets"], batch["weights"], baseline_token)
+
+
+def evaluate(eval_fn, params, batches) -> dict:
+  sums = None
+  for batch in batches:
+    out = eval_fn(params, batch)
+    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+  sums = jax.device_get(sums)
+  count = max(float(sums["count"]), 1.0)
+  return {"loss": sums["ce"] / count, "accuracy": sums["correct"] / count,
+          "baseline_accuracy": sums["baseline_correct"] / count}
+
+
+class StopRequest:
+  """Turns SIGTERM / SIGINT into a request to stop after the current step."""
+
+  EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130}
+
+  def __init__(self):
+    self.signum = None
+    self._previous = {s: signal.signal(s, self._handle) for s in self.EXIT_CODES}
+
+  def _handle(self, signum, frame):
+    self.signum = signum
+
+  @property
+  def exit_code(self) -> int:
+    return self.EXIT_CODES[self.signum]
+
+  def restore(self):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+
+
+class NonFiniteLoss(RuntimeError):
+  pass
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> int:
+  """Trains (or resumes) the run in `workdir`; returns the process exit code."""
+  os.makedirs(workdir, exist_ok=True)
+  t = config.train
+  cfg = encoder_config(config)
+  if t.seq_len > cfg.max_len:
+    raise ValueError(f"config.train.seq_len={t.seq_len} exceeds config.model.max_len="
+                     f"{cfg.max_len}")
+
+  examples = data.chunk(data.load_documents(list(config.data.paths)), t.seq_len)
+  train_examples, eval_examples = data.split(examples, config.data.eval_fraction, t.seed)
+  train_iter = data.train_batches(train_examples, t.batch_size, config.data.mask_rate, t.seed)
+  eval_data = data.eval_batches(eval_examples, t.batch_size, config.data.mask_rate, t.seed + 2)
+  baseline_token = data.most_frequent_token(train_examples)
+
+  model = MaskedLM(cfg)
+  tx, schedule = make_optimizer(config.optim, cfg.d_model)
+  state = init_state(model, tx, t.seed, t.batch_size, t.seq_len)
+
+  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), t.keep_checkpoints)
+  writer = MetricWriter(workdir)
+  restored = checkpointer.restore_newest(state, train_iter)
+  if restored is not None:
+    state = restored[0]
+    writer.truncate_after(int(state.step))
+    print(f"resumed from the checkpoint at step {int(state.step)}", file=sys.stderr)
+
+  p_train_step = jax.jit(functools.partial(train_step, model=model, tx=tx, schedule=schedule,
+                                           label_smoothing=config.optim.label_smoothing),
+                         donate_argnums=0)
+  p_eval_step = jax.jit(functools.partial(eval_step, model=model, baseline_token=baseline_token))
+  stop = StopRequest()
+  step = int(state.step)
+  config_json = config.to_json()
+  pending = []  # (step, device metrics) not yet read on the host
+  window_start, window_tokens = time.perf_counter(), 0
+  bar = tqdm(total=t.num_steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
+  exit_code = 0
+  try:
+    while step < t.num_steps:
+      batch = next(train_iter)
+      state, metrics = p_train_step(state, batch)
+      step += 1
+      window_tokens += int(batch["inputs"].size)
+      pending.append((step, metrics))
+      bar.update(1)
+      is_last = step == t.num_steps
+      save_now = step % t.checkpoint_every == 0 or is_last or stop.signum is not None
+      if step % t.log_every == 0 or save_now:
+        # The only host sync of the loop: every loss since the last one is checked, so a
+        # non-finite loss never reaches a checkpoint.
+        fetched = jax.device_get(pending)
+        pending = []
+        for s, m in fetched:
+          if not np.isfinite(m["loss"]):
+            raise NonFiniteLoss(f"non-finite training loss {m['loss']} at step {s}")
+        now = time.perf_counter()
+        tokens_per_s = window_tokens / (now - window_start)
+        window_start, window_tokens = now, 0
+        for s, m in fetched:
+          if s % t.log_every == 0 or s == step:
+            writer.write(s, "train", {**m, "tokens_per_s": tokens_per_s})
+        bar.set_postfix(loss=f"{fetched[-1][1]['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}")
+      if step % t.eval_every == 0 or is_last:
+        writer.write(step, "eval", evaluate(p_eval_step, state.params, eval_data))
+      if save_now:
+        checkpointer.save(step, state, train_iter, config_json)
+      if stop.signum is not None:
+        exit_code = stop.exit_code
+        print(f"\nstopped by signal {stop.signum} at step {step}; checkpoint saved",
+              file=sys.stderr)
+        break
+  except NonFiniteLoss as e:
+    steps = checkpointer.steps()
+    kept = f"the newest checkpoint (step {steps[-1]})" if steps else "no checkpoint"
+    print(f"\nerror: {e}. Stopping; {kept} is left untouched. Lower config.optim.lr_scale or "
+          f"set config.optim.clip_norm.", file=sys.stderr)
+    exit_code = 1
+  finally:
+    bar.close()
+    checkpointer.wait()
+    checkpointer.close()
+    writer.close()
+    stop.restore()
+
+  if exit_code == 0:
+    records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    plot_run(records, schedule, t.num_steps, os.path.join(workdir, "plots"))
+    final = [r for r in records if r["split"] == "eval"][-1]
+    print(f"step {step}: eval accuracy {final['accuracy']:.3f} (baseline "
+          f"{final['baseline_accuracy']:.3f}), eval loss {final['loss']:.3f}; plots in "
+          f"{os.path.join(workdir, 'plots')}")
+  return exit_code
+
+
+def load_encoder(workdir: str) -> tuple[EncoderConfig, dict]:
+  """(EncoderConfig, encoder variables) of the newest verified checkpoint in `workdir`.
+
+  Inference then takes `Encoder(cfg).apply(variables, tokens)`.
+  """
+  directory = os.path.join(workdir, "checkpoints")
+  checkpointer = Checkpointer(directory, keep=1) if os.path.isdir(directory) else None
+  if checkpointer is None or not checkpointer.steps():
+    raise FileNotFoundError(f"no checkpoints under workdir {workdir!r}")
+  try:
+    config = ml_collections.ConfigDict(json.loads(
+        checkpointer.read_meta(checkpointer.steps()[-1])["config"]))
+    cfg = encoder_config(config)
+    tx, _ = make_optimizer(config.optim, cfg.d_model)
+    abstract = jax.eval_shape(lambda: init_state(MaskedLM(cfg), tx, 0, 1, config.train.seq_len))
+    restored = checkpointer.restore_newest(abstract)
+  finally:
+    checkpointer.close()
+  if restored is None:
+    raise ValueError(f"no checkpoint under {directory!r} restores and verifies")
+  return cfg, {"params": restored[0].params["encoder"]}
