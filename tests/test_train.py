@@ -226,3 +226,44 @@ def test_non_finite_loss_halts_and_leaves_the_last_checkpoint(tmp_path):
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
   assert open(meta_path).read() == meta_before
   assert json.loads(meta_before)["step"] == 8
+
+
+def test_trained_encoder_loads_in_three_lines_exports_to_torch_and_draws_attention(
+    reference_run, tmp_path):
+  import torch
+
+  from flax_encoder import Encoder, torch_port
+  from train import load_encoder
+  from train.attention import main as attention_main
+  from train.export import export
+
+  cfg, variables = load_encoder(reference_run)
+  tokens = jnp.asarray(data.encode("def f(x): return x")[None])
+  hidden = Encoder(cfg).apply(variables, tokens)
+  chex.assert_shape(hidden, (1, tokens.shape[1], cfg.d_model))
+
+  path = export(reference_run, str(tmp_path / "encoder.safetensors"))
+  from flax_encoder.interop import load_torch_checkpoint
+  model = torch_port.Encoder(cfg)
+  model.load_state_dict({k: torch.from_numpy(v) for k, v in load_torch_checkpoint(path).items()})
+  expected = model.eval()(torch.tensor(np.asarray(tokens))).detach().numpy()
+  with jax.default_matmul_precision("highest"):
+    np.testing.assert_allclose(hidden, expected, atol=1e-5)
+
+  out = tmp_path / "attention.png"
+  assert attention_main(["--workdir", reference_run, "--text", "hello world", "--out",
+                         str(out)]) == 0
+  assert out.stat().st_size > 5000
+  with pytest.raises(FileNotFoundError, match="no checkpoints"):
+    load_encoder(str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("name", ["default", "base", "big", "book"])
+def test_every_config_builds_a_valid_encoder_config(name):
+  import importlib
+  config = importlib.import_module(f"configs.{name}").get_config()
+  cfg = encoder_config(config)
+  assert config.train.seq_len <= cfg.max_len
+  if name == "book":
+    assert (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.n_layers, cfg.max_len) == (312, 6, 1248, 3, 80)
+    assert cfg.dropout == 0.05
