@@ -2,9 +2,10 @@ r"""The built-in default: a small Post-LN encoder learning masked bytes on a 2-c
 
   python -m train --workdir runs/demo
 
-Trains on the standard library's pydoc topics (~460 KB, no download) for 1200 steps, in about
-4 minutes on 2 CPU cores. Expect eval masked-byte accuracy around 0.55 against a baseline
-(always guessing the most frequent byte, a space) of about 0.18.
+Trains on the standard library's pydoc topics (~460 KB, no download) for 800 steps, about
+4-5 minutes on 2 CPU cores (~3.2 steps/s). Measured so far: eval masked-byte accuracy ~0.29
+against a baseline (always guessing the most frequent byte, a space) of 0.19. The model is still
+learning when it stops; reaching 3x the baseline in this budget is open work (issue #3).
 """
 
 import ml_collections
@@ -52,7 +53,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.optim = ml_collections.ConfigDict(config.optim.to_dict(), type_safe=False)
 
   config.train = ml_collections.ConfigDict()
-  config.train.num_steps = 1200
+  config.train.num_steps = 800
   config.train.batch_size = 32  # windows per step
   config.train.seq_len = 128  # bytes per window
   config.train.seed = 0  # parameters, dropout, data order and masking all follow from it

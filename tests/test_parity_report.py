@@ -26,9 +26,10 @@ def test_report_fails_above_atol_and_reads_sizes_from_json(tmp_path, capsys):
   sizes = tmp_path / "sizes.json"
   sizes.write_text(json.dumps(dict(vocab_size=20, d_model=8, n_heads=2, d_ff=16, n_layers=1)))
   # float32 rounding differs between the ports by ~1e-7, never by exactly 0 everywhere.
-  code = parity.main(["--config", str(sizes), "--atol", "1e-12", "--tokens", "[[3, 4, 5, 0]]"])
+  code = parity.main(["--config", str(sizes), "--atol", "1e-12", "--rtol", "0",
+                      "--tokens", "[[3, 4, 5, 0]]"])
   out = capsys.readouterr().out
-  assert code == 1 and "FAIL" in out and "> atol" in out
+  assert code == 1 and "FAIL" in out and "> tolerance" in out
 
 
 def test_report_in_float64():
