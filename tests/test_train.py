@@ -158,9 +158,7 @@ def test_uninterrupted_run_learns_and_writes_its_outputs(reference_run):
 def test_kill_9_and_restart_gives_the_same_losses_bit_for_bit(reference_run, tmp_path):
   workdir = str(tmp_path)
   proc = _train(workdir, popen=True)
-  deadline = time.time() + 300
-  while time.time() < deadline and max(_losses_or_empty(workdir), default=0) < 19:
-    time.sleep(0.05)
+  _wait_for_step(workdir, 19)
   proc.kill()  # SIGKILL: no handler runs
   proc.wait()
   assert proc.returncode == -signal.SIGKILL
@@ -171,19 +169,23 @@ def test_kill_9_and_restart_gives_the_same_losses_bit_for_bit(reference_run, tmp
   assert _losses(workdir) == _losses(reference_run)  # exact float equality, every step
 
 
-def _losses_or_empty(workdir):
-  try:
-    return _losses(workdir)
-  except FileNotFoundError:
-    return {}
+def _wait_for_step(workdir, step, timeout=300):
+  """Polls metrics.jsonl until the run in `workdir` has logged `step`."""
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    try:
+      if max(_losses(workdir), default=0) >= step:
+        return
+    except FileNotFoundError:
+      pass
+    time.sleep(0.05)
+  raise TimeoutError(f"the run in {workdir} did not reach step {step} in {timeout}s")
 
 
 def test_sigterm_saves_at_the_step_reached_then_resumes(reference_run, tmp_path):
   workdir = str(tmp_path)
   proc = _train(workdir, popen=True)
-  deadline = time.time() + 300
-  while time.time() < deadline and max(_losses_or_empty(workdir), default=0) < 3:
-    time.sleep(0.05)
+  _wait_for_step(workdir, 3)
   proc.send_signal(signal.SIGTERM)
   _, stderr = proc.communicate(timeout=120)
   assert proc.returncode == 143, stderr[-2000:]

@@ -39,8 +39,7 @@ def draw(weights: np.ndarray, labels: list[str], path: str, title: str) -> None:
   size = max(2.0, 0.12 * seq + 1)
   fig, axes = plt.subplots(n_layers, n_heads, figsize=(size * n_heads, size * n_layers),
                            squeeze=False)
-  shown = [repr(c)[1:-1] if not c.isprintable() or c == " " else c for c in labels]
-  shown = ["␣" if c == " " else c for c in labels] if seq <= 64 else None
+  shown = ["␣" if c == " " else c for c in labels] if seq <= 64 else None  # ticks if legible
   for layer in range(n_layers):
     for head in range(n_heads):
       ax = axes[layer, head]
