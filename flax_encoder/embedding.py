@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder.config import EncoderConfig
 
 
 def sinusoidal_positions(max_len: int, d_model: int, dtype=np.float32) -> np.ndarray:

@@ -4,7 +4,6 @@ import dataclasses
 import math
 
 import chex
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -17,7 +17,7 @@ import pytest
 from tests import tiny_train_config
 from train import data
 from train.checkpoint import Checkpointer
-from train.loop import TrainState, encoder_config, init_state, train_step
+from train.loop import encoder_config, init_state, train_step
 from train.metrics import read_metrics
 from train.optim import make_optimizer, paper_schedule
 from train.task import MaskedLM
