@@ -21,7 +21,9 @@ def get_config() -> ml_collections.ConfigDict:
   model.n_heads = 4
   model.d_ff = 512  # 4 x d_model, as in the paper
   model.n_layers = 3
-  model.dropout = 0.1  # paper value, on embeddings and every sub-layer output
+  # The paper's 0.1 regularises long runs; this one is short and underfits (eval accuracy tracks
+  # train accuracy), and without dropout it learns faster: 0.60 vs 0.36 accuracy at step 1000.
+  model.dropout = 0.0
   model.attention_dropout = 0.0
   model.max_len = 512  # positions in the sinusoid table; >= train.seq_len
   model.pad_id = 0
@@ -53,13 +55,21 @@ def get_config() -> ml_collections.ConfigDict:
   config.optim.clip_norm = None  # global-norm clipping threshold; None = off
   config.optim = ml_collections.ConfigDict(config.optim.to_dict(), type_safe=False)
 
+  # Device mesh (flax_encoder.sharding): batch rows split over data x fsdp; fsdp also splits
+  # parameters and optimizer state. -1 = all devices left over. One CPU: a 1 x 1 mesh.
+  config.mesh = ml_collections.ConfigDict()
+  config.mesh.data = -1
+  config.mesh.fsdp = 1
+
   config.train = ml_collections.ConfigDict()
-  config.train.num_steps = 800
-  config.train.batch_size = 32  # windows per step
-  config.train.seq_len = 128  # bytes per window
+  config.train.num_steps = 1200
+  # 64-byte windows: a masked byte is predicted mostly from its neighbours, and halving the
+  # window from 128 nearly doubles the tokens/s (attention's cost grows with its square).
+  config.train.batch_size = 64  # windows per step
+  config.train.seq_len = 64  # bytes per window
   config.train.seed = 0  # parameters, dropout, data order and masking all follow from it
   config.train.log_every = 25  # steps between train records (and the only host syncs)
   config.train.eval_every = 200  # steps between evaluations on the held-out split
-  config.train.checkpoint_every = 200  # steps between checkpoints
+  config.train.checkpoint_every = 400  # steps between checkpoints
   config.train.keep_checkpoints = 3  # newest checkpoints kept
   return config

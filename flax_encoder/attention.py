@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from flax_encoder.config import EncoderConfig
+from flax_encoder.sharding import dense
 
 # The seed port fills masked scores with -1e9 (`masked_fill(mask == 0, -1e9)`), not -inf, so a
 # row whose keys are all masked averages the values instead of producing NaN.
@@ -90,14 +91,12 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     key = query if key is None else key
     value = key if value is None else value
-    dense = lambda name: nn.Dense(cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                                  kernel_init=nn.initializers.xavier_uniform(), name=name)
     batch, q_len, _ = query.shape
     k_len = key.shape[1]
     # [batch, seq, d_model] -> [batch, seq, heads, head_dim]
-    q = dense("w_q")(query).reshape(batch, q_len, cfg.n_heads, cfg.head_dim)
-    k = dense("w_k")(key).reshape(batch, k_len, cfg.n_heads, cfg.head_dim)
-    v = dense("w_v")(value).reshape(batch, k_len, cfg.n_heads, cfg.head_dim)
+    q = dense(cfg, cfg.d_model, ("embed", "joined_kv"), "w_q")(query).reshape(batch, q_len, cfg.n_heads, cfg.head_dim)
+    k = dense(cfg, cfg.d_model, ("embed", "joined_kv"), "w_k")(key).reshape(batch, k_len, cfg.n_heads, cfg.head_dim)
+    v = dense(cfg, cfg.d_model, ("embed", "joined_kv"), "w_v")(value).reshape(batch, k_len, cfg.n_heads, cfg.head_dim)
 
     if cfg.attention_impl == "reference":
       rate = 0.0 if deterministic else cfg.attention_dropout
@@ -121,4 +120,4 @@ class MultiHeadAttention(nn.Module):
 
     # [batch, q, heads, head_dim] -> [batch, q, d_model]
     context = context.reshape(batch, q_len, cfg.d_model)
-    return dense("w_o")(context)
+    return dense(cfg, cfg.d_model, ("joined_kv", "embed"), "w_o")(context)

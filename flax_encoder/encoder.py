@@ -14,6 +14,7 @@ from flax_encoder.embedding import PositionalEncoding
 from flax_encoder.inputs import check_token_shape, check_token_values
 from flax_encoder.layer import EncoderLayer, layer_norm
 from flax_encoder.masks import check_mask, padding_mask, right_padded_lengths
+from flax_encoder.sharding import ACTIVATION_AXES
 
 REMAT_POLICIES = {
     "full": None,  # save nothing, recompute the whole layer
@@ -65,17 +66,20 @@ class Encoder(nn.Module):
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                      # std d_model^-0.5: after the sqrt(d_model) scale the embeddings have unit
                      # variance, the scale of the sinusoids (tensor2tensor's choice).
-                     embedding_init=nn.initializers.normal(stddev=cfg.d_model**-0.5),
+                     embedding_init=nn.with_logical_partitioning(
+                         nn.initializers.normal(stddev=cfg.d_model**-0.5), ("vocab", "embed")),
                      name="embedding")
     x = embed(tokens) * math.sqrt(cfg.d_model)
     x = PositionalEncoding(cfg.max_len, cfg.d_model, name="pos_encoder")(x)
     x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
+    x = nn.with_logical_constraint(x, ACTIVATION_AXES)
 
     layer = _layer_class(cfg)
     if cfg.scan_layers:
       layers = nn.scan(layer, variable_axes={"params": 0, "intermediates": 0},
                        split_rngs={"params": True, "dropout": True},
-                       in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.n_layers)
+                       in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.n_layers,
+                       metadata_params={nn.PARTITION_NAME: "layers"})
       x, _ = layers(cfg, name="layers")(x, mask, kv_lengths, deterministic)
     else:
       for i in range(cfg.n_layers):

@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax
 
 from flax_encoder.config import EncoderConfig
+from flax_encoder.sharding import dense
 
 ACTIVATION_FNS = {
     "relu": jax.nn.relu,
@@ -25,9 +26,6 @@ class PositionwiseFeedForward(nn.Module):
   def __call__(self, x: jax.Array, *, deterministic: bool = True) -> jax.Array:
     """[batch, seq, d_model] -> [batch, seq, d_model]."""
     cfg = self.config
-    dense = lambda features, name: nn.Dense(
-        features, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-        kernel_init=nn.initializers.xavier_uniform(), name=name)
-    h = ACTIVATION_FNS[cfg.activation](dense(cfg.d_ff, "w_1")(x))
+    h = ACTIVATION_FNS[cfg.activation](dense(cfg, cfg.d_ff, ("embed", "mlp"), "w_1")(x))
     h = nn.Dropout(cfg.dropout)(h, deterministic=deterministic)
-    return dense(cfg.d_model, "w_2")(h)
+    return dense(cfg, cfg.d_model, ("mlp", "embed"), "w_2")(h)

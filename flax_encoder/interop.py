@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+import flax.linen as nn
 import numpy as np
 
 from flax_encoder.config import EncoderConfig
@@ -181,7 +182,7 @@ def to_torch_state_dict(variables: Mapping, config: EncoderConfig, layout: str =
   import torch
 
   _check_layout(layout)
-  params = variables.get("params", variables)
+  params = nn.unbox(variables.get("params", variables))  # as `init` returns them, or plain
   if config.scan_layers:
     params = unstack_layers(params, config.n_layers)
   params = _tree_to_numpy(params)

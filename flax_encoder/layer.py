@@ -8,13 +8,16 @@ import jax
 from flax_encoder.attention import MultiHeadAttention
 from flax_encoder.config import EncoderConfig
 from flax_encoder.feed_forward import PositionwiseFeedForward
+from flax_encoder.sharding import ACTIVATION_AXES
 
 
 def layer_norm(cfg: EncoderConfig, name: str) -> nn.LayerNorm:
   # PyTorch's LayerNorm uses eps=1e-5 (Flax: 1e-6) and a two-pass variance; Flax's default
   # E[x^2] - E[x]^2 loses digits when the mean is large.
   return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                      use_fast_variance=False, name=name)
+                      use_fast_variance=False, name=name,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
 
 
 class EncoderLayer(nn.Module):
@@ -43,4 +46,5 @@ class EncoderLayer(nn.Module):
     else:
       x = x + dropout(attend(norm1(x)))
       x = x + dropout(feed_forward(norm2(x)))
+    x = nn.with_logical_constraint(x, ACTIVATION_AXES)
     return (x, None) if cfg.scan_layers else x

@@ -4,6 +4,7 @@ import dataclasses
 import math
 
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -83,7 +84,7 @@ class PositionsTest(chex.TestCase):
 
 
 def _init(module, *args, **kwargs):
-  return module.init(jax.random.key(0), *args, **kwargs)
+  return nn.unbox(module.init(jax.random.key(0), *args, **kwargs))
 
 
 def test_module_shapes_and_parameter_names(tiny_config):

@@ -1,6 +1,7 @@
 import dataclasses
 import pickle
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +17,7 @@ CONFIG = EncoderConfig(vocab_size=11, d_model=8, n_heads=2, d_ff=12, n_layers=2,
 
 
 def _flax_variables(config=CONFIG):
-  return Encoder(config).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))
+  return nn.unbox(Encoder(config).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32)))
 
 
 @pytest.mark.parametrize("layout", ["seed", "torch_nn"])

@@ -3,8 +3,6 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import warnings
 
@@ -14,16 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests import tiny_train_config
+from tests import runs, tiny_train_config
 from train import data
 from train.checkpoint import Checkpointer
 from train.loop import encoder_config, init_state, train_step
 from train.metrics import read_metrics
 from train.optim import make_optimizer, paper_schedule
 from train.task import MaskedLM
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = os.path.join(ROOT, "tests", "tiny_train_config.py")
 
 
 def test_schedule_matches_the_paper_formula_counting_from_one():
@@ -115,31 +110,8 @@ def _corrupt_one_file(directory):
   open(path, "wb").write(bytes(raw))
 
 
-def _train(workdir, *overrides, check=True, **popen):
-  cmd = [sys.executable, "-m", "train", f"--config={TINY}", f"--workdir={workdir}", *overrides]
-  if popen:
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-  result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-  if check:
-    assert result.returncode == 0, result.stderr[-3000:]
-  return result
-
-
-def _losses(workdir):
-  records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
-  return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
-
-
-@pytest.fixture(scope="module")
-def reference_run(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("reference"))
-  _train(workdir)
-  return workdir
-
-
 def test_uninterrupted_run_learns_and_writes_its_outputs(reference_run):
-  losses = _losses(reference_run)
+  losses = runs.losses(reference_run)
   assert sorted(losses) == list(range(1, 31))
   assert np.mean([losses[s] for s in range(26, 31)]) < np.mean([losses[s] for s in range(1, 6)])
   records = read_metrics(os.path.join(reference_run, "metrics.jsonl"))
@@ -157,16 +129,16 @@ def test_uninterrupted_run_learns_and_writes_its_outputs(reference_run):
 
 def test_kill_9_and_restart_gives_the_same_losses_bit_for_bit(reference_run, tmp_path):
   workdir = str(tmp_path)
-  proc = _train(workdir, popen=True)
+  proc = runs.train(workdir, popen=True)
   _wait_for_step(workdir, 19)
   proc.kill()  # SIGKILL: no handler runs
   proc.wait()
   assert proc.returncode == -signal.SIGKILL
-  killed_at = max(_losses(workdir))
+  killed_at = max(runs.losses(workdir))
   assert 19 <= killed_at < 30
-  result = _train(workdir)
+  result = runs.train(workdir)
   assert "resumed from the checkpoint at step" in result.stderr
-  assert _losses(workdir) == _losses(reference_run)  # exact float equality, every step
+  assert runs.losses(workdir) == runs.losses(reference_run)  # exact float equality, every step
 
 
 def _wait_for_step(workdir, step, timeout=300):
@@ -174,7 +146,7 @@ def _wait_for_step(workdir, step, timeout=300):
   deadline = time.time() + timeout
   while time.time() < deadline:
     try:
-      if max(_losses(workdir), default=0) >= step:
+      if max(runs.losses(workdir), default=0) >= step:
         return
     except FileNotFoundError:
       pass
@@ -184,16 +156,16 @@ def _wait_for_step(workdir, step, timeout=300):
 
 def test_sigterm_saves_at_the_step_reached_then_resumes(reference_run, tmp_path):
   workdir = str(tmp_path)
-  proc = _train(workdir, popen=True)
+  proc = runs.train(workdir, popen=True)
   _wait_for_step(workdir, 3)
   proc.send_signal(signal.SIGTERM)
   _, stderr = proc.communicate(timeout=120)
   assert proc.returncode == 143, stderr[-2000:]
-  stopped_at = max(_losses(workdir))
+  stopped_at = max(runs.losses(workdir))
   assert stopped_at < 30
   assert str(stopped_at) in os.listdir(os.path.join(workdir, "checkpoints"))
-  _train(workdir)
-  assert _losses(workdir) == _losses(reference_run)
+  runs.train(workdir)
+  assert runs.losses(workdir) == runs.losses(reference_run)
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_an_older_one(reference_run, tmp_path):
@@ -215,12 +187,12 @@ def test_corrupt_newest_checkpoint_falls_back_to_an_older_one(reference_run, tmp
 
 def test_non_finite_loss_halts_and_leaves_the_last_checkpoint(tmp_path):
   workdir = str(tmp_path)
-  _train(workdir, "--config.train.num_steps=8")
+  runs.train(workdir, "--config.train.num_steps=8")
   before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
   meta_path = os.path.join(workdir, "checkpoints", "8", "meta", "metadata")
   meta_before = open(meta_path).read()
   # A rate of 1e30 sends the weights to overflow within a few steps.
-  result = _train(workdir, "--config.train.num_steps=30", "--config.optim.lr_scale=1e30",
+  result = runs.train(workdir, "--config.train.num_steps=30", "--config.optim.lr_scale=1e30",
                   check=False)
   assert result.returncode == 1
   assert "non-finite training loss" in result.stderr

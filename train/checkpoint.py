@@ -57,11 +57,12 @@ class Checkpointer:
     args = ocp.args.Composite(meta=ocp.args.JsonRestore())
     return self.manager.restore(step, args=args)["meta"]
 
-  def restore_newest(self, abstract_state, data_iterator=None):
+  def restore_newest(self, abstract_state, data_iterator=None, move_aside: bool = True):
     """The newest checkpoint that restores and verifies: (state, meta), or None if none does.
 
-    `abstract_state` gives the tree structure, shapes, dtypes and shardings. With
-    `data_iterator`, its position is restored too.
+    `abstract_state` gives the tree structure, shapes, dtypes and shardings (those of the
+    devices restored onto, whatever mesh saved it). With `data_iterator`, its position is
+    restored too. A checkpoint that fails is reported, and moved aside if `move_aside`.
     """
     for step in reversed(self.steps()):
       items = {"state": ocp.args.StandardRestore(abstract_state), "meta": ocp.args.JsonRestore()}
@@ -70,26 +71,29 @@ class Checkpointer:
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
       except Exception as e:  # noqa: BLE001 - any failure to read means: try an older one
-        self._set_aside(step, f"is corrupt or unreadable ({type(e).__name__}: {e})")
+        self._skip(step, f"is corrupt or unreadable ({type(e).__name__}: {e})", move_aside)
         continue
       if state_checksum(restored["state"]) != restored["meta"]["checksum"]:
-        self._set_aside(step, "failed its checksum: its contents differ from what was saved "
-                        "(corrupt)")
+        self._skip(step, "failed its checksum: its contents differ from what was saved "
+                   "(corrupt)", move_aside)
         continue
       return restored["state"], restored["meta"]
     return None
 
-  def _set_aside(self, step: int, why: str) -> None:
-    os.makedirs(self.quarantine, exist_ok=True)
-    target = os.path.join(self.quarantine, str(step))
-    suffix = 1
-    while os.path.exists(target):
-      target = os.path.join(self.quarantine, f"{step}.{suffix}")
-      suffix += 1
-    shutil.move(os.path.join(self.directory, str(step)), target)
-    self.manager.reload()
-    warnings.warn(f"checkpoint at step {step} {why}; skipped it and moved it to {target} "
-                  f"(kept, not deleted); trying the next older checkpoint", stacklevel=3)
+  def _skip(self, step: int, why: str, move_aside: bool) -> None:
+    where = "left it in place"
+    if move_aside:
+      os.makedirs(self.quarantine, exist_ok=True)
+      target = os.path.join(self.quarantine, str(step))
+      suffix = 1
+      while os.path.exists(target):
+        target = os.path.join(self.quarantine, f"{step}.{suffix}")
+        suffix += 1
+      shutil.move(os.path.join(self.directory, str(step)), target)
+      self.manager.reload()
+      where = f"moved it to {target} (kept, not deleted)"
+    warnings.warn(f"checkpoint at step {step} {why}; skipped it and {where}; trying the next "
+                  f"older checkpoint", stacklevel=3)
 
   def wait(self) -> None:
     """Blocks until every asynchronous save is on disk."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -11,6 +12,7 @@ import time
 from typing import Any
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -18,7 +20,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from flax_encoder import EncoderConfig
+from flax_encoder import EncoderConfig, sharding
 from train import data
 from train.checkpoint import Checkpointer
 from train.metrics import MetricWriter, read_metrics
@@ -47,12 +49,43 @@ def encoder_config(config: ml_collections.ConfigDict) -> EncoderConfig:
   return EncoderConfig(**fields)
 
 
-def init_state(model: MaskedLM, tx, seed: int, batch_size: int, seq_len: int) -> TrainState:
-  params_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
-  tokens = jnp.ones((batch_size, seq_len), jnp.int32)
-  params = model.init(params_rng, tokens)["params"]
-  return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
-                    rng=dropout_rng)
+def _boxed_init(model: MaskedLM, tx, seed: int, batch_size: int, seq_len: int):
+  """A function returning a fresh TrainState whose parameters carry their logical axes."""
+
+  def init():
+    params_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
+    tokens = jnp.ones((batch_size, seq_len), jnp.int32)
+    params = model.init(params_rng, tokens)["params"]  # boxed: nn.LogicallyPartitioned
+    return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
+                      rng=dropout_rng)
+
+  return init
+
+
+def init_state(model: MaskedLM, tx, seed: int, batch_size: int, seq_len: int,
+               mesh: jax.sharding.Mesh | None = None) -> TrainState:
+  """A fresh train state. On `mesh` each array is created in place, split by the logical rules
+  of flax_encoder.sharding (with fsdp > 1, parameters and Adam's moments along "embed")."""
+  init = _boxed_init(model, tx, seed, batch_size, seq_len)
+  if mesh is None:
+    return nn.unbox(init())
+  shardings = sharding.logical_shardings(jax.eval_shape(init), mesh)
+  return jax.jit(lambda: nn.unbox(init()), out_shardings=shardings)()
+
+
+def abstract_state(model: MaskedLM, tx, seq_len: int, mesh: jax.sharding.Mesh) -> TrainState:
+  """Shapes, dtypes and shardings on `mesh` of a train state, allocating nothing: the target
+  that restores a checkpoint onto `mesh`."""
+  boxed = jax.eval_shape(_boxed_init(model, tx, 0, 1, seq_len))
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      nn.unbox(boxed), sharding.logical_shardings(boxed, mesh))
+
+
+def _global_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:
+  """A host batch (every process loads the same one) -> arrays split over the mesh's devices."""
+  n, count = jax.process_count(), len(batch["inputs"])
+  rows = slice(jax.process_index() * count // n, (jax.process_index() + 1) * count // n)
+  return sharding.global_batch({k: v[rows] for k, v in batch.items()}, mesh)
 
 
 def train_step(state: TrainState, batch: dict, *, model, tx, schedule,
@@ -129,9 +162,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   eval_data = data.eval_batches(eval_examples, t.batch_size, config.data.mask_rate, t.seed + 2)
   baseline_token = data.most_frequent_token(train_examples)
 
+  mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
+  sharding.check_batch_divisible(t.batch_size, mesh, "config.train.batch_size")
+  if mesh.size > 1:
+    print(f"mesh: data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']} over {mesh.size} "
+          f"{jax.default_backend()} devices in {jax.process_count()} process(es)", file=sys.stderr)
   model = MaskedLM(cfg)
   tx, schedule = make_optimizer(config.optim, cfg.d_model)
-  state = init_state(model, tx, t.seed, t.batch_size, t.seq_len)
+  state = init_state(model, tx, t.seed, t.batch_size, t.seq_len, mesh)
 
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), t.keep_checkpoints)
   writer = MetricWriter(workdir)
@@ -141,9 +179,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
     writer.truncate_after(int(state.step))
     print(f"resumed from the checkpoint at step {int(state.step)}", file=sys.stderr)
 
+  # The state keeps its layout from step to step (no recompiles, donation reuses its buffers).
+  state_shardings = jax.tree.map(lambda x: x.sharding, state)
   p_train_step = jax.jit(functools.partial(train_step, model=model, tx=tx, schedule=schedule,
                                            label_smoothing=config.optim.label_smoothing),
-                         donate_argnums=0)
+                         out_shardings=(state_shardings, None), donate_argnums=0)
   p_eval_step = jax.jit(functools.partial(eval_step, model=model, baseline_token=baseline_token))
   stop = StopRequest()
   step = int(state.step)
@@ -152,9 +192,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   window_start, window_tokens = time.perf_counter(), 0
   bar = tqdm(total=t.num_steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
   exit_code = 0
+  # The mesh and the rules in context let the encoder constrain its activations' layout.
+  context = contextlib.ExitStack()
+  context.enter_context(jax.set_mesh(mesh))
+  context.enter_context(nn.logical_axis_rules(sharding.RULES))
   try:
     while step < t.num_steps:
-      batch = next(train_iter)
+      batch = _global_batch(next(train_iter), mesh)
       state, metrics = p_train_step(state, batch)
       step += 1
       window_tokens += int(batch["inputs"].size)
@@ -178,7 +222,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
             writer.write(s, "train", {**m, "tokens_per_s": tokens_per_s})
         bar.set_postfix(loss=f"{fetched[-1][1]['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}")
       if step % t.eval_every == 0 or is_last:
-        writer.write(step, "eval", evaluate(p_eval_step, state.params, eval_data))
+        eval_batches = (_global_batch(b, mesh) for b in eval_data)
+        writer.write(step, "eval", evaluate(p_eval_step, state.params, eval_batches))
       if save_now:
         checkpointer.save(step, state, train_iter, config_json)
       if stop.signum is not None:
@@ -193,6 +238,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
           f"set config.optim.clip_norm.", file=sys.stderr)
     exit_code = 1
   finally:
+    context.close()
     bar.close()
     checkpointer.wait()
     checkpointer.close()
@@ -223,8 +269,10 @@ def load_encoder(workdir: str) -> tuple[EncoderConfig, dict]:
         checkpointer.read_meta(checkpointer.steps()[-1])["config"]))
     cfg = encoder_config(config)
     tx, _ = make_optimizer(config.optim, cfg.d_model)
-    abstract = jax.eval_shape(lambda: init_state(MaskedLM(cfg), tx, 0, 1, config.train.seq_len))
-    restored = checkpointer.restore_newest(abstract)
+    # Replicated over this process's devices, whatever mesh wrote the checkpoint.
+    abstract = abstract_state(MaskedLM(cfg), tx, config.train.seq_len, sharding.make_mesh())
+    # A reader leaves the workdir as it found it: nothing is moved aside.
+    restored = checkpointer.restore_newest(abstract, move_aside=False)
   finally:
     checkpointer.close()
   if restored is None:

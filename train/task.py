@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import optax
 
 from flax_encoder import Encoder, EncoderConfig
+from flax_encoder.sharding import dense
 
 
 class MaskedLM(nn.Module):
@@ -20,8 +21,8 @@ class MaskedLM(nn.Module):
     """int [batch, seq] -> logits [batch, seq, vocab] in config.dtype."""
     cfg = self.config
     hidden = Encoder(cfg, name="encoder")(tokens, deterministic=deterministic)
-    return nn.Dense(cfg.vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                    name="head")(hidden)
+    return dense(cfg, cfg.vocab_size, ("embed", "vocab"), "head",
+                 kernel_init=nn.initializers.lecun_normal())(hidden)
 
 
 def smoothed_loss(logits, targets, weights, label_smoothing: float) -> jax.Array:

@@ -1,0 +1,30 @@
+"""Helpers for tests that run `python -m train` in a subprocess on the tiny config."""
+
+import os
+import subprocess
+import sys
+
+from train.metrics import read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "tests", "tiny_train_config.py")
+EIGHT_DEVICES = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+
+
+def train(workdir, *overrides, check=True, popen=False, env=None):
+  """Runs the tiny config in `workdir`; with popen=True returns the running process."""
+  cmd = [sys.executable, "-m", "train", f"--config={TINY}", f"--workdir={workdir}", *overrides]
+  if popen:
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+  result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+  if check:
+    assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+def losses(workdir) -> dict:
+  """{step: training loss} of the run in `workdir`."""
+  records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
