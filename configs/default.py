@@ -22,7 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.d_ff = 512  # 4 x d_model, as in the paper
   model.n_layers = 3
   # The paper's 0.1 regularises long runs; this one is short and underfits (eval accuracy tracks
-  # train accuracy), and without dropout it learns faster: 0.60 vs 0.36 accuracy at step 1000.
+  # train accuracy), and without dropout it learns faster: 0.60 vs 0.49 eval accuracy at step 1000.
   model.dropout = 0.0
   model.attention_dropout = 0.0
   model.max_len = 512  # positions in the sinusoid table; >= train.seq_len
