@@ -5,7 +5,11 @@ embedding * sqrt(d_model), interleaved sinusoids), with converters to and from P
 (`flax_encoder.interop`) and a parity report (`python -m flax_encoder.parity`).
 """
 
-from flax_encoder.attention import MASK_FILL, MultiHeadAttention, scaled_dot_product_attention
+from flax_encoder.attention import (
+    MASK_FILL,
+    MultiHeadAttention,
+    scaled_dot_product_attention,
+)
 from flax_encoder.config import EncoderConfig
 from flax_encoder.embedding import PositionalEncoding, sinusoidal_positions
 from flax_encoder.encoder import Encoder, stack_layers, unstack_layers

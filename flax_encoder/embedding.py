@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 
 
-
 def sinusoidal_positions(max_len: int, d_model: int, dtype=np.float32) -> np.ndarray:
   """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...), interleaved as in the seed.
 

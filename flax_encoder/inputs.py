@@ -7,12 +7,28 @@ tracers; there the check is a `checkify.debug_check`, which `checked_apply` turn
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import contextvars
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
+
+_TRACED_CHECKS = contextvars.ContextVar("traced_token_checks", default=True)
+
+
+@contextlib.contextmanager
+def without_traced_checks():
+  """Leaves `checkify.debug_check` out of traced code (for `jax.export`, which cannot
+  serialize its effect); the caller guards the values another way."""
+  token = _TRACED_CHECKS.set(False)
+  try:
+    yield
+  finally:
+    _TRACED_CHECKS.reset(token)
 
 
 def check_token_shape(tokens: Any, max_len: int) -> None:
@@ -43,6 +59,8 @@ def check_token_values(tokens: Any, vocab_size: int) -> None:
   (see `checked_apply`).
   """
   if isinstance(tokens, jax.core.Tracer):
+    if not _TRACED_CHECKS.get():
+      return
     in_range = jnp.all((tokens >= 0) & (tokens < vocab_size))
     checkify.debug_check(in_range, _out_of_range_message(vocab_size) + "; got an id outside it")
     return

@@ -10,10 +10,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_encoder import (MASK_FILL, Encoder, EncoderConfig, EncoderLayer, MultiHeadAttention,
-                          PositionalEncoding, PositionwiseFeedForward, padding_mask,
-                          scaled_dot_product_attention, sinusoidal_positions, stack_layers,
-                          unstack_layers)
+from flax_encoder import (
+  MASK_FILL,
+  Encoder,
+  EncoderConfig,
+  EncoderLayer,
+  MultiHeadAttention,
+  PositionalEncoding,
+  PositionwiseFeedForward,
+  padding_mask,
+  scaled_dot_product_attention,
+  sinusoidal_positions,
+  stack_layers,
+  unstack_layers,
+)
 
 
 class SdpaTest(chex.TestCase):

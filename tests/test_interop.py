@@ -10,8 +10,11 @@ import torch
 from safetensors.torch import save_file
 
 from flax_encoder import Encoder, EncoderConfig, stack_layers, torch_port
-from flax_encoder.interop import (from_torch_state_dict, load_torch_checkpoint,
-                                  to_torch_state_dict)
+from flax_encoder.interop import (
+  from_torch_state_dict,
+  load_torch_checkpoint,
+  to_torch_state_dict,
+)
 
 CONFIG = EncoderConfig(vocab_size=11, d_model=8, n_heads=2, d_ff=12, n_layers=2, max_len=10)
 

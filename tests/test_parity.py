@@ -14,9 +14,16 @@ import numpy as np
 import pytest
 import torch
 
-from flax_encoder import (Encoder, EncoderConfig, EncoderLayer, MultiHeadAttention,
-                          PositionalEncoding, PositionwiseFeedForward,
-                          scaled_dot_product_attention, torch_port)
+from flax_encoder import (
+  Encoder,
+  EncoderConfig,
+  EncoderLayer,
+  MultiHeadAttention,
+  PositionalEncoding,
+  PositionwiseFeedForward,
+  scaled_dot_product_attention,
+  torch_port,
+)
 from flax_encoder.interop import PE_KEY, from_torch_state_dict
 
 TOL = {"float32": 1e-5, "float64": 1e-10}

@@ -202,7 +202,7 @@ def test_non_finite_loss_halts_and_leaves_the_last_checkpoint(tmp_path):
   assert json.loads(meta_before)["step"] == 8
 
 
-def test_trained_encoder_loads_in_three_lines_exports_to_torch_and_draws_attention(
+def test_trained_encoder_loads_in_three_lines_exports_and_draws_attention(
     reference_run, tmp_path):
   import torch
 
@@ -223,6 +223,13 @@ def test_trained_encoder_loads_in_three_lines_exports_to_torch_and_draws_attenti
   expected = model.eval()(torch.tensor(np.asarray(tokens))).detach().numpy()
   with jax.default_matmul_precision("highest"):
     np.testing.assert_allclose(hidden, expected, atol=1e-5)
+
+  # The jax.export program, at the run's window length (32), padded input: same encoding.
+  path = export(reference_run, str(tmp_path / "encoder.jaxexport"))
+  with open(path, "rb") as f:
+    exported = jax.export.deserialize(f.read())
+  padded = jnp.zeros((2, 32), jnp.int32).at[0, :tokens.shape[1]].set(tokens[0])
+  np.testing.assert_allclose(exported.call(padded)[:1, :tokens.shape[1]], hidden, atol=1e-5)
 
   out = tmp_path / "attention.png"
   assert attention_main(["--workdir", reference_run, "--text", "hello world", "--out",

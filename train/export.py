@@ -1,6 +1,11 @@
-"""Exports a run's encoder weights as a PyTorch state dict (.safetensors or .pt).
+"""Exports a run's encoder: PyTorch weights (.safetensors or .pt) or a jax.export program.
 
   python -m train.export --workdir runs/demo --out encoder.safetensors [--layout torch_nn]
+  python -m train.export --workdir runs/demo --out encoder.jaxexport [--seq-len 64]
+
+A .jaxexport file is the compiled encoder with its weights (StableHLO for CPU and CUDA), taking
+int32 ids [batch, seq_len]; it runs with `jax.export.deserialize(data).call(tokens)` and no
+code of this package.
 """
 
 from __future__ import annotations
@@ -11,12 +16,19 @@ import sys
 from flax_encoder.interop import LAYOUTS, to_torch_state_dict
 
 
-def export(workdir: str, out: str, layout: str = "seed") -> str:
-  """Writes the newest verified checkpoint's encoder to `out`; returns the path."""
+def export(workdir: str, out: str, layout: str = "seed", seq_len: int | None = None) -> str:
+  """Writes the newest verified checkpoint's encoder to `out`; returns the path.
+
+  For a .jaxexport file, `seq_len` defaults to the run's config.train.seq_len.
+  """
+  from train.loop import load_config, load_encoder
+  cfg, variables = load_encoder(workdir)
+  if out.endswith(".jaxexport"):
+    from flax_encoder.inference import export_encoder
+    export_encoder(cfg, variables, out, seq_len or load_config(workdir).train.seq_len)
+    return out
   import torch
 
-  from train.loop import load_encoder
-  cfg, variables = load_encoder(workdir)
   state = to_torch_state_dict(variables, cfg, layout)
   if out.endswith(".safetensors"):
     from safetensors.torch import save_file
@@ -24,7 +36,8 @@ def export(workdir: str, out: str, layout: str = "seed") -> str:
   elif out.endswith((".pt", ".pth", ".bin")):
     torch.save(state, out)
   else:
-    raise ValueError(f"--out must end in .safetensors, .pt, .pth or .bin, got {out!r}")
+    raise ValueError(f"--out must end in .safetensors, .pt, .pth, .bin or .jaxexport, got "
+                     f"{out!r}")
   return out
 
 
@@ -34,8 +47,10 @@ def main(argv=None) -> int:
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--out", required=True)
   parser.add_argument("--layout", default="seed", choices=LAYOUTS)
+  parser.add_argument("--seq-len", type=int, default=None,
+                      help=".jaxexport: input length (default: the run's train.seq_len)")
   args = parser.parse_args(argv)
-  print(export(args.workdir, args.out, args.layout))
+  print(export(args.workdir, args.out, args.layout, args.seq_len))
   return 0
 
 

@@ -255,26 +255,40 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   return exit_code
 
 
+def _open_checkpoints(workdir: str) -> Checkpointer:
+  directory = os.path.join(workdir, "checkpoints")
+  checkpointer = Checkpointer(directory, keep=1) if os.path.isdir(directory) else None
+  if checkpointer is None or not checkpointer.steps():
+    raise FileNotFoundError(f"no checkpoints under workdir {workdir!r}")
+  return checkpointer
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config of the run in `workdir`, as saved with its newest checkpoint."""
+  checkpointer = _open_checkpoints(workdir)
+  try:
+    meta = checkpointer.read_meta(checkpointer.steps()[-1])
+  finally:
+    checkpointer.close()
+  return ml_collections.ConfigDict(json.loads(meta["config"]))
+
+
 def load_encoder(workdir: str) -> tuple[EncoderConfig, dict]:
   """(EncoderConfig, encoder variables) of the newest verified checkpoint in `workdir`.
 
   Inference then takes `Encoder(cfg).apply(variables, tokens)`.
   """
-  directory = os.path.join(workdir, "checkpoints")
-  checkpointer = Checkpointer(directory, keep=1) if os.path.isdir(directory) else None
-  if checkpointer is None or not checkpointer.steps():
-    raise FileNotFoundError(f"no checkpoints under workdir {workdir!r}")
+  config = load_config(workdir)
+  cfg = encoder_config(config)
+  tx, _ = make_optimizer(config.optim, cfg.d_model)
+  # Replicated over this process's devices, whatever mesh wrote the checkpoint.
+  abstract = abstract_state(MaskedLM(cfg), tx, config.train.seq_len, sharding.make_mesh())
+  checkpointer = _open_checkpoints(workdir)
   try:
-    config = ml_collections.ConfigDict(json.loads(
-        checkpointer.read_meta(checkpointer.steps()[-1])["config"]))
-    cfg = encoder_config(config)
-    tx, _ = make_optimizer(config.optim, cfg.d_model)
-    # Replicated over this process's devices, whatever mesh wrote the checkpoint.
-    abstract = abstract_state(MaskedLM(cfg), tx, config.train.seq_len, sharding.make_mesh())
     # A reader leaves the workdir as it found it: nothing is moved aside.
     restored = checkpointer.restore_newest(abstract, move_aside=False)
   finally:
     checkpointer.close()
   if restored is None:
-    raise ValueError(f"no checkpoint under {directory!r} restores and verifies")
+    raise ValueError(f"no checkpoint under {checkpointer.directory!r} restores and verifies")
   return cfg, {"params": restored[0].params["encoder"]}

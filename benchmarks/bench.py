@@ -1,0 +1,308 @@
+r"""JAX (this package) against the PyTorch port, same model and weights, side by side.
+
+  python -m benchmarks.bench --out benchmarks/results/cpu.json            # all sections
+  python -m benchmarks.bench --sizes 8x128 --reps 5 --skip compile        # a quick look
+
+Sections (each a list of records in the output JSON):
+  peak     the matmul peak of this device: the best FLOP/s of large square matmuls in JAX and
+           in PyTorch, in the benchmark's dtype, measured in this run.
+  forward  inference forward of the encoder (no output head), `--sizes` batch x seq.
+  train    a full training step: encoder + output head, cross-entropy, backward, Adam update.
+  compile  jit compile time of the training step at 6, 12 and 24 layers, unrolled vs scanned.
+
+Implementations: "jax" (jax.jit, state donated), "torch" (eager) and "torch.compile" (the
+same module through torch.compile; skipped with a note where it fails). Repetitions are
+interleaved (jax, torch, torch.compile, jax, ...) after warm-up, and medians are reported.
+MFU uses the standard count per token: 2 * N_matmul + 4 * L * d_model * seq for a forward
+without head; 6 * (N_matmul + N_head) + 12 * L * d_model * seq for a training step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from flax_encoder import Encoder, EncoderConfig
+from flax_encoder.interop import to_torch_state_dict
+from flax_encoder.sharding import dense
+
+VOCAB_SIZE = 8192
+
+
+class WithHead(nn.Module):
+  """Encoder + a dense layer to vocabulary logits (what a masked-LM training step runs)."""
+
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, tokens, deterministic=True):
+    hidden = Encoder(self.config, name="encoder")(tokens, deterministic=deterministic)
+    return dense(self.config, self.config.vocab_size, ("embed", "vocab"), "head")(hidden)
+
+
+def paper_base(**overrides) -> EncoderConfig:
+  return EncoderConfig.base(VOCAB_SIZE, max_len=512, **overrides)
+
+
+def flops_per_token(cfg: EncoderConfig, seq: int, train: bool) -> float:
+  n_matmul = cfg.n_layers * (4 * cfg.d_model**2 + 2 * cfg.d_model * cfg.d_ff)
+  attention = cfg.n_layers * cfg.d_model * seq
+  if train:
+    return 6 * (n_matmul + cfg.d_model * cfg.vocab_size) + 12 * attention
+  return 2 * n_matmul + 4 * attention
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+
+def _time(fn) -> float:
+  start = time.perf_counter()
+  fn()
+  return time.perf_counter() - start
+
+
+def interleaved(runners: dict, reps: int, warmup: int) -> dict:
+  """{name: median seconds} of `reps` calls per runner, alternating runners each round."""
+  for run in runners.values():
+    for _ in range(warmup):
+      run()
+  times = {name: [] for name in runners}
+  for _ in range(reps):
+    for name, run in runners.items():
+      times[name].append(_time(run))
+  return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The two sides
+
+
+def jax_side(cfg: EncoderConfig, batch: int, seq: int, seed: int = 0):
+  """(forward runner, train runner, params) for JAX."""
+  tokens = jnp.asarray(np.random.default_rng(seed).integers(1, cfg.vocab_size, (batch, seq)),
+                       jnp.int32)
+  targets = jnp.roll(tokens, 1, axis=1)
+  model = WithHead(cfg)
+  params = nn.unbox(model.init(jax.random.key(seed), tokens[:1]))["params"]
+  encoder = Encoder(cfg)
+  forward = jax.jit(lambda p, t: encoder.apply({"params": p}, t))
+  tx = optax.adam(1e-4, b1=0.9, b2=0.98, eps=1e-9)
+
+  def train_step(state, tokens, targets, rng):
+    params, opt_state = state
+
+    def loss_fn(p):
+      logits = model.apply({"params": p}, tokens, deterministic=False, rngs={"dropout": rng})
+      return optax.softmax_cross_entropy_with_integer_labels(
+          logits.astype(jnp.float32), targets).mean()
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), loss
+
+  step = jax.jit(train_step, donate_argnums=0)
+  state = [(jax.tree.map(jnp.copy, params), tx.init(params))]
+  rng = jax.random.key(seed + 1)
+
+  def run_forward():
+    forward(params["encoder"], tokens).block_until_ready()
+
+  def run_train():
+    state[0], loss = step(state[0], tokens, targets, rng)
+    loss.block_until_ready()
+
+  return run_forward, run_train, params, (tokens, targets)
+
+
+def torch_side(cfg: EncoderConfig, params, tokens, targets, compile_: bool):
+  """(forward runner, train runner) for the PyTorch port with the same weights."""
+  import torch
+
+  from flax_encoder import torch_port
+
+  dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype.name]
+  encoder = torch_port.Encoder(cfg)
+  encoder.load_state_dict(to_torch_state_dict({"params": params["encoder"]}, cfg))
+  head = torch.nn.Linear(cfg.d_model, cfg.vocab_size)
+  head.weight.data = torch.from_numpy(np.asarray(params["head"]["kernel"]).T.copy())
+  head.bias.data = torch.from_numpy(np.asarray(params["head"]["bias"]).copy())
+  device = "cuda" if torch.cuda.is_available() and jax.default_backend() == "gpu" else "cpu"
+  encoder, head = encoder.to(device), head.to(device)
+  src = torch.from_numpy(np.asarray(tokens)).long().to(device)
+  tgt = torch.from_numpy(np.asarray(targets)).long().to(device)
+  model = torch.nn.Sequential(encoder, head)
+  eval_encoder = encoder
+  if compile_:
+    model = torch.compile(model)
+    eval_encoder = torch.compile(encoder)
+  optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+  sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+  autocast = functools.partial(torch.autocast, device_type=device, dtype=dtype,
+                               enabled=dtype != torch.float32)
+
+  def run_forward():
+    encoder.eval()
+    with torch.inference_mode(), autocast():
+      eval_encoder(src)
+    sync()
+
+  def run_train():
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    with autocast():
+      logits = model(src)
+    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tgt.flatten())
+    loss.backward()
+    optimizer.step()
+    sync()
+
+  return run_forward, run_train
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+
+
+def matmul_peak(dtype: str, sizes=(1024, 2048, 4096), reps: int = 5) -> list[dict]:
+  import torch
+  records = []
+  for n in sizes:
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
+    jax_mm = jax.jit(jnp.matmul)
+    ta = torch.from_numpy(np.asarray(a.astype(jnp.float32))).to(getattr(torch, dtype))
+    if jax.default_backend() == "gpu" and torch.cuda.is_available():
+      ta = ta.cuda()
+    sync = torch.cuda.synchronize if ta.is_cuda else (lambda: None)
+    runners = {"jax": lambda: jax_mm(a, a).block_until_ready(),
+               "torch": lambda: (torch.matmul(ta, ta), sync())}
+    for name, seconds in interleaved(runners, reps, warmup=2).items():
+      records.append({"impl": name, "n": n, "seconds": seconds,
+                      "flops_per_s": 2 * n**3 / seconds})
+  return records
+
+
+def speed(cfg: EncoderConfig, batch: int, seq: int, reps: int, warmup: int,
+          with_compile: bool) -> list[dict]:
+  jax_fwd, jax_train, params, (tokens, targets) = jax_side(cfg, batch, seq)
+  forward = {"jax": jax_fwd}
+  train = {"jax": jax_train}
+  notes = {}
+  forward["torch"], train["torch"] = torch_side(cfg, params, tokens, targets, compile_=False)
+  if with_compile:
+    try:
+      fwd, trn = torch_side(cfg, params, tokens, targets, compile_=True)
+      fwd(), trn()  # compile here, so a failure is caught and noted
+      forward["torch.compile"], train["torch.compile"] = fwd, trn
+    except Exception as e:  # noqa: BLE001 - torch.compile's failures are many and varied
+      notes["torch.compile"] = f"failed: {type(e).__name__}: {str(e)[:200]}"
+  records = []
+  for kind, runners in (("forward", forward), ("train", train)):
+    medians = interleaved(runners, reps, warmup)
+    flops = flops_per_token(cfg, seq, train=kind == "train") * batch * seq
+    for name, seconds in medians.items():
+      records.append({"section": kind, "impl": name, "batch": batch, "seq": seq,
+                      "seconds": seconds, "tokens_per_s": batch * seq / seconds,
+                      "flops_per_s": flops / seconds,
+                      "ratio_to_torch": seconds / medians["torch"]})
+  for name, note in notes.items():
+    records.append({"section": "note", "impl": name, "batch": batch, "seq": seq, "note": note})
+  return records
+
+
+def compile_times(cfg: EncoderConfig, layers=(6, 12, 24), batch: int = 8,
+                  seq: int = 128) -> list[dict]:
+  records = []
+  for n in layers:
+    for scan in (False, True):
+      c = dataclasses.replace(cfg, n_layers=n, scan_layers=scan)
+      jax.clear_caches()
+      _, train, _, _ = jax_side(c, batch, seq)
+      seconds = _time(train)  # the first call traces, lowers and compiles
+      records.append({"section": "compile", "layers": n, "scanned": scan,
+                      "seconds": seconds})
+      print(f"compile: {n} layers, scanned={scan}: {seconds:.1f}s", file=sys.stderr)
+  return records
+
+
+def environment() -> dict:
+  import flax
+  import torch
+  device = jax.devices()[0]
+  return {"jax": jax.__version__, "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__")
+          else None, "flax": flax.__version__, "optax": optax.__version__,
+          "torch": torch.__version__, "python": platform.python_version(),
+          "backend": jax.default_backend(), "device": device.device_kind,
+          "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+          "torch_threads": torch.get_num_threads(),
+          "matmul_precision": jax.config.jax_default_matmul_precision}
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--sizes", default="8x128,32x512", help="batch x seq, comma-separated")
+  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  parser.add_argument("--attention", default="xla", choices=("reference", "xla", "cudnn"))
+  parser.add_argument("--reps", type=int, default=5)
+  parser.add_argument("--warmup", type=int, default=2)
+  parser.add_argument("--skip", default="", help="sections to skip: peak,speed,compile,"
+                      "torch.compile")
+  parser.add_argument("--out", default=None, help="results JSON (default: print only)")
+  args = parser.parse_args(argv)
+  skip = set(filter(None, args.skip.split(",")))
+
+  # Both sides in full float32 (no TF32 on GPUs), unless benchmarking bfloat16.
+  import torch
+  torch.backends.cuda.matmul.allow_tf32 = False
+  torch.backends.cudnn.allow_tf32 = False
+  precision = "highest" if args.dtype == "float32" else "default"
+  jax.config.update("jax_default_matmul_precision", precision)
+
+  cfg = paper_base(dtype=args.dtype, attention_impl=args.attention)
+  results = {"environment": environment(), "dtype": args.dtype, "attention": args.attention,
+             "config": {k: str(v) for k, v in dataclasses.asdict(cfg).items()}, "records": []}
+  if "peak" not in skip:
+    peak = matmul_peak(args.dtype)
+    results["records"] += [{"section": "peak", **r} for r in peak]
+    results["matmul_peak_flops_per_s"] = max(r["flops_per_s"] for r in peak)
+    print(f"matmul peak: {results['matmul_peak_flops_per_s'] / 1e9:.1f} GFLOP/s", file=sys.stderr)
+  if "speed" not in skip:
+    for size in args.sizes.split(","):
+      batch, seq = (int(x) for x in size.split("x"))
+      records = speed(cfg, batch, seq, args.reps, args.warmup, "torch.compile" not in skip)
+      results["records"] += records
+      for r in records:
+        if "seconds" in r:
+          mfu = (f", MFU {r['flops_per_s'] / results['matmul_peak_flops_per_s']:.0%}"
+                 if "matmul_peak_flops_per_s" in results else "")
+          print(f"{r['section']:8s} {size:7s} {r['impl']:14s} {r['seconds'] * 1e3:9.1f} ms  "
+                f"x{r['ratio_to_torch']:.2f} of torch{mfu}", file=sys.stderr)
+        else:
+          print(f"{r['impl']}: {r['note']}", file=sys.stderr)
+  if "compile" not in skip:
+    results["records"] += compile_times(paper_base(dtype=args.dtype,
+                                                   attention_impl=args.attention))
+  if args.out:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+      json.dump(results, f, indent=1)
+    print(f"wrote {args.out}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

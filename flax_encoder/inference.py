@@ -1,0 +1,109 @@
+"""jit inference for pipelines: bucketed encoding that compiles once per shape bucket, and
+`jax.export` of the encoder to a self-contained file.
+
+    encode = BucketedEncoder(config, variables)
+    hidden = encode(tokens)  # numpy or jax int ids [batch, seq] -> [batch, seq, d_model]
+
+    export_encoder(config, variables, "encoder.jaxexport", seq_len=128)
+    # anywhere with jax, no flax_encoder needed:
+    exported = jax.export.deserialize(open("encoder.jaxexport", "rb").read())
+    hidden = exported.call(tokens)  # int32 [any batch, 128]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flax_encoder.config import EncoderConfig
+from flax_encoder.encoder import Encoder
+from flax_encoder.inputs import (
+  check_token_shape,
+  check_token_values,
+  without_traced_checks,
+)
+
+DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
+
+
+class BucketedEncoder:
+  """`Encoder(config).apply` under jit, with inputs right-padded to a few shapes.
+
+  The sequence length is padded (with `pad_id`, which attention masks out, so the real
+  positions' outputs do not change; a row of padding only has no real positions, and its
+  output, an average over all of them, is meaningless either way) up to the smallest of `buckets` that holds it, and the
+  batch up to a multiple of `batch_multiple`. A stream of batches of any length then compiles
+  at most once per bucket and batch multiple, instead of once per distinct shape. Token ids
+  are checked on the host before anything runs; a bad id raises ValueError.
+  """
+
+  def __init__(self, config: EncoderConfig, variables, buckets: Sequence[int] | None = None,
+               batch_multiple: int = 8):
+    if buckets is None:
+      buckets = [b for b in DEFAULT_BUCKETS if b < config.max_len] + [config.max_len]
+    buckets = sorted(set(buckets))
+    for b in buckets:
+      if not 0 < b <= config.max_len:
+        raise ValueError(f"buckets must lie in [1, max_len={config.max_len}], got {b}")
+    if batch_multiple < 1:
+      raise ValueError(f"batch_multiple must be >= 1, got {batch_multiple}")
+    self.config = config
+    self.buckets = tuple(buckets)
+    self.batch_multiple = batch_multiple
+    self.variables = jax.device_put(variables)
+    self._jitted = jax.jit(self._forward)
+
+  def _forward(self, variables, tokens):
+    return Encoder(self.config).apply(variables, tokens)
+
+  def bucket(self, seq: int) -> int:
+    """The padded length for inputs of length `seq`."""
+    for b in self.buckets:
+      if seq <= b:
+        return b
+    raise ValueError(f"tokens have sequence length {seq}, longer than the largest bucket "
+                     f"{self.buckets[-1]}; truncate the input or add a bucket <= max_len="
+                     f"{self.config.max_len}")
+
+  def __call__(self, tokens) -> jax.Array:
+    """int ids [batch, seq] -> [batch, seq, d_model] in config.dtype."""
+    tokens = np.asarray(tokens)
+    check_token_shape(tokens, self.config.max_len)
+    check_token_values(tokens, self.config.vocab_size)
+    batch, seq = tokens.shape
+    padded_batch = -(-batch // self.batch_multiple) * self.batch_multiple
+    padded = np.full((padded_batch, self.bucket(seq)), self.config.pad_id, np.int32)
+    padded[:batch, :seq] = tokens
+    return self._jitted(self.variables, padded)[:batch, :seq]
+
+
+def export_encoder(config: EncoderConfig, variables, path: str, seq_len: int,
+                   platforms: Sequence[str] = ("cpu", "cuda")) -> jax.export.Exported:
+  """Serializes the encoder with its weights to `path` via `jax.export`.
+
+  The file holds StableHLO for `platforms` and the weights as constants: it takes int32 ids
+  [batch, seq_len] for any batch and returns [batch, seq_len, d_model]. Pad shorter inputs with
+  `pad_id`. Loading needs only jax: `jax.export.deserialize(data).call(tokens)`.
+
+  An exported function cannot raise, so a row holding an id outside [0, vocab_size) comes
+  back as all NaN rather than as a plausible but wrong encoding; check ids before the call.
+  """
+  if not 0 < seq_len <= config.max_len:
+    raise ValueError(f"seq_len must lie in [1, max_len={config.max_len}], got {seq_len}")
+  variables = jax.tree.map(jnp.asarray, variables)
+
+  def apply(tokens):
+    hidden = Encoder(config).apply(variables, tokens)
+    row_ok = jnp.all((tokens >= 0) & (tokens < config.vocab_size), axis=1)
+    return jnp.where(row_ok[:, None, None], hidden, jnp.nan).astype(hidden.dtype)
+
+  batch = jax.export.symbolic_shape("batch")[0]
+  spec = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
+  with without_traced_checks():
+    exported = jax.export.export(jax.jit(apply), platforms=tuple(platforms))(spec)
+  with open(path, "wb") as f:
+    f.write(exported.serialize())
+  return exported
