@@ -24,7 +24,7 @@ def tables(results: dict) -> str:
     for r in records:
       if r["section"] == "peak":
         best[r["impl"]] = max(best.get(r["impl"], 0), r["flops_per_s"])
-    lines += [f"Matmul peak (best square matmul, n = 1024…4096): "
+    lines += ["Matmul peak (best square matmul, n = 1024…4096): "
               + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in best.items())
               + f"; MFU below is against {peak / 1e9:.0f} GFLOP/s.", ""]
   lines += ["| step | batch × seq | implementation | median ms | tokens/s | JAX / PyTorch "

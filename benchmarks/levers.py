@@ -1,0 +1,87 @@
+r"""The speed levers tried on the CPU, each measured in isolation (BENCHMARKS.md, "Reading it").
+
+  python -m benchmarks.levers matmuls     # x@w, dy@w.T, x.T@dy: JAX against PyTorch, GFLOP/s
+  python -m benchmarks.levers qkv         # three 512x512 projections against one fused 512x1536
+  python -m benchmarks.levers step        # forward+backward at 8x128, no dropout, ms
+  for f in "" --xla_cpu_use_onednn=true --xla_cpu_experimental_ynn_fusion_type=; do
+    XLA_FLAGS=$f python -m benchmarks.levers step; done                    # matmul back ends
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from benchmarks.bench import WithHead, paper_base
+
+
+def median_seconds(fn, reps: int = 7) -> float:
+  fn()
+  fn()
+  times = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def matmuls() -> None:
+  import torch
+  rng = np.random.default_rng(0)
+  x, w, dy = (rng.random(s, np.float32) for s in ((1024, 512), (512, 2048), (1024, 2048)))
+  jx, jw, jdy = (jnp.asarray(a) for a in (x, w, dy))
+  tx, tw, tdy = (torch.from_numpy(a) for a in (x, w, dy))
+  flops = 2 * 1024 * 512 * 2048
+  cases = {"x @ w (forward)": (jax.jit(lambda a, b: a @ b), (jx, jw), lambda: tx @ tw),
+           "dy @ w.T (input grad)": (jax.jit(lambda a, b: a @ b.T), (jdy, jw), lambda: tdy @ tw.T),
+           "x.T @ dy (weight grad)": (jax.jit(lambda a, b: a.T @ b), (jx, jdy), lambda: tx.T @ tdy)}
+  for name, (fn, args, torch_fn) in cases.items():
+    j = median_seconds(lambda fn=fn, args=args: fn(*args).block_until_ready())
+    t = median_seconds(torch_fn)
+    print(f"{name:24s} jax {flops / j / 1e9:5.0f} GFLOP/s  torch {flops / t / 1e9:5.0f} GFLOP/s")
+
+
+def qkv() -> None:
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.random((1024, 512), np.float32))
+  ws = [jnp.asarray(rng.random((512, 512), np.float32)) for _ in range(3)]
+  separate = jax.jit(jax.grad(lambda ws, x: sum(jnp.sum(jnp.tanh(x @ w)) for w in ws)))
+  fused = jax.jit(jax.grad(lambda ws, x: jnp.sum(jnp.tanh(x @ jnp.concatenate(ws, 1)))))
+  for name, fn in (("three projections", separate), ("one fused projection", fused)):
+    ms = median_seconds(lambda fn=fn: jax.block_until_ready(fn(ws, x))) * 1e3
+    print(f"{name:22s} forward+backward {ms:.1f} ms")
+
+
+def step() -> None:
+  cfg = paper_base(attention_impl="xla", dropout=0.0)
+  model = WithHead(cfg)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(1, cfg.vocab_size, (8, 128)), jnp.int32)
+  params = nn.unbox(model.init(jax.random.key(0), tokens[:1]))["params"]
+  loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(
+      model.apply({"params": p}, tokens), tokens).mean()
+  grad = jax.jit(jax.grad(loss))
+  ms = median_seconds(lambda: jax.block_until_ready(grad(params)), reps=5) * 1e3
+  print(f"forward+backward 8x128: {ms:.0f} ms")
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  levers = {"matmuls": matmuls, "qkv": qkv, "step": step}
+  if len(argv) != 1 or argv[0] not in levers:
+    print(__doc__, file=sys.stderr)
+    return 2
+  jax.config.update("jax_default_matmul_precision", "highest")
+  levers[argv[0]]()
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

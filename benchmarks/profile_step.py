@@ -1,0 +1,79 @@
+r"""Where a JAX training step's time goes: XLA's own per-op trace, grouped by kind of op.
+
+  XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true python -m benchmarks.profile_step --size 8x256
+
+Profiles forward + backward (no optimizer, no dropout) of the paper-base model with its output
+head, one traced call after a warm-up, and prints milliseconds per op kind ("ynn_fusion" and
+"dot" are matmuls on XLA:CPU; "copy"/"transpose" fusions are layout changes) against the time
+the matmul FLOPs would take at the measured matmul peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import re
+import sys
+import tempfile
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from benchmarks.bench import WithHead, flops_per_token, matmul_peak, paper_base
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_step", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--size", default="8x256", help="batch x seq")
+  parser.add_argument("--attention", default="xla", choices=("reference", "xla"))
+  args = parser.parse_args(argv)
+  jax.config.update("jax_default_matmul_precision", "highest")
+  batch, seq = (int(x) for x in args.size.split("x"))
+
+  cfg = paper_base(attention_impl=args.attention, dropout=0.0)
+  model = WithHead(cfg)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(1, cfg.vocab_size, (batch, seq)),
+                       jnp.int32)
+  params = nn.unbox(model.init(jax.random.key(0), tokens[:1]))["params"]
+
+  def loss_fn(p):
+    logits = model.apply({"params": p}, tokens)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
+
+  grad = jax.jit(jax.grad(loss_fn))
+  jax.block_until_ready(grad(params))
+  with tempfile.TemporaryDirectory() as directory:
+    jax.profiler.start_trace(directory, create_perfetto_trace=True)
+    jax.block_until_ready(grad(params))
+    jax.profiler.stop_trace()
+    path = sorted(glob.glob(f"{directory}/**/*.trace.json.gz", recursive=True))[-1]
+    with gzip.open(path) as f:
+      events = json.load(f)["traceEvents"]
+
+  by_kind = collections.Counter()
+  for e in events:
+    name = e.get("name", "")
+    if e.get("ph") == "X" and not name.startswith("$") and "::" not in name:
+      by_kind[re.sub(r"\.\d+$", "", name)] += e.get("dur", 0) / 1e3
+  total = sum(by_kind.values())
+  if total == 0:
+    print("no per-op events: set XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true", file=sys.stderr)
+    return 1
+  peak = max(r["flops_per_s"] for r in matmul_peak("float32"))
+  ideal = flops_per_token(cfg, seq, train=True) * batch * seq / peak * 1e3
+  print(f"forward+backward {batch}x{seq}: {total:.0f} ms in XLA ops; the FLOPs at the "
+        f"measured matmul peak ({peak / 1e9:.0f} GFLOP/s) would take {ideal:.0f} ms")
+  for kind, ms in by_kind.most_common(12):
+    print(f"{ms:9.1f} ms  {ms / total:5.1%}  {kind}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
