@@ -159,7 +159,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   examples = data.chunk(data.load_documents(list(config.data.paths)), t.seq_len)
   train_examples, eval_examples = data.split(examples, config.data.eval_fraction, t.seed)
   train_iter = data.train_batches(train_examples, t.batch_size, config.data.mask_rate, t.seed)
-  eval_data = data.eval_batches(eval_examples, t.batch_size, config.data.mask_rate, t.seed + 2)
   baseline_token = data.most_frequent_token(train_examples)
 
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
@@ -167,6 +166,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   if mesh.size > 1:
     print(f"mesh: data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']} over {mesh.size} "
           f"{jax.default_backend()} devices in {jax.process_count()} process(es)", file=sys.stderr)
+  # The held-out split, on the devices once for every evaluation.
+  eval_data = [_global_batch(b, mesh) for b in data.eval_batches(
+      eval_examples, t.batch_size, config.data.mask_rate, t.seed + 2)]
   model = MaskedLM(cfg)
   tx, schedule = make_optimizer(config.optim, cfg.d_model)
   state = init_state(model, tx, t.seed, t.batch_size, t.seq_len, mesh)
@@ -222,8 +224,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
             writer.write(s, "train", {**m, "tokens_per_s": tokens_per_s})
         bar.set_postfix(loss=f"{fetched[-1][1]['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}")
       if step % t.eval_every == 0 or is_last:
-        eval_batches = (_global_batch(b, mesh) for b in eval_data)
-        writer.write(step, "eval", evaluate(p_eval_step, state.params, eval_batches))
+        writer.write(step, "eval", evaluate(p_eval_step, state.params, eval_data))
       if save_now:
         checkpointer.save(step, state, train_iter, config_json)
       if stop.signum is not None:
