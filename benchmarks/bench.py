@@ -12,7 +12,8 @@ Sections (each a list of records in the output JSON):
 
 Implementations: "jax" (jax.jit, state donated), "torch" (eager) and "torch.compile" (the
 same module through torch.compile; skipped with a note where it fails). Repetitions are
-interleaved (jax, torch, torch.compile, jax, ...) after warm-up, and medians are reported.
+interleaved (jax, torch, torch.compile, jax, ...) after warm-up, each after an untimed 0.5 s
+pause, and medians are reported.
 MFU uses the standard count per token: 2 * N_matmul + 4 * L * d_model * seq for a forward
 without head; 6 * (N_matmul + N_head) + 12 * L * d_model * seq for a training step.
 """
@@ -75,6 +76,13 @@ def _time(fn) -> float:
   return time.perf_counter() - start
 
 
+# Untimed pause before each timed call. Worker threads spin for a while after a parallel
+# region (libgomp's, used by PyTorch and torch.compile's kernels, and Eigen's), taking cores from
+# whatever runs next on a small CPU; without the pause, JAX's training step measured ~20% slower
+# right after torch.compile's than on its own.
+PAUSE_S = 0.5
+
+
 def interleaved(runners: dict, reps: int, warmup: int) -> dict:
   """{name: median seconds} of `reps` calls per runner, alternating runners each round."""
   for run in runners.values():
@@ -83,6 +91,7 @@ def interleaved(runners: dict, reps: int, warmup: int) -> dict:
   times = {name: [] for name in runners}
   for _ in range(reps):
     for name, run in runners.items():
+      time.sleep(PAUSE_S)
       times[name].append(_time(run))
   return {name: statistics.median(ts) for name, ts in times.items()}
 
@@ -256,7 +265,7 @@ def main(argv=None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--sizes", default="8x128,32x512", help="batch x seq, comma-separated")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-  parser.add_argument("--attention", default="xla", choices=("reference", "xla", "cudnn"))
+  parser.add_argument("--attention", default="reference", choices=("reference", "xla", "cudnn"))
   parser.add_argument("--reps", type=int, default=5)
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--skip", default="", help="sections to skip: peak,speed,compile,"

@@ -32,7 +32,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_step", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--size", default="8x256", help="batch x seq")
-  parser.add_argument("--attention", default="xla", choices=("reference", "xla"))
+  parser.add_argument("--attention", default="reference", choices=("reference", "xla"))
   args = parser.parse_args(argv)
   jax.config.update("jax_default_matmul_precision", "highest")
   batch, seq = (int(x) for x in args.size.split("x"))

@@ -1,6 +1,7 @@
 """Shapes, golden values and tracing behaviour of each component on its own."""
 
 import dataclasses
+import functools
 import math
 
 import chex
@@ -225,3 +226,27 @@ def test_scanned_layers_match_unrolled_forward_and_gradient(tiny_config, remat):
   chex.assert_trees_all_close(unstack_layers(grad_scanned, cfg.n_layers), grad_unrolled,
                               atol=1e-4)
   chex.assert_trees_all_equal(unstack_layers(scanned_params, cfg.n_layers), variables["params"])
+
+
+def test_attention_backward_pass_matches_autodiff_including_the_weights_output():
+  from flax_encoder.attention import _attention_weights
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.standard_normal((2, 5, 3, 4)), jnp.float32) for _ in range(3))
+  mask = jnp.asarray([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)[:, None, None, :]
+  a = jnp.asarray(rng.standard_normal((2, 5, 3, 4)), jnp.float32)
+  b = jnp.asarray(rng.standard_normal((2, 3, 5, 5)), jnp.float32)
+
+  def autodiff(q, k, v):  # the same forward, differentiated by JAX
+    weights = _attention_weights(q, k, mask)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, v), weights
+
+  def loss(attend, q, k, v):
+    out, weights = attend(q, k, v)
+    return jnp.sum(out * a) + jnp.sum(weights * b)
+
+  expected = jax.grad(functools.partial(loss, autodiff), argnums=(0, 1, 2))(q, k, v)
+  got = jax.grad(functools.partial(
+      loss, lambda q, k, v: scaled_dot_product_attention(q, k, v, mask)), argnums=(0, 1, 2))(
+          q, k, v)
+  for g, e in zip(got, expected):
+    np.testing.assert_allclose(g, e, atol=2e-6)

@@ -19,12 +19,15 @@ import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 
 def state_checksum(state) -> str:
   """SHA-256 over every leaf's path, dtype, shape and bytes, in tree order."""
   digest = hashlib.sha256()
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:  # spread over hosts
+      leaf = multihost_utils.process_allgather(leaf, tiled=True)
     value = np.asarray(jax.device_get(leaf))
     digest.update(jax.tree_util.keystr(path).encode())
     digest.update(f"{value.dtype}{value.shape}".encode())
