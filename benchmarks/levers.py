@@ -61,7 +61,7 @@ def qkv() -> None:
 
 
 def step() -> None:
-  cfg = paper_base(attention_impl="xla", dropout=0.0)
+  cfg = paper_base(dropout=0.0)  # attention_impl "reference", the default
   model = WithHead(cfg)
   tokens = jnp.asarray(np.random.default_rng(0).integers(1, cfg.vocab_size, (8, 128)), jnp.int32)
   params = nn.unbox(model.init(jax.random.key(0), tokens[:1]))["params"]
