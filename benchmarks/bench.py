@@ -253,7 +253,8 @@ def environment() -> dict:
   import torch
   device = jax.devices()[0]
   return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
-          "optax": optax.__version__, "torch": torch.__version__, "python": platform.python_version(),
+          "optax": optax.__version__, "torch": torch.__version__,
+          "python": platform.python_version(),
           "backend": jax.default_backend(), "device": device.device_kind,
           "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
           "torch_threads": torch.get_num_threads(),

@@ -135,9 +135,9 @@ class MultiHeadAttention(nn.Module):
     batch, q_len, _ = query.shape
     k_len = key.shape[1]
     # [batch, seq, d_model] -> [batch, seq, heads, head_dim]
-    q = dense(cfg, cfg.d_model, ("embed", "joined_kv"), "w_q")(query).reshape(batch, q_len, cfg.n_heads, cfg.head_dim)
-    k = dense(cfg, cfg.d_model, ("embed", "joined_kv"), "w_k")(key).reshape(batch, k_len, cfg.n_heads, cfg.head_dim)
-    v = dense(cfg, cfg.d_model, ("embed", "joined_kv"), "w_v")(value).reshape(batch, k_len, cfg.n_heads, cfg.head_dim)
+    project = lambda name, x: dense(cfg, cfg.d_model, ("embed", "joined_kv"), name)(x).reshape(
+        batch, x.shape[1], cfg.n_heads, cfg.head_dim)
+    q, k, v = project("w_q", query), project("w_k", key), project("w_v", value)
 
     if cfg.attention_impl == "reference":
       rate = 0.0 if deterministic else cfg.attention_dropout

@@ -32,12 +32,13 @@ DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
 class BucketedEncoder:
   """`Encoder(config).apply` under jit, with inputs right-padded to a few shapes.
 
-  The sequence length is padded (with `pad_id`, which attention masks out, so the real
-  positions' outputs do not change; a row of padding only has no real positions, and its
-  output, an average over all of them, is meaningless either way) up to the smallest of `buckets` that holds it, and the
-  batch up to a multiple of `batch_multiple`. A stream of batches of any length then compiles
-  at most once per bucket and batch multiple, instead of once per distinct shape. Token ids
-  are checked on the host before anything runs; a bad id raises ValueError.
+  The sequence length is padded with `pad_id` up to the smallest of `buckets` that holds it,
+  and the batch up to a multiple of `batch_multiple`. Attention masks the padding out, so real
+  positions come out as without it (a row that is all padding has no real positions; its
+  output, an average over all of them, is meaningless either way). A stream of batches of any
+  length then compiles at most once per bucket and batch multiple, instead of once per
+  distinct shape. Token ids are checked on the host before anything runs; a bad id raises
+  ValueError.
   """
 
   def __init__(self, config: EncoderConfig, variables, buckets: Sequence[int] | None = None,
