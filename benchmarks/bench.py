@@ -37,6 +37,7 @@ import numpy as np
 import optax
 
 from flax_encoder import Encoder, EncoderConfig
+from flax_encoder.host import keep_freed_memory
 from flax_encoder.interop import to_torch_state_dict
 from flax_encoder.sharding import dense
 
@@ -271,9 +272,16 @@ def main(argv=None) -> int:
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--skip", default="", help="sections to skip: peak,speed,compile,"
                       "torch.compile")
+  parser.add_argument("--malloc", default="keep", choices=("keep", "default"),
+                      help="keep: glibc malloc keeps freed memory for reuse "
+                      "(flax_encoder.host.keep_freed_memory), as python -m train runs; "
+                      "default: glibc's defaults")
   parser.add_argument("--out", default=None, help="results JSON (default: print only)")
   args = parser.parse_args(argv)
   skip = set(filter(None, args.skip.split(",")))
+  malloc = args.malloc
+  if malloc == "keep" and not keep_freed_memory():
+    malloc = "default (not glibc)"
 
   # Both sides in full float32 (no TF32 on GPUs), unless benchmarking bfloat16.
   import torch
@@ -283,7 +291,8 @@ def main(argv=None) -> int:
   jax.config.update("jax_default_matmul_precision", precision)
 
   cfg = paper_base(dtype=args.dtype, attention_impl=args.attention)
-  results = {"environment": environment(), "dtype": args.dtype, "attention": args.attention,
+  results = {"environment": {**environment(), "malloc": malloc},
+             "dtype": args.dtype, "attention": args.attention,
              "config": {k: str(v) for k, v in dataclasses.asdict(cfg).items()}, "records": []}
   if "peak" not in skip:
     peak = matmul_peak(args.dtype)

@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 from benchmarks.bench import WithHead, paper_base
+from flax_encoder.host import keep_freed_memory
 
 
 def median_seconds(fn, reps: int = 7) -> float:
@@ -78,6 +79,7 @@ def main(argv=None) -> int:
   if len(argv) != 1 or argv[0] not in levers:
     print(__doc__, file=sys.stderr)
     return 2
+  keep_freed_memory()  # as bench.py does by default
   jax.config.update("jax_default_matmul_precision", "highest")
   levers[argv[0]]()
   return 0

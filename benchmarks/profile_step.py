@@ -26,6 +26,7 @@ import numpy as np
 import optax
 
 from benchmarks.bench import WithHead, flops_per_token, matmul_peak, paper_base
+from flax_encoder.host import keep_freed_memory
 
 
 def main(argv=None) -> int:
@@ -34,6 +35,7 @@ def main(argv=None) -> int:
   parser.add_argument("--size", default="8x256", help="batch x seq")
   parser.add_argument("--attention", default="reference", choices=("reference", "xla"))
   args = parser.parse_args(argv)
+  keep_freed_memory()  # as bench.py does by default
   jax.config.update("jax_default_matmul_precision", "highest")
   batch, seq = (int(x) for x in args.size.split("x"))
 

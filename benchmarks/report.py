@@ -18,7 +18,7 @@ def tables(results: dict) -> str:
   lines = [f"{env['backend']} ({env['device']}, {env['cores']} cores), {results['dtype']}, "
            f"attention_impl={results['attention']}, matmul precision "
            f"{env['matmul_precision']}; jax {env['jax']}, flax {env['flax']}, torch "
-           f"{env['torch']}", ""]
+           f"{env['torch']}; malloc: {env.get('malloc', 'default')}", ""]
   if peak:
     best = {}
     for r in records:

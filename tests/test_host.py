@@ -1,0 +1,46 @@
+"""flax_encoder.host: glibc malloc keeps a step's freed temporaries for the next step."""
+
+import platform
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.runs import ROOT
+
+# Allocates and frees a 64 MiB block, as XLA:CPU does with a step's temporaries, and prints
+# (bytes newly mmapped while it is held, bytes of heap left after the free).
+_PROBE = textwrap.dedent("""
+    import ctypes, sys
+    from flax_encoder.host import keep_freed_memory
+    if sys.argv[1] == "keep":
+      assert keep_freed_memory()
+    libc = ctypes.CDLL("libc.so.6")
+    class MallInfo2(ctypes.Structure):
+      _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
+                  "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    libc.mallinfo2.restype = MallInfo2
+    libc.malloc.restype = ctypes.c_void_p
+    before = libc.mallinfo2().hblkhd
+    block = libc.malloc(64 << 20)
+    ctypes.memset(block, 1, 64 << 20)
+    mmapped = libc.mallinfo2().hblkhd - before
+    libc.free(ctypes.c_void_p(block))
+    print(mmapped, libc.mallinfo2().arena)
+""")
+
+
+def _probe(mode):
+  out = subprocess.run([sys.executable, "-c", _PROBE, mode], cwd=ROOT, capture_output=True,
+                       text=True, check=True).stdout
+  return [int(x) for x in out.split()]
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc malloc only")
+def test_keep_freed_memory_reuses_big_blocks_instead_of_mapping_them():
+  mmapped, heap_after_free = _probe("default")
+  assert mmapped >= 64 << 20, "glibc's default should map a 64 MiB block on its own"
+  mmapped, heap_after_free = _probe("keep")
+  assert mmapped == 0
+  assert heap_after_free >= 64 << 20, "the freed block should stay in the heap for reuse"
