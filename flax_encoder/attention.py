@@ -6,6 +6,7 @@ m = d_model.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -44,14 +45,14 @@ def scaled_dot_product_attention(
     (output [batch, q, heads, head_dim], weights [batch, heads, q, k]). The weights are the
     softmax before dropout.
   """
+  keep = None
   if dropout_rate > 0.0:
     if dropout_rng is None:
       raise ValueError("dropout_rng is needed when dropout_rate > 0")
-    weights = _attention_weights(query, key, mask)
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-    dropped = jnp.where(keep, weights / (1.0 - dropout_rate), 0).astype(weights.dtype)
-    return jnp.einsum("bhqk,bkhd->bqhd", dropped, value), weights
-  return _attention(query, key, value, mask)
+    batch, q_len, heads, _ = query.shape
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate,
+                                (batch, heads, q_len, key.shape[1]))
+  return _attention(query, key, value, mask, keep, dropout_rate)
 
 
 def _attention_weights(query, key, mask):
@@ -63,29 +64,34 @@ def _attention_weights(query, key, mask):
   return jax.nn.softmax(scores, axis=-1).astype(query.dtype)
 
 
-# Without dropout on the weights, attention has a hand-written backward pass: the softmax
-# gradient P * (dP - rowsum(P * dP)) uses rowsum(P * dP) = rowsum(dO * O), a reduction over
-# head_dim instead of over all keys (as flash attention's backward does). Autodiff's version
-# reduces dP over the keys inside the fusion that computes dP, which XLA:CPU ran ~20x slower
-# than the matmul alone at 512 positions.
-@jax.custom_vjp
-def _attention(query, key, value, mask):
+def _dropout(x, keep, rate):
+  return x if keep is None else jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
+# Attention has a hand-written backward pass: the softmax gradient P * (dP - rowsum(P * dP))
+# uses rowsum(P * dP) = rowsum(dO * O), a reduction over head_dim instead of over all keys, as
+# flash attention's backward does. This holds with dropout on the weights too: then O is
+# dropout(P) V, and rowsum(P * dropout'(dP_dropped)) = rowsum(dropout(P) * dP_dropped) =
+# rowsum(dO * O). Autodiff's version reduces dP over the keys inside the fusion that computes
+# dP, which XLA:CPU ran ~20x slower than the matmul alone at 512 positions.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attention(query, key, value, mask, keep, rate):
   weights = _attention_weights(query, key, mask)
-  return jnp.einsum("bhqk,bkhd->bqhd", weights, value), weights
+  return jnp.einsum("bhqk,bkhd->bqhd", _dropout(weights, keep, rate), value), weights
 
 
-def _attention_fwd(query, key, value, mask):
-  output, weights = _attention(query, key, value, mask)
-  return (output, weights), (query, key, value, mask, output, weights)
+def _attention_fwd(query, key, value, mask, keep, rate):
+  output, weights = _attention(query, key, value, mask, keep, rate)
+  return (output, weights), (query, key, value, mask, keep, output, weights)
 
 
-def _attention_bwd(residuals, cotangents):
-  query, key, value, mask, output, weights = residuals
+def _attention_bwd(rate, residuals, cotangents):
+  query, key, value, mask, keep, output, weights = residuals
   d_output, d_weights_direct = cotangents  # the second: from uses of the returned weights
   f32 = jnp.promote_types(weights.dtype, jnp.float32)
-  d_value = jnp.einsum("bhqk,bqhd->bkhd", weights, d_output)
-  d_weights = (jnp.einsum("bqhd,bkhd->bhqk", d_output, value).astype(f32)
-               + d_weights_direct.astype(f32))
+  d_value = jnp.einsum("bhqk,bqhd->bkhd", _dropout(weights, keep, rate), d_output)
+  d_dropped = jnp.einsum("bqhd,bkhd->bhqk", d_output, value)
+  d_weights = _dropout(d_dropped, keep, rate).astype(f32) + d_weights_direct.astype(f32)
   row = (jnp.einsum("bqhd,bqhd->bhq", d_output.astype(f32), output.astype(f32))[..., None]
          + jnp.sum(weights.astype(f32) * d_weights_direct.astype(f32), -1, keepdims=True))
   d_scores = weights.astype(f32) * (d_weights - row) / math.sqrt(query.shape[-1])
@@ -94,8 +100,8 @@ def _attention_bwd(residuals, cotangents):
   d_scores = d_scores.astype(query.dtype)
   d_query = jnp.einsum("bhqk,bkhd->bqhd", d_scores, key)
   d_key = jnp.einsum("bhqk,bqhd->bkhd", d_scores, query)
-  d_mask = None if mask is None else np.zeros(mask.shape, jax.dtypes.float0)
-  return d_query, d_key, d_value, d_mask
+  float0 = lambda x: None if x is None else np.zeros(x.shape, jax.dtypes.float0)
+  return d_query, d_key, d_value, float0(mask), float0(keep)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

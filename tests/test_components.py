@@ -228,25 +228,33 @@ def test_scanned_layers_match_unrolled_forward_and_gradient(tiny_config, remat):
   chex.assert_trees_all_equal(unstack_layers(scanned_params, cfg.n_layers), variables["params"])
 
 
-def test_attention_backward_pass_matches_autodiff_including_the_weights_output():
+@pytest.mark.parametrize("rate", [0.0, 0.4])
+def test_attention_backward_pass_matches_autodiff_including_the_weights_output(rate):
   from flax_encoder.attention import _attention_weights
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.standard_normal((2, 5, 3, 4)), jnp.float32) for _ in range(3))
   mask = jnp.asarray([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)[:, None, None, :]
   a = jnp.asarray(rng.standard_normal((2, 5, 3, 4)), jnp.float32)
   b = jnp.asarray(rng.standard_normal((2, 3, 5, 5)), jnp.float32)
+  dropout_rng = jax.random.key(3)
 
   def autodiff(q, k, v):  # the same forward, differentiated by JAX
     weights = _attention_weights(q, k, mask)
-    return jnp.einsum("bhqk,bkhd->bqhd", weights, v), weights
+    dropped = weights
+    if rate:
+      keep = jax.random.bernoulli(dropout_rng, 1 - rate, weights.shape)
+      assert 0 < keep.mean() < 1
+      dropped = jnp.where(keep, weights / (1 - rate), 0)
+    return jnp.einsum("bhqk,bkhd->bqhd", dropped, v), weights
 
   def loss(attend, q, k, v):
     out, weights = attend(q, k, v)
     return jnp.sum(out * a) + jnp.sum(weights * b)
 
+  attend = lambda q, k, v: scaled_dot_product_attention(
+      q, k, v, mask, dropout_rate=rate, dropout_rng=dropout_rng)
+  np.testing.assert_allclose(attend(q, k, v)[0], autodiff(q, k, v)[0], atol=1e-6)
   expected = jax.grad(functools.partial(loss, autodiff), argnums=(0, 1, 2))(q, k, v)
-  got = jax.grad(functools.partial(
-      loss, lambda q, k, v: scaled_dot_product_attention(q, k, v, mask)), argnums=(0, 1, 2))(
-          q, k, v)
+  got = jax.grad(functools.partial(loss, attend), argnums=(0, 1, 2))(q, k, v)
   for g, e in zip(got, expected):
     np.testing.assert_allclose(g, e, atol=2e-6)
