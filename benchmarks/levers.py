@@ -3,6 +3,7 @@ r"""The speed levers tried on the CPU, each measured in isolation (BENCHMARKS.md
   python -m benchmarks.levers matmuls     # x@w, dy@w.T, x.T@dy: JAX against PyTorch, GFLOP/s
   python -m benchmarks.levers qkv         # three 512x512 projections against one fused 512x1536
   python -m benchmarks.levers step        # forward+backward at 8x128, no dropout, ms
+  python -m benchmarks.levers dropout     # bench.py's training step at 8x128: dropout's cost
   for f in "" --xla_cpu_use_onednn=true --xla_cpu_experimental_ynn_fusion_type=; do
     XLA_FLAGS=$f python -m benchmarks.levers step; done                    # matmul back ends
 """
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from benchmarks.bench import WithHead, paper_base
+from benchmarks.bench import WithHead, jax_side, paper_base
 from flax_encoder.host import keep_freed_memory
 
 
@@ -73,9 +74,17 @@ def step() -> None:
   print(f"forward+backward 8x128: {ms:.0f} ms")
 
 
+def dropout() -> None:
+  for rate, prng in ((0.1, "threefry2x32"), (0.1, "rbg"), (0.0, "threefry2x32")):
+    with jax.default_prng_impl(prng):
+      _, train, _, _ = jax_side(paper_base(dropout=rate), 8, 128)
+      ms = median_seconds(train, reps=5) * 1e3
+    print(f"training step 8x128, dropout {rate}, {prng:12s} PRNG: {ms:.0f} ms")
+
+
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
-  levers = {"matmuls": matmuls, "qkv": qkv, "step": step}
+  levers = {"matmuls": matmuls, "qkv": qkv, "step": step, "dropout": dropout}
   if len(argv) != 1 or argv[0] not in levers:
     print(__doc__, file=sys.stderr)
     return 2

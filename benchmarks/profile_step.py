@@ -2,10 +2,12 @@ r"""Where a JAX training step's time goes: XLA's own per-op trace, grouped by ki
 
   XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true python -m benchmarks.profile_step --size 8x256
 
-Profiles forward + backward (no optimizer, no dropout) of the paper-base model with its output
-head, one traced call after a warm-up, and prints milliseconds per op kind ("ynn_fusion" and
-"dot" are matmuls on XLA:CPU; "copy"/"transpose" fusions are layout changes) against the time
-the matmul FLOPs would take at the measured matmul peak.
+Profiles forward + backward (no optimizer; dropout only with --dropout) of the paper-base model
+with its output head, one traced call after a warm-up, and prints milliseconds per op kind
+("ynn_fusion" and "dot" are matmuls on XLA:CPU; "copy"/"transpose" fusions are layout changes)
+against the time the matmul FLOPs would take at the measured matmul peak, then the slowest
+single ops. XLA:CPU runs independent ops concurrently, so op times add up to more than the
+wall time.
 """
 
 from __future__ import annotations
@@ -34,22 +36,25 @@ def main(argv=None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--size", default="8x256", help="batch x seq")
   parser.add_argument("--attention", default="reference", choices=("reference", "xla"))
+  parser.add_argument("--dropout", type=float, default=0.0)
+  parser.add_argument("--top", type=int, default=8, help="slowest single ops to list")
   args = parser.parse_args(argv)
   keep_freed_memory()  # as bench.py does by default
   jax.config.update("jax_default_matmul_precision", "highest")
   batch, seq = (int(x) for x in args.size.split("x"))
 
-  cfg = paper_base(attention_impl=args.attention, dropout=0.0)
+  cfg = paper_base(attention_impl=args.attention, dropout=args.dropout)
   model = WithHead(cfg)
   tokens = jnp.asarray(np.random.default_rng(0).integers(1, cfg.vocab_size, (batch, seq)),
                        jnp.int32)
   params = nn.unbox(model.init(jax.random.key(0), tokens[:1]))["params"]
 
   def loss_fn(p):
-    logits = model.apply({"params": p}, tokens)
+    logits = model.apply({"params": p}, tokens, deterministic=args.dropout == 0,
+                         rngs={"dropout": jax.random.key(1)})
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
 
-  grad = jax.jit(jax.grad(loss_fn))
+  grad = jax.jit(jax.grad(loss_fn)).lower(params).compile()
   jax.block_until_ready(grad(params))
   with tempfile.TemporaryDirectory() as directory:
     jax.profiler.start_trace(directory, create_perfetto_trace=True)
@@ -59,11 +64,12 @@ def main(argv=None) -> int:
     with gzip.open(path) as f:
       events = json.load(f)["traceEvents"]
 
-  by_kind = collections.Counter()
+  by_kind, by_op = collections.Counter(), collections.Counter()
   for e in events:
     name = e.get("name", "")
     if e.get("ph") == "X" and not name.startswith("$") and "::" not in name:
       by_kind[re.sub(r"\.\d+$", "", name)] += e.get("dur", 0) / 1e3
+      by_op[name] += e.get("dur", 0) / 1e3
   total = sum(by_kind.values())
   if total == 0:
     print("no per-op events: set XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true", file=sys.stderr)
@@ -74,7 +80,19 @@ def main(argv=None) -> int:
         f"measured matmul peak ({peak / 1e9:.0f} GFLOP/s) would take {ideal:.0f} ms")
   for kind, ms in by_kind.most_common(12):
     print(f"{ms:9.1f} ms  {ms / total:5.1%}  {kind}")
+  shapes = _op_shapes(grad.as_text())
+  print("slowest single ops:")
+  for op, ms in by_op.most_common(args.top):
+    print(f"{ms:9.1f} ms  {op:28s} {shapes.get(op, '')}")
   return 0
+
+
+def _op_shapes(hlo: str) -> dict[str, str]:
+  """{op name: 'shape  what it computes'} from compiled HLO text."""
+  shapes = {}
+  for m in re.finditer(r'^\s*(?:ROOT )?%(\S+) = (\S+) .*?op_name="([^"]*)"', hlo, re.M):
+    shapes[m.group(1)] = f"{m.group(2):22s} {m.group(3).split('/', 1)[-1][-70:]}"
+  return shapes
 
 
 if __name__ == "__main__":
