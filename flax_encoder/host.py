@@ -9,8 +9,8 @@ with half the system time).
 A process that also runs PyTorch suffers more. PyTorch's worker threads add malloc arenas, and
 JAX's training step ran 25% slower after a PyTorch step in the same process.
 
-`keep_freed_memory()` makes malloc behave like tcmalloc, the allocator Google's JAX hosts run
-with. Freed memory stays in the process for the next step: no mmap for large blocks, no
+`keep_freed_memory()` makes glibc keep freed memory in the process for the next step, as
+tcmalloc (the allocator Google's TPU hosts preload for JAX) does: no mmap for large blocks, no
 trimming, one arena. The process's resident memory therefore stays at its peak. This is
 process-wide, so the library never calls it: programs do, as `python -m train` and
 `benchmarks/` do.
