@@ -168,6 +168,24 @@ def test_sigterm_saves_at_the_step_reached_then_resumes(reference_run, tmp_path)
   assert runs.losses(workdir) == runs.losses(reference_run)
 
 
+def test_a_signal_landing_late_in_a_step_still_saves_the_step_that_stops(tmp_path, monkeypatch):
+  # The signal arrives while step 5 logs its metrics, after the step decided whether to save.
+  from train import loop
+  write = loop.MetricWriter.write
+
+  def write_then_signal(self, step, split, values):
+    write(self, step, split, values)
+    if step == 5 and split == "train":
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(loop.MetricWriter, "write", write_then_signal)
+  exit_code = loop.run(tiny_train_config.get_config(), str(tmp_path))
+  assert exit_code == 143
+  stopped_at = max(runs.losses(str(tmp_path)))
+  assert stopped_at == 6  # the next step sees the signal, saves and stops
+  assert os.listdir(tmp_path / "checkpoints") == [str(stopped_at)]
+
+
 def test_corrupt_newest_checkpoint_falls_back_to_an_older_one(reference_run, tmp_path):
   import shutil
   workdir = str(tmp_path / "run")

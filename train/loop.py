@@ -207,7 +207,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
       pending.append((step, metrics))
       bar.update(1)
       is_last = step == t.num_steps
-      save_now = step % t.checkpoint_every == 0 or is_last or stop.signum is not None
+      # Read the flag once: a signal landing later in this step is seen by the next one, so
+      # the step that stops is always the step that saves.
+      stopping = stop.signum is not None
+      save_now = step % t.checkpoint_every == 0 or is_last or stopping
       if step % t.log_every == 0 or save_now:
         # The only host sync of the loop: every loss since the last one is checked, so a
         # non-finite loss never reaches a checkpoint.
@@ -227,7 +230,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
         writer.write(step, "eval", evaluate(p_eval_step, state.params, eval_data))
       if save_now:
         checkpointer.save(step, state, train_iter, config_json)
-      if stop.signum is not None:
+      if stopping:
         exit_code = stop.exit_code
         print(f"\nstopped by signal {stop.signum} at step {step}; checkpoint saved",
               file=sys.stderr)
