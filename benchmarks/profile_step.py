@@ -38,6 +38,7 @@ def main(argv=None) -> int:
   parser.add_argument("--attention", default="reference", choices=("reference", "xla"))
   parser.add_argument("--dropout", type=float, default=0.0)
   parser.add_argument("--top", type=int, default=8, help="slowest single ops to list")
+  parser.add_argument("--hlo", default=None, help="also write the compiled HLO text here")
   args = parser.parse_args(argv)
   keep_freed_memory()  # as bench.py does by default
   jax.config.update("jax_default_matmul_precision", "highest")
@@ -56,6 +57,9 @@ def main(argv=None) -> int:
 
   grad = jax.jit(jax.grad(loss_fn)).lower(params).compile()
   jax.block_until_ready(grad(params))
+  if args.hlo:
+    with open(args.hlo, "w") as f:
+      f.write(grad.as_text())
   with tempfile.TemporaryDirectory() as directory:
     jax.profiler.start_trace(directory, create_perfetto_trace=True)
     jax.block_until_ready(grad(params))
