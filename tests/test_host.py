@@ -33,8 +33,8 @@ _PROBE = textwrap.dedent("""
 
 
 def _probe(mode, mib=64):
-  out = subprocess.run([sys.executable, "-c", _PROBE, mode, str(mib)], cwd=ROOT, capture_output=True,
-                       text=True, check=True).stdout
+  out = subprocess.run([sys.executable, "-c", _PROBE, mode, str(mib)], cwd=ROOT,
+                       capture_output=True, text=True, check=True).stdout
   return [int(x) for x in out.split()]
 
 
