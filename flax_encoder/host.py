@@ -11,13 +11,13 @@ JAX's training step ran 25% slower after a PyTorch step in the same process.
 
 `keep_freed_memory()` makes glibc keep freed memory in the process for the next step, as
 tcmalloc (the allocator Google's TPU hosts preload for JAX) does: no mmap for large blocks, no
-trimming, one arena. The process's resident memory therefore stays at its peak.
+trimming, one arena. The process's resident memory therefore stays at its peak. This is
+process-wide, so the library never calls it: programs do, as `python -m train` and
+`benchmarks/` do.
 
 "No trimming" has to mean never: with a 2 GiB trim threshold (the largest positive value
 mallopt takes) the 10.5 GB of temporaries of the training step at 32 x 512 still went back to
-the kernel after every step, 2.8 million page faults and a third of that step's time. This is
-process-wide, so the library never calls it: programs do, as `python -m train` and
-`benchmarks/` do.
+the kernel after every step, 2.8 million page faults and a third of that step's time.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ def keep_freed_memory() -> bool:
     mallopt = ctypes.CDLL(name).mallopt
   except (OSError, AttributeError, TypeError):  # not glibc: macOS, musl, Windows
     return False
-  # mallopt takes an int but stores the trim threshold as a size_t: -1 is "never trim". The
-  # largest positive int, 2 GiB, would still trim the 2.7 GB of temporaries of a step at 8 x 512.
+  # mallopt takes an int but stores the trim threshold as a size_t: -1 is "never trim".
   settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))
   return all(mallopt(param, value) == 1 for param, value in settings)
