@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_encoder.config import EncoderConfig
+from flax_encoder.dropout import keep_mask
 from flax_encoder.sharding import dense
 
 # The seed port fills masked scores with -1e9 (`masked_fill(mask == 0, -1e9)`), not -inf, so a
@@ -50,8 +51,7 @@ def scaled_dot_product_attention(
     if dropout_rng is None:
       raise ValueError("dropout_rng is needed when dropout_rate > 0")
     batch, q_len, heads, _ = query.shape
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate,
-                                (batch, heads, q_len, key.shape[1]))
+    keep = keep_mask(dropout_rng, dropout_rate, (batch, heads, q_len, key.shape[1]))
   return _attention(query, key, value, mask, keep, dropout_rate)
 
 
@@ -65,7 +65,7 @@ def _attention_weights(query, key, mask):
 
 
 def _dropout(x, keep, rate):
-  return x if keep is None else jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+  return x if keep is None else jnp.where(keep, x * (1.0 / (1.0 - rate)), 0).astype(x.dtype)
 
 
 # Attention has a hand-written backward pass: the softmax gradient P * (dP - rowsum(P * dP))

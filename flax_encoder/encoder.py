@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_encoder.dropout import Dropout
 from flax_encoder.config import EncoderConfig
 from flax_encoder.embedding import PositionalEncoding
 from flax_encoder.inputs import check_token_shape, check_token_values
@@ -71,7 +72,7 @@ class Encoder(nn.Module):
                      name="embedding")
     x = embed(tokens) * math.sqrt(cfg.d_model)
     x = PositionalEncoding(cfg.max_len, cfg.d_model, name="pos_encoder")(x)
-    x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
+    x = Dropout(cfg.dropout)(x, deterministic=deterministic)
     x = nn.with_logical_constraint(x, ACTIVATION_AXES)
 
     layer = _layer_class(cfg)

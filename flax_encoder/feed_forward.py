@@ -7,6 +7,7 @@ import functools
 import flax.linen as nn
 import jax
 
+from flax_encoder.dropout import Dropout
 from flax_encoder.config import EncoderConfig
 from flax_encoder.sharding import dense
 
@@ -27,5 +28,5 @@ class PositionwiseFeedForward(nn.Module):
     """[batch, seq, d_model] -> [batch, seq, d_model]."""
     cfg = self.config
     h = ACTIVATION_FNS[cfg.activation](dense(cfg, cfg.d_ff, ("embed", "mlp"), "w_1")(x))
-    h = nn.Dropout(cfg.dropout)(h, deterministic=deterministic)
+    h = Dropout(cfg.dropout)(h, deterministic=deterministic)
     return dense(cfg, cfg.d_model, ("mlp", "embed"), "w_2")(h)

@@ -6,6 +6,7 @@ import flax.linen as nn
 import jax
 
 from flax_encoder.attention import MultiHeadAttention
+from flax_encoder.dropout import Dropout
 from flax_encoder.config import EncoderConfig
 from flax_encoder.feed_forward import PositionwiseFeedForward
 from flax_encoder.sharding import ACTIVATION_AXES
@@ -37,7 +38,7 @@ class EncoderLayer(nn.Module):
         h, mask=mask, kv_lengths=kv_lengths, deterministic=deterministic)
     feed_forward = lambda h: PositionwiseFeedForward(cfg, name="feed_forward")(
         h, deterministic=deterministic)
-    dropout = lambda h: nn.Dropout(cfg.dropout)(h, deterministic=deterministic)
+    dropout = lambda h: Dropout(cfg.dropout)(h, deterministic=deterministic)
     norm1, norm2 = layer_norm(cfg, "norm1"), layer_norm(cfg, "norm2")
 
     if cfg.norm_position == "post":

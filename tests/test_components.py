@@ -25,6 +25,7 @@ from flax_encoder import (
   stack_layers,
   unstack_layers,
 )
+from flax_encoder.dropout import Dropout, apply_mask, keep_mask
 
 
 class SdpaTest(chex.TestCase):
@@ -151,6 +152,40 @@ def test_bfloat16_compute_with_float32_params(tiny_config):
   np.testing.assert_allclose(np.asarray(out, np.float32), ref, atol=0.1)
 
 
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_keep_mask_keeps_1_minus_rate_in_each_half_of_the_last_axis(rate):
+  keep = np.asarray(keep_mask(jax.random.key(0), rate, (64, 4096)))
+  sigma = math.sqrt(rate * (1 - rate) / (keep.size / 2))
+  for half in (keep[:, :2048], keep[:, 2048:]):  # low and high 16 bits of the same words
+    assert abs(half.mean() - (1 - rate)) < 5 * sigma
+  # Independent halves: they agree about as often as two independent draws would.
+  agree = (keep[:, :2048] == keep[:, 2048:]).mean()
+  assert abs(agree - ((1 - rate) ** 2 + rate**2)) < 5 * sigma
+
+
+def test_keep_mask_falls_back_to_bernoulli_on_an_odd_last_axis():
+  keep = keep_mask(jax.random.key(0), 0.25, (1000, 7))
+  np.testing.assert_array_equal(keep, jax.random.bernoulli(jax.random.key(0), 0.75, (1000, 7)))
+
+
+def test_dropout_scales_kept_values_and_masks_the_gradient_with_the_same_mask():
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((4, 6)), jnp.float32)
+  layer = Dropout(0.25)
+  rngs = {"dropout": jax.random.key(1)}
+  out = layer.apply({}, x, deterministic=False, rngs=rngs)
+  keep = np.asarray(out) != 0
+  assert 0 < keep.mean() < 1
+  np.testing.assert_allclose(np.asarray(out)[keep], np.asarray(x)[keep] / 0.75, rtol=1e-6)
+  np.testing.assert_array_equal(layer.apply({}, x, deterministic=True), x)
+  grad = jax.grad(lambda x: jnp.sum(layer.apply({}, x, deterministic=False, rngs=rngs) * x))(x)
+  np.testing.assert_allclose(grad, np.where(keep, 2 * np.asarray(x) / 0.75, 0), rtol=1e-6)
+  # apply_mask's hand-written backward equals autodiff of the same expression.
+  mask = jnp.asarray(keep)
+  g = jax.grad(lambda x: jnp.sum(apply_mask(x, mask, 4 / 3) ** 2))(x)
+  e = jax.grad(lambda x: jnp.sum(jnp.where(mask, x * (4 / 3), 0) ** 2))(x)
+  np.testing.assert_allclose(g, e, rtol=1e-6)
+
+
 def test_dropout_uses_the_dropout_rng(tiny_config):
   tokens = jnp.array([[3, 4, 5, 6]])
   model = Encoder(tiny_config)
@@ -232,17 +267,17 @@ def test_scanned_layers_match_unrolled_forward_and_gradient(tiny_config, remat):
 def test_attention_backward_pass_matches_autodiff_including_the_weights_output(rate):
   from flax_encoder.attention import _attention_weights
   rng = np.random.default_rng(0)
-  q, k, v = (jnp.asarray(rng.standard_normal((2, 5, 3, 4)), jnp.float32) for _ in range(3))
-  mask = jnp.asarray([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)[:, None, None, :]
-  a = jnp.asarray(rng.standard_normal((2, 5, 3, 4)), jnp.float32)
-  b = jnp.asarray(rng.standard_normal((2, 3, 5, 5)), jnp.float32)
+  q, k, v = (jnp.asarray(rng.standard_normal((2, 6, 3, 4)), jnp.float32) for _ in range(3))
+  mask = jnp.asarray([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]], bool)[:, None, None, :]
+  a = jnp.asarray(rng.standard_normal((2, 6, 3, 4)), jnp.float32)
+  b = jnp.asarray(rng.standard_normal((2, 3, 6, 6)), jnp.float32)
   dropout_rng = jax.random.key(3)
 
   def autodiff(q, k, v):  # the same forward, differentiated by JAX
     weights = _attention_weights(q, k, mask)
     dropped = weights
     if rate:
-      keep = jax.random.bernoulli(dropout_rng, 1 - rate, weights.shape)
+      keep = keep_mask(dropout_rng, rate, weights.shape)
       assert 0 < keep.mean() < 1
       dropped = jnp.where(keep, weights / (1 - rate), 0)
     return jnp.einsum("bhqk,bkhd->bqhd", dropped, v), weights
