@@ -12,6 +12,7 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from flax_encoder.config import EncoderConfig
@@ -55,13 +56,29 @@ def scaled_dot_product_attention(
   return _attention(query, key, value, mask, keep, dropout_rate)
 
 
-def _attention_weights(query, key, mask):
-  scores = jnp.einsum("bqhd,bkhd->bhqk", query, key) / math.sqrt(query.shape[-1])
+def _heads_first(x):
+  """[batch, seq, heads, head_dim] <-> [batch, heads, seq, head_dim]."""
+  return jnp.swapaxes(x, 1, 2)
+
+
+def _matmul(a, b, a_contract, b_contract):
+  """Batched over the leading [batch, heads] axes of both operands."""
+  return lax.dot_general(a, b, (((a_contract,), (b_contract,)), ((0, 1), (0, 1))))
+
+
+def _softmax_weights(q, k, mask):
+  """softmax of the masked scores q k^T; q, k heads-first, q already scaled by 1/sqrt(d)."""
+  scores = _matmul(q, k, 3, 3)
   # Softmax in at least float32: bf16 scores lose the small weights otherwise.
   scores = scores.astype(jnp.promote_types(scores.dtype, jnp.float32))
   if mask is not None:
     scores = jnp.where(mask, scores, MASK_FILL)
-  return jax.nn.softmax(scores, axis=-1).astype(query.dtype)
+  return jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+
+
+def _attention_weights(query, key, mask):
+  scale = 1.0 / math.sqrt(query.shape[-1])
+  return _softmax_weights(_heads_first(query) * scale, _heads_first(key), mask)
 
 
 def _dropout(x, keep, rate):
@@ -74,37 +91,56 @@ def _dropout(x, keep, rate):
 # dropout(P) V, and rowsum(P * dropout'(dP_dropped)) = rowsum(dropout(P) * dP_dropped) =
 # rowsum(dO * O). Autodiff's version reduces dP over the keys inside the fusion that computes
 # dP, which XLA:CPU ran ~20x slower than the matmul alone at 512 positions.
+#
+# Inside, q, k and v are heads-first with the 1/sqrt(d) scale applied to q, so every product is
+# a plain batched matmul over [batch, heads] and no [b, h, q, k] array is scaled. The returned
+# weights' cotangent is a symbolic zero unless something differentiates through them (the sown
+# intermediates usually are not), and then its terms are skipped.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _attention(query, key, value, mask, keep, rate):
-  weights = _attention_weights(query, key, mask)
-  return jnp.einsum("bhqk,bkhd->bqhd", _dropout(weights, keep, rate), value), weights
+  return _attention_fwd_impl(query, key, value, mask, keep, rate)[0]
+
+
+def _attention_fwd_impl(query, key, value, mask, keep, rate):
+  scale = 1.0 / math.sqrt(query.shape[-1])
+  q, k, v = _heads_first(query) * scale, _heads_first(key), _heads_first(value)
+  weights = _softmax_weights(q, k, mask)
+  out = _matmul(_dropout(weights, keep, rate), v, 3, 2)  # [b, h, q, d]
+  return (_heads_first(out), weights), (q, k, v, mask, keep, out, weights)
 
 
 def _attention_fwd(query, key, value, mask, keep, rate):
-  output, weights = _attention(query, key, value, mask, keep, rate)
-  return (output, weights), (query, key, value, mask, keep, output, weights)
+  primal = lambda x: None if x is None else x.value
+  return _attention_fwd_impl(*map(primal, (query, key, value, mask, keep)), rate)
 
 
 def _attention_bwd(rate, residuals, cotangents):
-  query, key, value, mask, keep, output, weights = residuals
-  d_output, d_weights_direct = cotangents  # the second: from uses of the returned weights
+  q, k, v, mask, keep, out, weights = residuals
+  d_out, d_weights_direct = cotangents  # the second: from uses of the returned weights
+  direct = not isinstance(d_weights_direct, jax.custom_derivatives.SymbolicZero)
   f32 = jnp.promote_types(weights.dtype, jnp.float32)
-  d_value = jnp.einsum("bhqk,bqhd->bkhd", _dropout(weights, keep, rate), d_output)
-  d_dropped = jnp.einsum("bqhd,bkhd->bhqk", d_output, value)
-  d_weights = _dropout(d_dropped, keep, rate).astype(f32) + d_weights_direct.astype(f32)
-  row = (jnp.einsum("bqhd,bqhd->bhq", d_output.astype(f32), output.astype(f32))[..., None]
-         + jnp.sum(weights.astype(f32) * d_weights_direct.astype(f32), -1, keepdims=True))
-  d_scores = weights.astype(f32) * (d_weights - row) / math.sqrt(query.shape[-1])
+  if isinstance(d_out, jax.custom_derivatives.SymbolicZero):
+    d_out = jnp.zeros(out.shape, out.dtype)
+  else:
+    d_out = _heads_first(d_out)
+  d_v = _matmul(_dropout(weights, keep, rate), d_out, 2, 2)  # [b, h, k, d]
+  d_weights = _dropout(_matmul(d_out, v, 3, 3), keep, rate).astype(f32)
+  row = jnp.sum(d_out.astype(f32) * out.astype(f32), -1, keepdims=True)
+  if direct:
+    d_weights = d_weights + d_weights_direct.astype(f32)
+    row = row + jnp.sum(weights.astype(f32) * d_weights_direct.astype(f32), -1, keepdims=True)
+  d_scores = weights.astype(f32) * (d_weights - row)
   if mask is not None:
     d_scores = jnp.where(mask, d_scores, 0.0)  # the -1e9 fill is a constant
-  d_scores = d_scores.astype(query.dtype)
-  d_query = jnp.einsum("bhqk,bkhd->bqhd", d_scores, key)
-  d_key = jnp.einsum("bhqk,bqhd->bkhd", d_scores, query)
+  d_scores = d_scores.astype(q.dtype)
+  scale = 1.0 / math.sqrt(q.shape[-1])
+  d_q = _matmul(d_scores, k, 3, 2) * scale
+  d_k = _matmul(d_scores, q, 2, 2)  # q carries the scale already
   float0 = lambda x: None if x is None else np.zeros(x.shape, jax.dtypes.float0)
-  return d_query, d_key, d_value, float0(mask), float0(keep)
+  return (*map(_heads_first, (d_q, d_k, d_v)), float0(mask), float0(keep))
 
 
-_attention.defvjp(_attention_fwd, _attention_bwd)
+_attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 
 
 class MultiHeadAttention(nn.Module):
