@@ -11,6 +11,7 @@ from flax_encoder.attention import (
     scaled_dot_product_attention,
 )
 from flax_encoder.config import EncoderConfig
+from flax_encoder.dropout import Dropout
 from flax_encoder.embedding import PositionalEncoding, sinusoidal_positions
 from flax_encoder.encoder import Encoder, stack_layers, unstack_layers
 from flax_encoder.feed_forward import PositionwiseFeedForward
@@ -19,7 +20,7 @@ from flax_encoder.layer import EncoderLayer
 from flax_encoder.masks import padding_mask
 
 __all__ = [
-    "MASK_FILL", "Encoder", "EncoderConfig", "EncoderLayer", "MultiHeadAttention",
+    "MASK_FILL", "Dropout", "Encoder", "EncoderConfig", "EncoderLayer", "MultiHeadAttention",
     "PositionalEncoding", "PositionwiseFeedForward", "check_token_shape", "check_token_values",
     "checked_apply", "padding_mask", "scaled_dot_product_attention", "sinusoidal_positions",
     "stack_layers", "unstack_layers",

@@ -3,8 +3,8 @@
 `flax.linen.Dropout` draws a full threefry block (two 32-bit words) per element and lets XLA
 re-derive the mask from those words in every fusion of the backward pass that needs it. Here
 each 32-bit word gives two elements 16 bits each, and the backward pass reads the saved mask.
-On the paper-base training step at 8 x 512 on 2 CPU cores that took dropout's cost from 0.96 s
-to 0.35 s a step (BENCHMARKS.md).
+On the paper-base training step at 8 x 512 on 2 CPU cores that took dropout's cost from 0.94 s
+to 0.21 s a step (`python -m benchmarks.levers dropout`, BENCHMARKS.md).
 """
 
 from __future__ import annotations
