@@ -3,13 +3,17 @@ r"""The speed levers tried on the CPU, each measured in isolation (BENCHMARKS.md
   python -m benchmarks.levers matmuls     # x@w, dy@w.T, x.T@dy: JAX against PyTorch, GFLOP/s
   python -m benchmarks.levers qkv         # three 512x512 projections against one fused 512x1536
   python -m benchmarks.levers step        # forward+backward at 8x128, no dropout, ms
-  python -m benchmarks.levers dropout     # bench.py's training step at 8x128: dropout's cost
+  python -m benchmarks.levers attention   # one attention at 8x512, forward+backward: JAX, PyTorch
+  python -m benchmarks.levers dropout     # bench.py's training step at 8x512: dropout's cost
+  python -m benchmarks.levers busy        # bench.py's steps at 8x512: wall ms, cores busy
   for f in "" --xla_cpu_use_onednn=true --xla_cpu_experimental_ynn_fusion_type=; do
     XLA_FLAGS=$f python -m benchmarks.levers step; done                    # matmul back ends
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import statistics
 import sys
 import time
@@ -74,17 +78,84 @@ def step() -> None:
   print(f"forward+backward 8x128: {ms:.0f} ms")
 
 
+def attention() -> None:
+  """One paper-base attention at 8x512 (padding mask, no dropout), forward + backward."""
+  import torch
+
+  from flax_encoder import scaled_dot_product_attention
+  batch, seq, heads, head_dim = 8, 512, 8, 64
+  rng = np.random.default_rng(0)
+  q, k, v, d_out = (rng.standard_normal((batch, seq, heads, head_dim), np.float32)
+                    for _ in range(4))
+  mask = np.ones((batch, 1, 1, seq), bool)
+  mask[0, ..., 400:] = False
+
+  def fwd_bwd(q, k, v, d_out, mask):
+    attend = lambda q, k, v: scaled_dot_product_attention(q, k, v, mask)[0]
+    out, vjp = jax.vjp(attend, q, k, v)
+    return out, vjp(d_out)
+
+  fn = jax.jit(fwd_bwd)
+  args = [jnp.asarray(a) for a in (q, k, v, d_out, mask)]
+  j = median_seconds(lambda: jax.block_until_ready(fn(*args)))
+  # The seed port's attention on [batch, heads, seq, head_dim], as its MultiHeadAttention calls it.
+  tq, tk, tv, td = (torch.from_numpy(a).transpose(1, 2).contiguous() for a in (q, k, v, d_out))
+  tq.requires_grad_(), tk.requires_grad_(), tv.requires_grad_()
+  tmask = torch.from_numpy(mask)
+
+  def torch_fwd_bwd():
+    scores = (tq @ tk.transpose(-2, -1) / math.sqrt(head_dim)).masked_fill(tmask == 0, -1e9)
+    (scores.softmax(-1) @ tv).backward(td)
+
+  t = median_seconds(torch_fwd_bwd)
+  print(f"attention forward+backward 8x512: jax {j * 1e3:.0f} ms, torch {t * 1e3:.0f} ms")
+
+
 def dropout() -> None:
-  for rate, prng in ((0.1, "threefry2x32"), (0.1, "rbg"), (0.0, "threefry2x32")):
-    with jax.default_prng_impl(prng):
-      _, train, _, _ = jax_side(paper_base(dropout=rate), 8, 128)
+  """bench.py's training step at 8x512 with this port's dropout, flax.linen.Dropout, none."""
+  from unittest import mock
+
+  from flax_encoder import encoder, feed_forward, layer
+  flax_dropout = [mock.patch.object(m, "Dropout", nn.Dropout)
+                  for m in (encoder, feed_forward, layer)]
+  cases = (("flax_encoder.Dropout", 0.1, [], "threefry2x32"),
+           ("flax.linen.Dropout", 0.1, flax_dropout, "threefry2x32"),
+           ("flax_encoder.Dropout", 0.1, [], "rbg"),
+           ("no dropout", 0.0, [], "threefry2x32"))
+  for name, rate, patches, prng in cases:
+    with contextlib.ExitStack() as stack, jax.default_prng_impl(prng):
+      for patch in patches:
+        stack.enter_context(patch)
+      _, train, _, _ = jax_side(paper_base(dropout=rate), 8, 512)
       ms = median_seconds(train, reps=5) * 1e3
-    print(f"training step 8x128, dropout {rate}, {prng:12s} PRNG: {ms:.0f} ms")
+    print(f"training step 8x512, {name:20s} rate {rate}, {prng:12s} PRNG: {ms:.0f} ms")
+
+
+def busy() -> None:
+  """bench.py's steps at 8x512 on both sides: wall time and how many cores were busy."""
+  import resource
+
+  from benchmarks.bench import torch_side
+  cfg = paper_base(dropout=0.1)
+  jax_forward, jax_train, params, (tokens, targets) = jax_side(cfg, 8, 512)
+  torch_forward, torch_train = torch_side(cfg, params, tokens, targets, compile_=False)
+  runners = {"jax forward": jax_forward, "torch forward": torch_forward,
+             "jax train": jax_train, "torch train": torch_train}
+  for name, fn in runners.items():
+    fn()
+    fn()
+    time.sleep(0.5)
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    fn()
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    print(f"{name:14s} 8x512: {wall * 1e3:6.0f} ms wall, {cpu / wall:.2f} cores busy")
 
 
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
-  levers = {"matmuls": matmuls, "qkv": qkv, "step": step, "dropout": dropout}
+  levers = {"matmuls": matmuls, "qkv": qkv, "step": step, "attention": attention,
+            "dropout": dropout, "busy": busy}
   if len(argv) != 1 or argv[0] not in levers:
     print(__doc__, file=sys.stderr)
     return 2
