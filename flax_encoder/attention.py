@@ -16,7 +16,7 @@ from jax import lax
 import numpy as np
 
 from flax_encoder.config import EncoderConfig
-from flax_encoder.dropout import keep_mask
+from flax_encoder.dropout import apply_mask, keep_mask
 from flax_encoder.sharding import dense
 
 # The seed port fills masked scores with -1e9 (`masked_fill(mask == 0, -1e9)`), not -inf, so a
@@ -82,7 +82,7 @@ def _attention_weights(query, key, mask):
 
 
 def _dropout(x, keep, rate):
-  return x if keep is None else jnp.where(keep, x * (1.0 / (1.0 - rate)), 0).astype(x.dtype)
+  return x if keep is None else apply_mask(x, keep, 1.0 / (1.0 - rate))
 
 
 # Attention has a hand-written backward pass: the softmax gradient P * (dP - rowsum(P * dP))

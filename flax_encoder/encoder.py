@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder.dropout import Dropout
 from flax_encoder.config import EncoderConfig
+from flax_encoder.dropout import Dropout
 from flax_encoder.embedding import PositionalEncoding
 from flax_encoder.inputs import check_token_shape, check_token_values
 from flax_encoder.layer import EncoderLayer, layer_norm

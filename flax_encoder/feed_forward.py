@@ -7,8 +7,8 @@ import functools
 import flax.linen as nn
 import jax
 
-from flax_encoder.dropout import Dropout
 from flax_encoder.config import EncoderConfig
+from flax_encoder.dropout import Dropout
 from flax_encoder.sharding import dense
 
 ACTIVATION_FNS = {

@@ -6,8 +6,8 @@ import flax.linen as nn
 import jax
 
 from flax_encoder.attention import MultiHeadAttention
-from flax_encoder.dropout import Dropout
 from flax_encoder.config import EncoderConfig
+from flax_encoder.dropout import Dropout
 from flax_encoder.feed_forward import PositionwiseFeedForward
 from flax_encoder.sharding import ACTIVATION_AXES
 
