@@ -13,7 +13,6 @@ r"""The speed levers tried on the CPU, each measured in isolation (BENCHMARKS.md
 from __future__ import annotations
 
 import contextlib
-import math
 import statistics
 import sys
 import time
@@ -82,7 +81,7 @@ def attention() -> None:
   """One paper-base attention at 8x512 (padding mask, no dropout), forward + backward."""
   import torch
 
-  from flax_encoder import scaled_dot_product_attention
+  from flax_encoder import scaled_dot_product_attention, torch_port
   batch, seq, heads, head_dim = 8, 512, 8, 64
   rng = np.random.default_rng(0)
   q, k, v, d_out = (rng.standard_normal((batch, seq, heads, head_dim), np.float32)
@@ -98,14 +97,14 @@ def attention() -> None:
   fn = jax.jit(fwd_bwd)
   args = [jnp.asarray(a) for a in (q, k, v, d_out, mask)]
   j = median_seconds(lambda: jax.block_until_ready(fn(*args)))
-  # The seed port's attention on [batch, heads, seq, head_dim], as its MultiHeadAttention calls it.
+  # The PyTorch port's attention on [batch, heads, seq, head_dim], as its MultiHeadAttention
+  # calls it.
   tq, tk, tv, td = (torch.from_numpy(a).transpose(1, 2).contiguous() for a in (q, k, v, d_out))
   tq.requires_grad_(), tk.requires_grad_(), tv.requires_grad_()
   tmask = torch.from_numpy(mask)
 
   def torch_fwd_bwd():
-    scores = (tq @ tk.transpose(-2, -1) / math.sqrt(head_dim)).masked_fill(tmask == 0, -1e9)
-    (scores.softmax(-1) @ tv).backward(td)
+    torch_port.scaled_dot_product_attention(tq, tk, tv, tmask)[0].backward(td)
 
   t = median_seconds(torch_fwd_bwd)
   print(f"attention forward+backward 8x512: jax {j * 1e3:.0f} ms, torch {t * 1e3:.0f} ms")
