@@ -76,11 +76,6 @@ def _softmax_weights(q, k, mask):
   return jax.nn.softmax(scores, axis=-1).astype(q.dtype)
 
 
-def _attention_weights(query, key, mask):
-  scale = 1.0 / math.sqrt(query.shape[-1])
-  return _softmax_weights(_heads_first(query) * scale, _heads_first(key), mask)
-
-
 def _dropout(x, keep, rate):
   return x if keep is None else apply_mask(x, keep, 1.0 / (1.0 - rate))
 
