@@ -1,7 +1,6 @@
 """Scaled dot-product attention and multi-head attention (paper section 3.2).
 
-Shapes: b = batch, q = query positions, k = key positions, h = heads, d = head_dim,
-m = d_model.
+Shapes: b = batch, q = query positions, k = key positions, h = heads, d = head_dim.
 """
 
 from __future__ import annotations
@@ -12,15 +11,14 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax import lax
 import numpy as np
 
 from flax_encoder.config import EncoderConfig
 from flax_encoder.dropout import apply_mask, keep_mask
 from flax_encoder.sharding import dense
 
-# The seed port fills masked scores with -1e9 (`masked_fill(mask == 0, -1e9)`), not -inf, so a
-# row whose keys are all masked averages the values instead of producing NaN.
+# The PyTorch tutorial port fills masked scores with -1e9 (`masked_fill(mask == 0, -1e9)`), not
+# -inf, so a row whose keys are all masked averages the values instead of producing NaN.
 MASK_FILL = -1e9
 
 
@@ -57,18 +55,13 @@ def scaled_dot_product_attention(
 
 
 def _heads_first(x):
-  """[batch, seq, heads, head_dim] <-> [batch, heads, seq, head_dim]."""
+  """[b, q, h, d] <-> [b, h, q, d]."""
   return jnp.swapaxes(x, 1, 2)
-
-
-def _matmul(a, b, a_contract, b_contract):
-  """Batched over the leading [batch, heads] axes of both operands."""
-  return lax.dot_general(a, b, (((a_contract,), (b_contract,)), ((0, 1), (0, 1))))
 
 
 def _softmax_weights(q, k, mask):
   """softmax of the masked scores q k^T; q, k heads-first, q already scaled by 1/sqrt(d)."""
-  scores = _matmul(q, k, 3, 3)
+  scores = jnp.einsum("bhqd,bhkd->bhqk", q, k)
   # Softmax in at least float32: bf16 scores lose the small weights otherwise.
   scores = scores.astype(jnp.promote_types(scores.dtype, jnp.float32))
   if mask is not None:
@@ -100,7 +93,7 @@ def _attention_fwd_impl(query, key, value, mask, keep, rate):
   scale = 1.0 / math.sqrt(query.shape[-1])
   q, k, v = _heads_first(query) * scale, _heads_first(key), _heads_first(value)
   weights = _softmax_weights(q, k, mask)
-  out = _matmul(_dropout(weights, keep, rate), v, 3, 2)  # [b, h, q, d]
+  out = jnp.einsum("bhqk,bhkd->bhqd", _dropout(weights, keep, rate), v)
   return (_heads_first(out), weights), (q, k, v, mask, keep, out, weights)
 
 
@@ -118,8 +111,8 @@ def _attention_bwd(rate, residuals, cotangents):
     d_out = jnp.zeros(out.shape, out.dtype)
   else:
     d_out = _heads_first(d_out)
-  d_v = _matmul(_dropout(weights, keep, rate), d_out, 2, 2)  # [b, h, k, d]
-  d_weights = _dropout(_matmul(d_out, v, 3, 3), keep, rate).astype(f32)
+  d_v = jnp.einsum("bhqk,bhqd->bhkd", _dropout(weights, keep, rate), d_out)
+  d_weights = _dropout(jnp.einsum("bhqd,bhkd->bhqk", d_out, v), keep, rate).astype(f32)
   row = jnp.sum(d_out.astype(f32) * out.astype(f32), -1, keepdims=True)
   if direct:
     d_weights = d_weights + d_weights_direct.astype(f32)
@@ -129,8 +122,8 @@ def _attention_bwd(rate, residuals, cotangents):
     d_scores = jnp.where(mask, d_scores, 0.0)  # the -1e9 fill is a constant
   d_scores = d_scores.astype(q.dtype)
   scale = 1.0 / math.sqrt(q.shape[-1])
-  d_q = _matmul(d_scores, k, 3, 2) * scale
-  d_k = _matmul(d_scores, q, 2, 2)  # q carries the scale already
+  d_q = jnp.einsum("bhqk,bhkd->bhqd", d_scores, k) * scale
+  d_k = jnp.einsum("bhqk,bhqd->bhkd", d_scores, q)  # q carries the scale already
   float0 = lambda x: None if x is None else np.zeros(x.shape, jax.dtypes.float0)
   return (*map(_heads_first, (d_q, d_k, d_v)), float0(mask), float0(keep))
 
@@ -139,7 +132,7 @@ _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 
 
 class MultiHeadAttention(nn.Module):
-  """Multi-head attention with separate w_q, w_k, w_v, w_o projections, as in the seed port.
+  """Multi-head attention with separate w_q, w_k, w_v, w_o projections (the tutorial port's).
 
   The attention weights of the reference implementation are sown into the 'intermediates'
   collection as `attention_weights` ([batch, heads, q, k]); `apply(..., mutable=
@@ -151,7 +144,7 @@ class MultiHeadAttention(nn.Module):
   @nn.compact
   def __call__(self, query: jax.Array, key: jax.Array | None = None,
                value: jax.Array | None = None, mask: jax.Array | None = None, *,
-               kv_lengths: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+               deterministic: bool = True) -> jax.Array:
     """Attends from `query` to `key`/`value` (self-attention when they are omitted).
 
     Args:
@@ -159,8 +152,6 @@ class MultiHeadAttention(nn.Module):
       key: [batch, k, d_model]; defaults to `query`.
       value: [batch, k, d_model]; defaults to `key`.
       mask: bool, True = attend, broadcastable to [batch, heads, q, k].
-      kv_lengths: int32 [batch] count of real keys per row, for right-padded input: the
-        cuDNN fast path of `attention_impl='cudnn'`; other implementations ignore it.
       deterministic: no dropout when True.
 
     Returns:
@@ -187,9 +178,6 @@ class MultiHeadAttention(nn.Module):
           f"attention_impl='cudnn' is cuDNN flash attention and needs an NVIDIA GPU; the default "
           f"backend here is {jax.default_backend()!r}. Use attention_impl='xla' (same numbers) "
           f"or 'reference'")
-    elif cfg.attention_impl == "cudnn" and kv_lengths is not None:
-      context = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=kv_lengths,
-                                             implementation="cudnn")
     else:
       if mask is not None:
         mask = jnp.broadcast_to(mask, (batch, cfg.n_heads, q_len, k_len))

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 NORM_POSITIONS = ("post", "pre")
-ACTIVATIONS = ("relu", "gelu")
+ACTIVATIONS = {
+    "relu": jax.nn.relu,
+    # PyTorch's nn.GELU default is the exact erf form; jax.nn.gelu defaults to the tanh one.
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+}
 ATTENTION_IMPLS = ("reference", "xla", "cudnn")
 REMAT_POLICIES = ("none", "full", "save_dots")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -35,7 +41,7 @@ class EncoderConfig:
   d_ff: int = 2048
   n_layers: int = 6
   dropout: float = 0.1  # on embeddings + positions and on each sub-layer's output
-  attention_dropout: float = 0.0  # on the attention weights (the seed port has none)
+  attention_dropout: float = 0.0  # on the attention weights (the tutorial port has none)
   max_len: int = 5000
   pad_id: int = 0
   norm_position: str = "post"  # "post": the paper's Add & Norm; "pre": x + f(norm(x))
@@ -71,7 +77,7 @@ class EncoderConfig:
         raise ValueError(f"EncoderConfig.{name} must lie in [0, 1), got {value!r}")
     if not self.layer_norm_eps > 0:
       raise ValueError(f"EncoderConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
-    for name, allowed in (("norm_position", NORM_POSITIONS), ("activation", ACTIVATIONS),
+    for name, allowed in (("norm_position", NORM_POSITIONS), ("activation", tuple(ACTIVATIONS)),
                           ("attention_impl", ATTENTION_IMPLS), ("remat", REMAT_POLICIES)):
       value = getattr(self, name)
       if value not in allowed:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import flax.linen as nn
@@ -14,7 +15,7 @@ from flax_encoder.dropout import Dropout
 from flax_encoder.embedding import PositionalEncoding
 from flax_encoder.inputs import check_token_shape, check_token_values
 from flax_encoder.layer import EncoderLayer, layer_norm
-from flax_encoder.masks import check_mask, padding_mask, right_padded_lengths
+from flax_encoder.masks import check_mask, padding_mask
 from flax_encoder.sharding import ACTIVATION_AXES
 
 REMAT_POLICIES = {
@@ -23,17 +24,33 @@ REMAT_POLICIES = {
 }
 
 
+# nn.remat traces its arguments; `deterministic` is a Python bool and must stay one.
+_DETERMINISTIC_ARG = list(inspect.signature(EncoderLayer.__call__).parameters).index("deterministic")
+
+
 def _layer_class(cfg: EncoderConfig):
   if cfg.remat == "none":
     return EncoderLayer
-  # Arguments: self=0, x=1, mask=2, kv_lengths=3, deterministic=4 (a Python bool).
-  return nn.remat(EncoderLayer, policy=REMAT_POLICIES[cfg.remat], static_argnums=(4,))
+  return nn.remat(EncoderLayer, policy=REMAT_POLICIES[cfg.remat],
+                  static_argnums=(_DETERMINISTIC_ARG,))
+
+
+def _scan_body(layer: nn.Module, x, mask, deterministic):
+  return layer(x, mask, deterministic), None
 
 
 class Encoder(nn.Module):
-  """The Transformer encoder of "Attention Is All You Need", numerically the seed PyTorch port."""
+  """The Transformer encoder of "Attention Is All You Need", as the PyTorch tutorial port computes it.
+
+  Attributes:
+    config: sizes and options.
+    check_traced_ids: under a caller's jit, out-of-range token ids get a
+      `checkify.debug_check` (see `flax_encoder.checked_apply`). False leaves it out of the
+      traced program, for `jax.export`, which cannot serialize it.
+  """
 
   config: EncoderConfig
+  check_traced_ids: bool = True
 
   @nn.compact
   def __call__(self, tokens: jax.Array, mask: jax.Array | None = None, *,
@@ -52,15 +69,11 @@ class Encoder(nn.Module):
     """
     cfg = self.config
     check_token_shape(tokens, cfg.max_len)
-    check_token_values(tokens, cfg.vocab_size)
+    check_token_values(tokens, cfg.vocab_size, traced=self.check_traced_ids)
     batch, seq = tokens.shape
 
-    kv_lengths = None
     if mask is None:
       mask = padding_mask(tokens, cfg.pad_id)
-      if cfg.attention_impl == "cudnn":
-        # cuDNN's fast path takes padding as sequence lengths, which assumes right padding.
-        kv_lengths = right_padded_lengths(mask)
     else:
       check_mask(mask, batch, cfg.n_heads, seq, seq)
 
@@ -77,14 +90,14 @@ class Encoder(nn.Module):
 
     layer = _layer_class(cfg)
     if cfg.scan_layers:
-      layers = nn.scan(layer, variable_axes={"params": 0, "intermediates": 0},
-                       split_rngs={"params": True, "dropout": True},
-                       in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.n_layers,
-                       metadata_params={nn.PARTITION_NAME: "layers"})
-      x, _ = layers(cfg, name="layers")(x, mask, kv_lengths, deterministic)
+      scan = nn.scan(_scan_body, variable_axes={"params": 0, "intermediates": 0},
+                     split_rngs={"params": True, "dropout": True},
+                     in_axes=(nn.broadcast, nn.broadcast), length=cfg.n_layers,
+                     metadata_params={nn.PARTITION_NAME: "layers"})
+      x, _ = scan(layer(cfg, name="layers"), x, mask, deterministic)
     else:
       for i in range(cfg.n_layers):
-        x = layer(cfg, name=f"layers_{i}")(x, mask, kv_lengths, deterministic)
+        x = layer(cfg, name=f"layers_{i}")(x, mask, deterministic)
 
     if cfg.final_norm:
       x = layer_norm(cfg, "norm")(x)

@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-
 import flax.linen as nn
 import jax
 
-from flax_encoder.config import EncoderConfig
+from flax_encoder.config import ACTIVATIONS, EncoderConfig
 from flax_encoder.dropout import Dropout
 from flax_encoder.sharding import dense
-
-ACTIVATION_FNS = {
-    "relu": jax.nn.relu,
-    # PyTorch's nn.GELU default is the exact erf form; jax.nn.gelu defaults to the tanh one.
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),
-}
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -27,6 +19,6 @@ class PositionwiseFeedForward(nn.Module):
   def __call__(self, x: jax.Array, *, deterministic: bool = True) -> jax.Array:
     """[batch, seq, d_model] -> [batch, seq, d_model]."""
     cfg = self.config
-    h = ACTIVATION_FNS[cfg.activation](dense(cfg, cfg.d_ff, ("embed", "mlp"), "w_1")(x))
+    h = ACTIVATIONS[cfg.activation](dense(cfg, cfg.d_ff, ("embed", "mlp"), "w_1")(x))
     h = Dropout(cfg.dropout)(h, deterministic=deterministic)
     return dense(cfg, cfg.d_model, ("mlp", "embed"), "w_2")(h)

@@ -20,11 +20,7 @@ import numpy as np
 
 from flax_encoder.config import EncoderConfig
 from flax_encoder.encoder import Encoder
-from flax_encoder.inputs import (
-  check_token_shape,
-  check_token_values,
-  without_traced_checks,
-)
+from flax_encoder.inputs import check_token_shape, check_token_values
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
 
@@ -97,14 +93,14 @@ def export_encoder(config: EncoderConfig, variables, path: str, seq_len: int,
   variables = jax.tree.map(jnp.asarray, variables)
 
   def apply(tokens):
-    hidden = Encoder(config).apply(variables, tokens)
+    # The ids are guarded below instead: an exported program cannot raise.
+    hidden = Encoder(config, check_traced_ids=False).apply(variables, tokens)
     row_ok = jnp.all((tokens >= 0) & (tokens < config.vocab_size), axis=1)
     return jnp.where(row_ok[:, None, None], hidden, jnp.nan).astype(hidden.dtype)
 
   batch = jax.export.symbolic_shape("batch")[0]
   spec = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
-  with without_traced_checks():
-    exported = jax.export.export(jax.jit(apply), platforms=tuple(platforms))(spec)
+  exported = jax.export.export(jax.jit(apply), platforms=tuple(platforms))(spec)
   with open(path, "wb") as f:
     f.write(exported.serialize())
   return exported

@@ -7,8 +7,6 @@ tracers; there the check is a `checkify.debug_check`, which `checked_apply` turn
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from collections.abc import Callable
 from typing import Any
 
@@ -16,20 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
-
-_TRACED_CHECKS = contextvars.ContextVar("traced_token_checks", default=True)
-
-
-@contextlib.contextmanager
-def without_traced_checks():
-  """Leaves `checkify.debug_check` out of traced code (for `jax.export`, which cannot
-  serialize its effect); the caller guards the values another way."""
-  token = _TRACED_CHECKS.set(False)
-  try:
-    yield
-  finally:
-    _TRACED_CHECKS.reset(token)
-
 
 def check_token_shape(tokens: Any, max_len: int) -> None:
   """Raises unless `tokens` is a 2-D integer array no longer than `max_len`."""
@@ -51,15 +35,16 @@ def _out_of_range_message(vocab_size: int) -> str:
   return f"tokens must lie in [0, vocab_size={vocab_size})"
 
 
-def check_token_values(tokens: Any, vocab_size: int) -> None:
+def check_token_values(tokens: Any, vocab_size: int, traced: bool = True) -> None:
   """Raises ValueError naming the first id outside [0, vocab_size).
 
   Concrete arrays are checked on the host. Traced values (inside jit) get a
   `checkify.debug_check`, which is a no-op unless the caller runs under `checkify`
-  (see `checked_apply`).
+  (see `checked_apply`); `traced=False` leaves traced values unchecked (for `jax.export`,
+  which cannot serialize that check).
   """
   if isinstance(tokens, jax.core.Tracer):
-    if not _TRACED_CHECKS.get():
+    if not traced:
       return
     in_range = jnp.all((tokens >= 0) & (tokens < vocab_size))
     checkify.debug_check(in_range, _out_of_range_message(vocab_size) + "; got an id outside it")

@@ -28,14 +28,11 @@ class EncoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: jax.Array | None = None,
-               kv_lengths: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    """[batch, seq, d_model] -> [batch, seq, d_model]; `mask` as in MultiHeadAttention.
-
-    With `config.scan_layers` it returns `(x, None)`, the carry and output of an `nn.scan` step.
-    """
+               deterministic: bool = True) -> jax.Array:
+    """[batch, seq, d_model] -> [batch, seq, d_model]; `mask` as in MultiHeadAttention."""
     cfg = self.config
     attend = lambda h: MultiHeadAttention(cfg, name="self_attn")(
-        h, mask=mask, kv_lengths=kv_lengths, deterministic=deterministic)
+        h, mask=mask, deterministic=deterministic)
     feed_forward = lambda h: PositionwiseFeedForward(cfg, name="feed_forward")(
         h, deterministic=deterministic)
     dropout = lambda h: Dropout(cfg.dropout)(h, deterministic=deterministic)
@@ -47,5 +44,4 @@ class EncoderLayer(nn.Module):
     else:
       x = x + dropout(attend(norm1(x)))
       x = x + dropout(feed_forward(norm2(x)))
-    x = nn.with_logical_constraint(x, ACTIVATION_AXES)
-    return (x, None) if cfg.scan_layers else x
+    return nn.with_logical_constraint(x, ACTIVATION_AXES)

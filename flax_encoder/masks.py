@@ -6,12 +6,11 @@ Shapes: b = batch, h = heads, q = query positions, k = key positions.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 
 def padding_mask(tokens: jax.Array, pad_id: int = 0) -> jax.Array:
-  """The key-padding mask of the seed port: `(tokens != pad_id)[:, None, None, :]`.
+  """The key-padding mask: `(tokens != pad_id)[:, None, None, :]`.
 
   Args:
     tokens: int ids, [batch, seq].
@@ -41,8 +40,3 @@ def check_mask(mask, batch: int, heads: int, q_len: int, k_len: int) -> None:
     raise ValueError(
         f"mask of shape {shape} does not broadcast to [batch, heads, q, k] = {target}; "
         f"expected e.g. [{batch}, 1, 1, {k_len}] (key padding) or [{batch}, 1, {q_len}, {k_len}]")
-
-
-def right_padded_lengths(mask: jax.Array) -> jax.Array:
-  """Number of real tokens per row of a [batch, 1, 1, seq] key-padding mask, as int32 [batch]."""
-  return jnp.sum(mask[:, 0, 0, :], axis=-1, dtype=jnp.int32)
