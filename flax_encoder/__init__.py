@@ -1,8 +1,9 @@
 """flax_encoder: the Transformer encoder of "Attention Is All You Need" in Flax linen.
 
-Numerically the PyTorch port of the seed tutorials (Post-LN, -1e9 mask fill, LayerNorm eps 1e-5,
-embedding * sqrt(d_model), interleaved sinusoids), with converters to and from PyTorch weights
-(`flax_encoder.interop`) and a parity report (`python -m flax_encoder.parity`).
+Computes what the PyTorch tutorial port of the encoder computes (Post-LN, -1e9 mask fill,
+LayerNorm eps 1e-5, embedding * sqrt(d_model), interleaved sinusoids). Importing it imports no
+torch: the PyTorch bridge (weight conversion, the reference port, the parity report) is
+`flax_encoder.pytorch`, behind the `torch` extra.
 """
 
 from flax_encoder.attention import (

@@ -1,10 +1,9 @@
-"""Dropout as the seed port computes it (x * keep / (1 - rate)), with a cheaper mask.
+"""Dropout as PyTorch computes it (x * keep / (1 - rate)), with a cheaper mask.
 
 `flax.linen.Dropout` draws a full threefry block (two 32-bit words) per element and lets XLA
 re-derive the mask from those words in every fusion of the backward pass that needs it. Here
-each 32-bit word gives two elements 16 bits each, and the backward pass reads the saved mask.
-On the paper-base training step at 8 x 512 on 2 CPU cores that took dropout's cost from 0.94 s
-to 0.21 s a step (`python -m benchmarks.levers dropout`, BENCHMARKS.md).
+each 32-bit word gives two elements 16 bits each, and the backward pass reads the saved mask
+(BENCHMARKS.md measures the difference).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def dense(cfg, features: int, axes: tuple[str, str], name: str,
           kernel_init=None) -> nn.Dense:
   """nn.Dense whose kernel has logical axes `axes` (in, out) and whose bias has (out,).
 
-  The kernel is Xavier-uniform unless `kernel_init` is given, as in the seed port.
+  The kernel is Xavier-uniform unless `kernel_init` is given, as in the PyTorch tutorial port.
   """
   kernel_init = kernel_init or nn.initializers.xavier_uniform()
   return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
@@ -97,12 +97,3 @@ def check_batch_divisible(batch_size: int, mesh: Mesh, name: str = "batch_size")
   if batch_size % shards:
     raise ValueError(f"{name}={batch_size} must be divisible by mesh.data * mesh.fsdp = "
                      f"{shards} (each device holds an equal slice of the batch)")
-
-
-def global_batch(local_rows: dict, mesh: Mesh) -> dict:
-  """This process's rows of a batch -> global jax.Arrays split along the batch over `mesh`.
-
-  Each process passes the rows it loaded (on one host: the whole batch).
-  """
-  sharding = batch_sharding(mesh)
-  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), local_rows)

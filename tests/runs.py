@@ -7,7 +7,7 @@ import sys
 from train.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = os.path.join(ROOT, "tests", "tiny_train_config.py")
+TINY = os.path.join(ROOT, "tests", "tiny.py")
 EIGHT_DEVICES = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 
 

@@ -13,30 +13,20 @@ import jax
 import numpy as np
 
 from flax_encoder import sharding
-from tests import tiny_train_config
+from tests import tiny
 from train import data
 from train.checkpoint import Checkpointer
-from train.loop import encoder_config, init_state, train_step
-from train.optim import make_optimizer
-from train.task import MaskedLM
 
 
 def main(directory):
   assert jax.device_count() == 8, jax.devices()
-  config = tiny_train_config.get_config()
-  cfg = encoder_config(config)
-  model, (tx, schedule) = MaskedLM(cfg), make_optimizer(config.optim, cfg.d_model)
-  init = lambda mesh: init_state(model, tx, 0, config.train.batch_size, config.train.seq_len,
-                                 mesh)
-
+  config, model, tx, schedule = tiny.setup()
   mesh8 = sharding.make_mesh(data=1, fsdp=8)
-  state = init(mesh8)
-  examples = data.chunk(data.load_documents([]), config.train.seq_len)
-  batches = data.train_batches(examples, config.train.batch_size, 0.15, 0)
-  step = jax.jit(lambda s, b: train_step(s, b, model=model, tx=tx, schedule=schedule,
-                                         label_smoothing=0.1))
+  state = tiny.state(model, tx, config, mesh=mesh8)
+  batches = tiny.batches(config)
+  step = tiny.jitted_step(model, tx, schedule, config)
   for _ in range(2):
-    state, _ = step(state, sharding.global_batch(next(batches), mesh8))
+    state, _ = step(state, data.to_devices(next(batches), mesh8))
   kernel = state.params["encoder"]["layers_0"]["feed_forward"]["w_1"]["kernel"]
   assert len(kernel.sharding.device_set) == 8 and kernel.addressable_shards[0].data.shape[0] == 2
 
@@ -48,7 +38,7 @@ def main(directory):
 
   for n in (4, 1):
     mesh = sharding.make_mesh(data=1, fsdp=n, devices=jax.devices()[:n])
-    target = init(mesh)  # another device count; restored arrays take the target's layout
+    target = tiny.state(model, tx, config, mesh=mesh)  # restored arrays take its layout
     restored, meta = checkpointer.restore_newest(target)
     for a, b in zip(saved, jax.tree.leaves(restored), strict=True):
       np.testing.assert_array_equal(a, np.asarray(b))

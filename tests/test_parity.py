@@ -1,4 +1,4 @@
-"""Parity with the PyTorch reference port (flax_encoder.torch_port), written from the seeds.
+"""Parity with the PyTorch tutorial port (flax_encoder.pytorch.reference).
 
 float32: max abs error <= 1e-5; float64 (jax_enable_x64, torch table in float64): <= 1e-10,
 which shows the same math, not merely close math. Forward and parameter gradients, padded
@@ -22,9 +22,9 @@ from flax_encoder import (
   PositionalEncoding,
   PositionwiseFeedForward,
   scaled_dot_product_attention,
-  torch_port,
 )
-from flax_encoder.interop import PE_KEY, from_torch_state_dict
+from flax_encoder.pytorch import reference
+from flax_encoder.pytorch.convert import PE_KEY, from_torch_state_dict
 
 TOL = {"float32": 1e-5, "float64": 1e-10}
 # Row 2 has one real token, row 3 none: an all-padding row must stay finite and match.
@@ -43,13 +43,13 @@ def dtype(request):
     yield request.param
 
 
-def _torch_model(config, layout="seed"):
+def _torch_model(config, layout="tutorial"):
   torch_dtype = torch.float64 if config.dtype == np.float64 else torch.float32
   torch.manual_seed(0)
-  return torch_port.Encoder(config, layout, table_dtype=torch_dtype).to(torch_dtype).eval()
+  return reference.Encoder(config, layout, table_dtype=torch_dtype).to(torch_dtype).eval()
 
 
-def _variables(model, config, layout="seed"):
+def _variables(model, config, layout="tutorial"):
   state = {k: v for k, v in model.state_dict().items() if k != PE_KEY}
   return from_torch_state_dict(state, config, layout)
 
@@ -62,7 +62,7 @@ def test_scaled_dot_product_attention(dtype):
   rng = np.random.default_rng(0)
   q, k, v = (rng.normal(size=(3, 4, 5, 8)).astype(dtype) for _ in range(3))  # [b, h, s, d]
   mask = (TOKENS[:3, :5] != 0)[:, None, None, :]
-  out_t, w_t = torch_port.scaled_dot_product_attention(*map(torch.tensor, (q, k, v)),
+  out_t, w_t = reference.scaled_dot_product_attention(*map(torch.tensor, (q, k, v)),
                                                        torch.tensor(mask))
   to_bshd = lambda x: jnp.asarray(x.transpose(0, 2, 1, 3))
   out, w = scaled_dot_product_attention(to_bshd(q), to_bshd(k), to_bshd(v), jnp.asarray(mask))
@@ -98,15 +98,15 @@ def test_components_with_converted_weights(dtype):
     np.testing.assert_allclose(got, _np(expected), rtol=0, atol=TOL[dtype], err_msg=name)
 
 
-@pytest.mark.parametrize("layout", ["seed", "torch_nn"])
+@pytest.mark.parametrize("layout", ["tutorial", "torch_nn"])
 @pytest.mark.parametrize("norm_position, activation", [("post", "relu"), ("pre", "gelu")])
 def test_encoder_forward_and_parameter_gradients(dtype, layout, norm_position, activation):
   config = _config(dtype, norm_position=norm_position, activation=activation)
   model = _torch_model(config, layout)
   variables = _variables(model, config, layout)
-  # nn.MultiheadAttention adds the mask (-1e9) where the seed fills it; the two agree except on
-  # an all-padding row in float64, so that row is left to the seed layout.
-  tokens = TOKENS if layout == "seed" else TOKENS[:3]
+  # nn.MultiheadAttention adds the mask (-1e9) where the tutorial port fills it; the two agree
+  # except on an all-padding row in float64, so that row is left to the tutorial layout.
+  tokens = TOKENS if layout == "tutorial" else TOKENS[:3]
   cotangent = np.random.default_rng(2).normal(size=tokens.shape + (config.d_model,))
   cotangent = cotangent.astype(dtype) / cotangent.size
 

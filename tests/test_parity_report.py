@@ -3,17 +3,18 @@ import json
 import pytest
 import torch
 
-from flax_encoder import EncoderConfig, parity, torch_port
+from flax_encoder import EncoderConfig
+from flax_encoder.pytorch import parity, reference
 
 SIZES = ["--vocab-size", "20", "--d-model", "8", "--n-heads", "2", "--d-ff", "16",
          "--n-layers", "2", "--max-len", "16"]
 
 
-@pytest.mark.parametrize("layout", ["seed", "torch_nn"])
+@pytest.mark.parametrize("layout", ["tutorial", "torch_nn"])
 def test_report_on_a_checkpoint_passes_and_lists_every_stage(tmp_path, capsys, layout):
   config = EncoderConfig(vocab_size=20, d_model=8, n_heads=2, d_ff=16, n_layers=2, max_len=16)
   path = tmp_path / "model.pt"
-  torch.save(torch_port.Encoder(config, layout).state_dict(), path)
+  torch.save(reference.Encoder(config, layout).state_dict(), path)
   code = parity.main(["--checkpoint", str(path), "--layout", layout, *SIZES, "--seq-len", "8"])
   out = capsys.readouterr().out
   assert code == 0 and "PASS" in out

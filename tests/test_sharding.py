@@ -12,11 +12,9 @@ import numpy as np
 import pytest
 
 from flax_encoder import Encoder, sharding
-from tests import runs, tiny_train_config
+from tests import runs, tiny
 from train.checkpoint import Checkpointer
-from train.loop import encoder_config, init_state, load_encoder
-from train.optim import make_optimizer
-from train.task import MaskedLM
+from train.load import load_encoder
 
 
 @pytest.mark.parametrize("scan", [False, True])
@@ -37,6 +35,7 @@ def test_every_parameter_has_logical_axes(tiny_config, scan):
       assert "embed" in names, path
   rules = dict(sharding.RULES)
   assert rules["embed"] == "fsdp" and rules["activation_batch"] == ("data", "fsdp")
+
 
 def test_mesh_and_batch_errors_name_the_argument():
   n = jax.device_count()
@@ -80,11 +79,8 @@ def test_checkpoint_saved_on_8_devices_restores_on_4_and_on_1(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert "onto 4 devices: equal" in result.stdout and "onto 1 devices: equal" in result.stdout
   # And in this process, which has its own device count.
-  config = tiny_train_config.get_config()
-  cfg = encoder_config(config)
-  tx, _ = make_optimizer(config.optim, cfg.d_model)
-  target = init_state(MaskedLM(cfg), tx, 1, config.train.batch_size, config.train.seq_len,
-                      sharding.make_mesh())
+  config, model, tx, _ = tiny.setup()
+  target = tiny.state(model, tx, config, seed=1, mesh=sharding.make_mesh())
   checkpointer = Checkpointer(str(tmp_path / "checkpoints"), keep=1)
   restored, _ = checkpointer.restore_newest(target)
   checkpointer.close()

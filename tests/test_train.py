@@ -12,13 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests import runs, tiny_train_config
+from tests import runs, tiny
 from train import data
 from train.checkpoint import Checkpointer
-from train.loop import encoder_config, init_state, train_step
+from train.loop import encoder_config
 from train.metrics import read_metrics
-from train.optim import make_optimizer, paper_schedule
-from train.task import MaskedLM
+from train.optim import paper_schedule
 
 
 def test_schedule_matches_the_paper_formula_counting_from_one():
@@ -47,26 +46,12 @@ def test_data_masking_follows_80_10_10():
   assert data.decode(data.encode("héllo")) == "héllo"
 
 
-def _tiny():
-  config = tiny_train_config.get_config()
-  cfg = encoder_config(config)
-  model = MaskedLM(cfg)
-  tx, schedule = make_optimizer(config.optim, cfg.d_model)
-  return config, model, tx, schedule
-
-
-def _batches(config, seed=0):
-  examples = data.chunk(data.load_documents([]), config.train.seq_len)
-  return data.train_batches(examples, config.train.batch_size, 0.15, seed)
-
-
 def test_one_train_step():
-  config, model, tx, schedule = _tiny()
-  state = init_state(model, tx, 0, config.train.batch_size, config.train.seq_len)
-  batch = next(_batches(config))
+  config, model, tx, schedule = tiny.setup()
+  state = tiny.state(model, tx, config)
+  batch = next(tiny.batches(config))
   chex.assert_shape(batch["inputs"], (config.train.batch_size, config.train.seq_len))
-  step = jax.jit(lambda s, b: train_step(s, b, model=model, tx=tx, schedule=schedule,
-                                         label_smoothing=0.1))
+  step = tiny.jitted_step(model, tx, schedule, config)
   new_state, metrics = step(state, batch)
   assert int(new_state.step) == 1
   assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
@@ -78,11 +63,10 @@ def test_one_train_step():
 
 
 def test_checkpoint_round_trip_is_bitwise(tmp_path):
-  config, model, tx, schedule = _tiny()
-  state = init_state(model, tx, 0, config.train.batch_size, config.train.seq_len)
-  iterator = _batches(config)
-  step = jax.jit(lambda s, b: train_step(s, b, model=model, tx=tx, schedule=schedule,
-                                         label_smoothing=0.1))
+  config, model, tx, schedule = tiny.setup()
+  state = tiny.state(model, tx, config)
+  iterator = tiny.batches(config)
+  step = tiny.jitted_step(model, tx, schedule, config)
   for _ in range(3):  # Adam's moments are non-zero after a few updates
     state, _ = step(state, next(iterator))
   checkpointer = Checkpointer(str(tmp_path / "checkpoints"), keep=2)
@@ -90,8 +74,8 @@ def test_checkpoint_round_trip_is_bitwise(tmp_path):
   checkpointer.wait()
   expected_next = next(iterator)
 
-  fresh = init_state(model, tx, 1, config.train.batch_size, config.train.seq_len)
-  fresh_iterator = _batches(config)  # the same pipeline, at its start
+  fresh = tiny.state(model, tx, config, seed=1)
+  fresh_iterator = tiny.batches(config)  # the same pipeline, at its start
   restored, meta = Checkpointer(str(tmp_path / "checkpoints"), keep=2).restore_newest(
       fresh, fresh_iterator)
   assert meta["step"] == 3 and int(restored.step) == 3
@@ -179,7 +163,7 @@ def test_a_signal_landing_late_in_a_step_still_saves_the_step_that_stops(tmp_pat
       os.kill(os.getpid(), signal.SIGTERM)
 
   monkeypatch.setattr(loop.MetricWriter, "write", write_then_signal)
-  exit_code = loop.run(tiny_train_config.get_config(), str(tmp_path))
+  exit_code = loop.run(tiny.get_config(), str(tmp_path))
   assert exit_code == 143
   stopped_at = max(runs.losses(str(tmp_path)))
   assert stopped_at == 6  # the next step sees the signal, saves and stops
@@ -191,8 +175,8 @@ def test_corrupt_newest_checkpoint_falls_back_to_an_older_one(reference_run, tmp
   workdir = str(tmp_path / "run")
   shutil.copytree(reference_run, workdir)
   _corrupt_one_file(os.path.join(workdir, "checkpoints", "30", "state"))
-  config, model, tx, _ = _tiny()
-  abstract = init_state(model, tx, 0, config.train.batch_size, config.train.seq_len)
+  config, model, tx, _ = tiny.setup()
+  abstract = tiny.state(model, tx, config)
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=5)
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -224,9 +208,10 @@ def test_trained_encoder_loads_in_three_lines_exports_and_draws_attention(
     reference_run, tmp_path):
   import torch
 
-  from flax_encoder import Encoder, torch_port
-  from train import load_encoder
-  from train.attention import main as attention_main
+  from flax_encoder import Encoder
+  from flax_encoder.pytorch import load_torch_checkpoint, reference
+  from train.draw_attention import main as attention_main
+  from train.load import load_encoder
   from train.export import export
 
   cfg, variables = load_encoder(reference_run)
@@ -235,8 +220,7 @@ def test_trained_encoder_loads_in_three_lines_exports_and_draws_attention(
   chex.assert_shape(hidden, (1, tokens.shape[1], cfg.d_model))
 
   path = export(reference_run, str(tmp_path / "encoder.safetensors"))
-  from flax_encoder.interop import load_torch_checkpoint
-  model = torch_port.Encoder(cfg)
+  model = reference.Encoder(cfg)
   model.load_state_dict({k: torch.from_numpy(v) for k, v in load_torch_checkpoint(path).items()})
   expected = model.eval()(torch.tensor(np.asarray(tokens))).detach().numpy()
   with jax.default_matmul_precision("highest"):
@@ -257,12 +241,12 @@ def test_trained_encoder_loads_in_three_lines_exports_and_draws_attention(
     load_encoder(str(tmp_path / "empty"))
 
 
-@pytest.mark.parametrize("name", ["default", "base", "big", "book"])
+@pytest.mark.parametrize("name", ["default", "base", "big", "small"])
 def test_every_config_builds_a_valid_encoder_config(name):
   import importlib
   config = importlib.import_module(f"configs.{name}").get_config()
   cfg = encoder_config(config)
   assert config.train.seq_len <= cfg.max_len
-  if name == "book":
+  if name == "small":
     assert (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.n_layers, cfg.max_len) == (312, 6, 1248, 3, 80)
     assert cfg.dropout == 0.05

@@ -7,7 +7,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 import configs
-from flax_encoder.host import keep_freed_memory
+from train.host import keep_freed_memory
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(configs.__file__), "default.py")
 _CONFIG = config_flags.DEFINE_config_file(
@@ -27,7 +27,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
-  keep_freed_memory()  # before JAX starts its threads; see flax_encoder/host.py
+  keep_freed_memory()  # before JAX starts its threads; see train/host.py
   if _MULTIHOST.value:
     import jax
     jax.distributed.initialize(coordinator_address=_COORDINATOR.value,

@@ -10,7 +10,10 @@ from __future__ import annotations
 import dataclasses
 
 import grain
+import jax
 import numpy as np
+
+from flax_encoder.sharding import batch_sharding
 
 PAD_ID, MASK_ID = 0, 1
 NUM_SPECIAL = 4
@@ -126,3 +129,14 @@ def most_frequent_token(examples: np.ndarray) -> int:
   """The commonest non-pad id: the guess of the baseline that always guesses one token."""
   counts = np.bincount(examples[examples != PAD_ID], minlength=VOCAB_SIZE)
   return int(np.argmax(counts))
+
+
+def to_devices(batch: dict, mesh: jax.sharding.Mesh) -> dict:
+  """A host batch -> global jax.Arrays split along the batch over `mesh`'s devices.
+
+  Every process loads the same batch and contributes its own contiguous share of the rows.
+  """
+  n, count = jax.process_count(), len(batch["inputs"])
+  rows = slice(jax.process_index() * count // n, (jax.process_index() + 1) * count // n)
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, v[rows]) for k, v in batch.items()}

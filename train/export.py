@@ -13,15 +13,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from flax_encoder.interop import LAYOUTS, to_torch_state_dict
+from flax_encoder.pytorch.convert import LAYOUTS, to_torch_state_dict
 
 
-def export(workdir: str, out: str, layout: str = "seed", seq_len: int | None = None) -> str:
+def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None = None) -> str:
   """Writes the newest verified checkpoint's encoder to `out`; returns the path.
 
   For a .jaxexport file, `seq_len` defaults to the run's config.train.seq_len.
   """
-  from train.loop import load_config, load_encoder
+  from train.load import load_config, load_encoder
   cfg, variables = load_encoder(workdir)
   if out.endswith(".jaxexport"):
     from flax_encoder.inference import export_encoder
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--out", required=True)
-  parser.add_argument("--layout", default="seed", choices=LAYOUTS)
+  parser.add_argument("--layout", default="tutorial", choices=LAYOUTS)
   parser.add_argument("--seq-len", type=int, default=None,
                       help=".jaxexport: input length (default: the run's train.seq_len)")
   args = parser.parse_args(argv)

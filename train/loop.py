@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import signal
 import sys
@@ -81,13 +80,6 @@ def abstract_state(model: MaskedLM, tx, seq_len: int, mesh: jax.sharding.Mesh) -
                       nn.unbox(boxed), sharding.logical_shardings(boxed, mesh))
 
 
-def _global_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:
-  """A host batch (every process loads the same one) -> arrays split over the mesh's devices."""
-  n, count = jax.process_count(), len(batch["inputs"])
-  rows = slice(jax.process_index() * count // n, (jax.process_index() + 1) * count // n)
-  return sharding.global_batch({k: v[rows] for k, v in batch.items()}, mesh)
-
-
 def train_step(state: TrainState, batch: dict, *, model, tx, schedule,
                label_smoothing: float) -> tuple[TrainState, dict]:
   """One Adam update on one batch. Pure: everything it depends on is in its arguments."""
@@ -143,10 +135,6 @@ class StopRequest:
       signal.signal(s, handler)
 
 
-class NonFiniteLoss(RuntimeError):
-  pass
-
-
 def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   """Trains (or resumes) the run in `workdir`; returns the process exit code."""
   os.makedirs(workdir, exist_ok=True)
@@ -167,7 +155,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
     print(f"mesh: data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']} over {mesh.size} "
           f"{jax.default_backend()} devices in {jax.process_count()} process(es)", file=sys.stderr)
   # The held-out split, on the devices once for every evaluation.
-  eval_data = [_global_batch(b, mesh) for b in data.eval_batches(
+  eval_data = [data.to_devices(b, mesh) for b in data.eval_batches(
       eval_examples, t.batch_size, config.data.mask_rate, t.seed + 2)]
   model = MaskedLM(cfg)
   tx, schedule = make_optimizer(config.optim, cfg.d_model)
@@ -200,7 +188,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   context.enter_context(nn.logical_axis_rules(sharding.RULES))
   try:
     while step < t.num_steps:
-      batch = _global_batch(next(train_iter), mesh)
+      batch = data.to_devices(next(train_iter), mesh)
       state, metrics = p_train_step(state, batch)
       step += 1
       window_tokens += int(batch["inputs"].size)
@@ -216,9 +204,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
         # non-finite loss never reaches a checkpoint.
         fetched = jax.device_get(pending)
         pending = []
-        for s, m in fetched:
-          if not np.isfinite(m["loss"]):
-            raise NonFiniteLoss(f"non-finite training loss {m['loss']} at step {s}")
+        bad = next(((s, m["loss"]) for s, m in fetched if not np.isfinite(m["loss"])), None)
+        if bad is not None:
+          steps = checkpointer.steps()
+          kept = f"the newest checkpoint (step {steps[-1]})" if steps else "no checkpoint"
+          print(f"\nerror: non-finite training loss {bad[1]} at step {bad[0]}. Stopping; {kept} "
+                f"is left untouched. Lower config.optim.lr_scale or set config.optim.clip_norm.",
+                file=sys.stderr)
+          exit_code = 1
+          break
         now = time.perf_counter()
         tokens_per_s = window_tokens / (now - window_start)
         window_start, window_tokens = now, 0
@@ -235,12 +229,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
         print(f"\nstopped by signal {stop.signum} at step {step}; checkpoint saved",
               file=sys.stderr)
         break
-  except NonFiniteLoss as e:
-    steps = checkpointer.steps()
-    kept = f"the newest checkpoint (step {steps[-1]})" if steps else "no checkpoint"
-    print(f"\nerror: {e}. Stopping; {kept} is left untouched. Lower config.optim.lr_scale or "
-          f"set config.optim.clip_norm.", file=sys.stderr)
-    exit_code = 1
   finally:
     context.close()
     bar.close()
@@ -258,41 +246,3 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
           f"{os.path.join(workdir, 'plots')}")
   return exit_code
 
-
-def _open_checkpoints(workdir: str) -> Checkpointer:
-  directory = os.path.join(workdir, "checkpoints")
-  checkpointer = Checkpointer(directory, keep=1) if os.path.isdir(directory) else None
-  if checkpointer is None or not checkpointer.steps():
-    raise FileNotFoundError(f"no checkpoints under workdir {workdir!r}")
-  return checkpointer
-
-
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config of the run in `workdir`, as saved with its newest checkpoint."""
-  checkpointer = _open_checkpoints(workdir)
-  try:
-    meta = checkpointer.read_meta(checkpointer.steps()[-1])
-  finally:
-    checkpointer.close()
-  return ml_collections.ConfigDict(json.loads(meta["config"]))
-
-
-def load_encoder(workdir: str) -> tuple[EncoderConfig, dict]:
-  """(EncoderConfig, encoder variables) of the newest verified checkpoint in `workdir`.
-
-  Inference then takes `Encoder(cfg).apply(variables, tokens)`.
-  """
-  config = load_config(workdir)
-  cfg = encoder_config(config)
-  tx, _ = make_optimizer(config.optim, cfg.d_model)
-  # Replicated over this process's devices, whatever mesh wrote the checkpoint.
-  abstract = abstract_state(MaskedLM(cfg), tx, config.train.seq_len, sharding.make_mesh())
-  checkpointer = _open_checkpoints(workdir)
-  try:
-    # A reader leaves the workdir as it found it: nothing is moved aside.
-    restored = checkpointer.restore_newest(abstract, move_aside=False)
-  finally:
-    checkpointer.close()
-  if restored is None:
-    raise ValueError(f"no checkpoint under {checkpointer.directory!r} restores and verifies")
-  return cfg, {"params": restored[0].params["encoder"]}

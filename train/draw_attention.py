@@ -1,6 +1,6 @@
 """Draws every head's attention weights of every layer for one text, as a PNG grid.
 
-  python -m train.attention --workdir runs/demo --text "The quick brown fox"
+  python -m train.draw_attention --workdir runs/demo --text "The quick brown fox"
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def draw(weights: np.ndarray, labels: list[str], path: str, title: str) -> None:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m train.attention", description=__doc__,
+  parser = argparse.ArgumentParser(prog="python -m train.draw_attention", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--text", required=True)
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if not args.text:
     parser.error("--text must not be empty")
-  from train.loop import load_encoder
+  from train.load import load_encoder
   cfg, variables = load_encoder(args.workdir)
   weights, labels = attention_weights(cfg, variables, args.text)
   out = args.out or os.path.join(args.workdir, "plots", "attention.png")

@@ -1,7 +1,8 @@
 """PyTorch weights in and out.
 
 Two layouts of the PyTorch state dict:
-  "seed":     the seed port's names: embedding.weight, layers.{i}.self_attn.w_q … w_o,
+  "tutorial": the names of the PyTorch tutorial port (flax_encoder.pytorch.reference):
+              embedding.weight, layers.{i}.self_attn.w_q … w_o,
               layers.{i}.feed_forward.w_1 / w_2, layers.{i}.norm1 / norm2, norm,
               pos_encoder.pe (a buffer, checked against the sinusoid).
   "torch_nn": layers.{i} are torch.nn.TransformerEncoderLayer: self_attn.in_proj_weight /
@@ -23,12 +24,12 @@ from flax_encoder.config import EncoderConfig
 from flax_encoder.embedding import sinusoidal_positions
 from flax_encoder.encoder import stack_layers, unstack_layers
 
-LAYOUTS = ("seed", "torch_nn")
+LAYOUTS = ("tutorial", "torch_nn")
 
 # flax name within a layer -> (torch name within a layer) per layout, for the Dense layers that
 # map one to one.
 _DENSE = {
-    "seed": {("self_attn", "w_q"): "self_attn.w_q", ("self_attn", "w_k"): "self_attn.w_k",
+    "tutorial": {("self_attn", "w_q"): "self_attn.w_q", ("self_attn", "w_k"): "self_attn.w_k",
              ("self_attn", "w_v"): "self_attn.w_v", ("self_attn", "w_o"): "self_attn.w_o",
              ("feed_forward", "w_1"): "feed_forward.w_1",
              ("feed_forward", "w_2"): "feed_forward.w_2"},
@@ -38,7 +39,7 @@ _DENSE = {
 _NORMS = ("norm1", "norm2")
 _QKV = (("w_q", 0), ("w_k", 1), ("w_v", 2))  # order of the packed in_proj rows
 PE_KEY = "pos_encoder.pe"
-# The seed computes its table in float32 (off by up to ~max_len * 6e-8 from the exact sinusoid)
+# The tutorial port computes its table in float32 (off by up to ~max_len * 6e-8 from the exact sinusoid)
 # and a bfloat16 copy rounds by up to 2^-9; a table of another formula (other base, halves
 # instead of interleaved) is off by O(1).
 _PE_ATOL = 1e-2
@@ -49,7 +50,7 @@ def _check_layout(layout: str) -> None:
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 
-def expected_shapes(config: EncoderConfig, layout: str = "seed") -> dict[str, tuple[int, ...]]:
+def expected_shapes(config: EncoderConfig, layout: str = "tutorial") -> dict[str, tuple[int, ...]]:
   """Every key of a PyTorch state dict in `layout` for `config`, with its shape."""
   _check_layout(layout)
   d, f = config.d_model, config.d_ff
@@ -87,7 +88,7 @@ def _to_numpy(name: str, value: Any) -> np.ndarray:
 
 def _check_keys(state: Mapping[str, Any], config: EncoderConfig, layout: str) -> None:
   expected = expected_shapes(config, layout)
-  optional = {PE_KEY} if layout == "seed" else set()
+  optional = {PE_KEY} if layout == "tutorial" else set()
   missing = sorted(set(expected) - set(state))
   unexpected = sorted(set(state) - set(expected) - optional)
   wrong = sorted(f"{k}: got {tuple(np.shape(state[k]))}, expected {expected[k]}"
@@ -121,14 +122,14 @@ def _check_positions(pe: np.ndarray, config: EncoderConfig) -> None:
 
 
 def from_torch_state_dict(state_dict: Mapping[str, Any], config: EncoderConfig,
-                          layout: str = "seed") -> dict:
+                          layout: str = "tutorial") -> dict:
   """PyTorch state dict -> flax variables for `Encoder(config).apply(variables, tokens)`.
 
   Args:
     state_dict: names -> torch tensors or numpy arrays (e.g. from `load_torch_checkpoint`).
     config: the encoder's sizes; `param_dtype` is the dtype of the result, `scan_layers` its
       layer layout.
-    layout: "seed" or "torch_nn" (see the module docstring).
+    layout: "tutorial" or "torch_nn" (see the module docstring).
 
   Returns:
     {'params': ...} nested dicts of numpy arrays in config.param_dtype.
@@ -173,11 +174,11 @@ def _tree_to_numpy(tree):
   return np.asarray(tree)
 
 
-def to_torch_state_dict(variables: Mapping, config: EncoderConfig, layout: str = "seed") -> dict:
+def to_torch_state_dict(variables: Mapping, config: EncoderConfig, layout: str = "tutorial") -> dict:
   """Flax variables -> PyTorch state dict (torch tensors), the inverse of from_torch_state_dict.
 
-  The seed layout includes `pos_encoder.pe` ([1, max_len, d_model] float32), so that the seed
-  module loads it with `load_state_dict(strict=True)`.
+  The tutorial layout includes `pos_encoder.pe` ([1, max_len, d_model] float32), so that the
+  tutorial port loads it with `load_state_dict(strict=True)`.
   """
   import torch
 
@@ -193,7 +194,7 @@ def to_torch_state_dict(variables: Mapping, config: EncoderConfig, layout: str =
     return torch.from_numpy(np.array(x))  # a writable copy, owned by the tensor
 
   state = {"embedding.weight": tensor(params["embedding"]["embedding"])}
-  if layout == "seed":
+  if layout == "tutorial":
     table = sinusoidal_positions(config.max_len, config.d_model, np.float32)
     state[PE_KEY] = torch.from_numpy(table[None])
   for i in range(config.n_layers):

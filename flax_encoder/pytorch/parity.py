@@ -1,6 +1,6 @@
 """Parity report: runs the PyTorch port and this port on the same weights and tokens.
 
-  python -m flax_encoder.parity --checkpoint model.pt --layout seed --vocab-size 1000 \
+  python -m flax_encoder.pytorch.parity --checkpoint model.pt --layout tutorial --vocab-size 1000 \
       --d-model 512 --n-heads 8 --d-ff 2048 --n-layers 6
 
 prints max abs and relative error for the embedding, the embedded input, every sub-layer of
@@ -20,10 +20,11 @@ from typing import Sequence
 import numpy as np
 
 from flax_encoder.config import EncoderConfig
+from flax_encoder.pytorch.convert import LAYOUTS
 
 # flax path of a captured module output -> PyTorch module name, per layout; {i} = layer index.
 _LAYER_POINTS = {
-    "seed": [("self_attn", "self_attn"), ("norm1", "norm1"), ("feed_forward", "feed_forward"),
+    "tutorial": [("self_attn", "self_attn"), ("norm1", "norm1"), ("feed_forward", "feed_forward"),
              ("norm2", "norm2")],
     "torch_nn": [("self_attn", "self_attn"), ("norm1", "norm1"), ("feed_forward", "linear2"),
                  ("norm2", "norm2")],
@@ -47,19 +48,19 @@ def compare(state_dict, config: EncoderConfig, layout: str, tokens: np.ndarray) 
   import jax
   import torch
 
-  from flax_encoder import interop, torch_port
   from flax_encoder.encoder import Encoder
+  from flax_encoder.pytorch import convert, reference
 
   float64 = config.dtype == np.float64
   torch_dtype = torch.float64 if float64 else torch.float32
-  model = torch_port.Encoder(config, layout, table_dtype=torch_dtype)
+  model = reference.Encoder(config, layout, table_dtype=torch_dtype)
   state = {k: torch.as_tensor(np.asarray(v)) for k, v in state_dict.items()}
-  if layout == "seed" and interop.PE_KEY not in state:
-    state[interop.PE_KEY] = model.pos_encoder.pe
+  if layout == "tutorial" and convert.PE_KEY not in state:
+    state[convert.PE_KEY] = model.pos_encoder.pe
   model.load_state_dict(state, strict=True)
   model.to(torch_dtype).eval()
-  if layout == "seed":  # the table in the run's precision, as the flax port computes it
-    model.pos_encoder.pe = torch_port.PositionalEncoding(
+  if layout == "tutorial":  # the table in the run's precision, as the flax port computes it
+    model.pos_encoder.pe = reference.PositionalEncoding(
         config.d_model, 0.0, config.max_len, torch_dtype).pe
 
   captured: dict[str, np.ndarray] = {}
@@ -86,7 +87,7 @@ def compare(state_dict, config: EncoderConfig, layout: str, tokens: np.ndarray) 
     h.remove()
 
   flax_config = dataclasses.replace(config, scan_layers=False, remat="none")
-  variables = interop.from_torch_state_dict(state_dict, flax_config, layout)
+  variables = convert.from_torch_state_dict(state_dict, flax_config, layout)
   with jax.default_matmul_precision("highest"):
     output_flax, state = Encoder(flax_config).apply(
         variables, np.asarray(tokens), capture_intermediates=True, mutable=["intermediates"])
@@ -132,11 +133,11 @@ def random_tokens(config: EncoderConfig, batch: int, seq_len: int, seed: int) ->
 
 
 def _parse_args(argv):
-  p = argparse.ArgumentParser(prog="python -m flax_encoder.parity", description=__doc__,
+  p = argparse.ArgumentParser(prog="python -m flax_encoder.pytorch.parity", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--checkpoint", help=".pt/.pth/.bin or .safetensors state dict; "
                  "omitted: random weights")
-  p.add_argument("--layout", default="seed", choices=["seed", "torch_nn"])
+  p.add_argument("--layout", default="tutorial", choices=LAYOUTS)
   p.add_argument("--config", help="JSON file of EncoderConfig fields (flags below override it)")
   for flag, kind in (("vocab-size", int), ("d-model", int), ("n-heads", int), ("d-ff", int),
                      ("n-layers", int), ("max-len", int), ("pad-id", int),
@@ -187,15 +188,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   rtol = args.rtol if args.rtol is not None else (1e-12 if args.float64 else 1e-4)
 
   if args.checkpoint:
-    from flax_encoder.interop import load_torch_checkpoint
+    from flax_encoder.pytorch.convert import load_torch_checkpoint
     state_dict = load_torch_checkpoint(args.checkpoint)
     source = args.checkpoint
   else:
     import torch
 
-    from flax_encoder import torch_port
+    from flax_encoder.pytorch import reference
     torch.manual_seed(args.seed)
-    state_dict = torch_port.Encoder(config, args.layout).state_dict()
+    state_dict = reference.Encoder(config, args.layout).state_dict()
     source = f"random weights (seed {args.seed})"
   if args.tokens:
     tokens = np.asarray(json.loads(args.tokens), dtype=np.int64)

@@ -1,8 +1,10 @@
-"""The PyTorch reference port this package must match, written from the seed tutorials.
+"""The PyTorch tutorial port of the encoder: the reference the Flax modules must match.
 
-Used by the parity report and the tests; importing this module imports torch. Module names are
-the state-dict names of interop's "seed" layout; `layout="torch_nn"` builds the layers from
-torch.nn.TransformerEncoderLayer instead. Mask polarity as in the seed: True / 1 = attend.
+Post-LN layers with separate w_q/w_k/w_v/w_o projections and a w_1/w_2 feed-forward, masked
+scores filled with -1e9, LayerNorm eps 1e-5, embedding * sqrt(d_model), interleaved sinusoids
+and a final LayerNorm. Module names are the state-dict names of the "tutorial" layout;
+`layout="torch_nn"` builds the layers from torch.nn.TransformerEncoderLayer instead. Mask
+polarity: True / 1 = attend. Used by the parity report and the tests; importing it imports torch.
 """
 
 from __future__ import annotations
@@ -13,15 +15,16 @@ import torch
 from torch import nn
 
 from flax_encoder.config import EncoderConfig
+from flax_encoder.pytorch.convert import LAYOUTS
 
-SEED_MASK_FILL = -1e9
+MASK_FILL = -1e9
 
 
 def scaled_dot_product_attention(q, k, v, mask=None, dropout: nn.Module | None = None):
-  """Seed semantics: q, k, v [batch, heads, seq, head_dim]; masked scores filled with -1e9."""
+  """q, k, v [batch, heads, seq, head_dim]; masked scores filled with -1e9 (not -inf)."""
   scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(k.size(-1))
   if mask is not None:
-    scores = scores.masked_fill(mask == 0, SEED_MASK_FILL)
+    scores = scores.masked_fill(mask == 0, MASK_FILL)
   weights = torch.softmax(scores, dim=-1)
   dropped = dropout(weights) if dropout is not None else weights
   return torch.matmul(dropped, v), weights
@@ -98,23 +101,23 @@ class PositionalEncoding(nn.Module):
 class Encoder(nn.Module):
   """embedding * sqrt(d_model) + positions, dropout, N layers, final LayerNorm."""
 
-  def __init__(self, config: EncoderConfig, layout: str = "seed",
+  def __init__(self, config: EncoderConfig, layout: str = "tutorial",
                table_dtype: torch.dtype = torch.float32):
     super().__init__()
+    if layout not in LAYOUTS:
+      raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     c = self.config = config
     self.layout = layout
     self.embedding = nn.Embedding(c.vocab_size, c.d_model)
     self.pos_encoder = PositionalEncoding(c.d_model, c.dropout, c.max_len, table_dtype,
-                                          persistent=layout == "seed")
-    if layout == "seed":
+                                          persistent=layout == "tutorial")
+    if layout == "tutorial":
       layers = [EncoderLayer(c) for _ in range(c.n_layers)]
-    elif layout == "torch_nn":
+    else:
       layers = [nn.TransformerEncoderLayer(
           c.d_model, c.n_heads, c.d_ff, c.dropout, activation=c.activation,
           layer_norm_eps=c.layer_norm_eps, batch_first=True, norm_first=c.norm_position == "pre")
                 for _ in range(c.n_layers)]
-    else:
-      raise ValueError(f"layout must be 'seed' or 'torch_nn', got {layout!r}")
     self.layers = nn.ModuleList(layers)
     self.norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.final_norm else None
 
@@ -125,9 +128,9 @@ class Encoder(nn.Module):
     x = self.pos_encoder(self.embedding(src) * math.sqrt(self.config.d_model))
     if self.layout == "torch_nn":
       # nn.MultiheadAttention fills with -inf (NaN for an all-masked row) and uses the opposite
-      # polarity; an additive -1e9 float mask matches the seed on every row with a real key.
+      # polarity; an additive -1e9 float mask matches the fill on every row with a real key.
       batch, seq = src.shape
-      additive = torch.zeros(mask.shape, dtype=x.dtype).masked_fill(~mask.bool(), SEED_MASK_FILL)
+      additive = torch.zeros(mask.shape, dtype=x.dtype).masked_fill(~mask.bool(), MASK_FILL)
       heads = self.config.n_heads
       attn_mask = additive.expand(batch, heads, seq, seq).reshape(batch * heads, seq, seq)
       for layer in self.layers:

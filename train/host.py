@@ -1,23 +1,19 @@
 """Host-side settings for programs that run compiled steps in a loop (training, benchmarks).
 
-XLA:CPU allocates all of a step's temporaries as one block. For the paper-base training step
-at 8 x 128 that block is 564 MB. glibc's malloc serves any block over 32 MiB with a fresh
-mmap and unmaps it on free. The kernel then zero-fills every page of it on first touch, so the
-cost comes back at every step: 9% of that step's time on a 2-core Xeon (1.13 s -> 1.03 s,
-with half the system time).
-
-A process that also runs PyTorch suffers more. PyTorch's worker threads add malloc arenas, and
-JAX's training step ran 25% slower after a PyTorch step in the same process.
+XLA:CPU allocates all of a step's temporaries as one block, hundreds of MB at the paper's base
+size. glibc's malloc serves any block over 32 MiB with a fresh mmap and unmaps it on free, so
+the kernel zero-fills every page of it again at every step. A process that also runs PyTorch
+suffers more: PyTorch's worker threads add malloc arenas.
 
 `keep_freed_memory()` makes glibc keep freed memory in the process for the next step, as
 tcmalloc (the allocator Google's TPU hosts preload for JAX) does: no mmap for large blocks, no
-trimming, one arena. The process's resident memory therefore stays at its peak. This is
-process-wide, so the library never calls it: programs do, as `python -m train` and
-`benchmarks/` do.
+trimming, one arena. The process's resident memory therefore stays at its peak. The setting is
+process-wide, which is why the library never makes it: `python -m train` and `benchmarks/` do.
+BENCHMARKS.md measures what it saves.
 
-"No trimming" has to mean never: with a 2 GiB trim threshold (the largest positive value
-mallopt takes) the 10.5 GB of temporaries of the training step at 32 x 512 still went back to
-the kernel after every step, 2.8 million page faults and a third of that step's time.
+"No trimming" has to mean never: with the largest positive trim threshold mallopt takes (2 GiB),
+the temporaries of a training step at 32 x 512 (10.5 GB) still went back to the kernel after
+every step.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from flax_encoder import Encoder, EncoderConfig, stack_layers, torch_port
-from flax_encoder.interop import (
+from flax_encoder import Encoder, EncoderConfig, stack_layers
+from flax_encoder.pytorch import reference
+from flax_encoder.pytorch.convert import (
   from_torch_state_dict,
   load_torch_checkpoint,
   to_torch_state_dict,
@@ -23,19 +24,19 @@ def _flax_variables(config=CONFIG):
   return nn.unbox(Encoder(config).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32)))
 
 
-@pytest.mark.parametrize("layout", ["seed", "torch_nn"])
+@pytest.mark.parametrize("layout", ["tutorial", "torch_nn"])
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_round_trip_is_bitwise_and_loads_into_torch(layout, scan_layers):
   config = dataclasses.replace(CONFIG, scan_layers=scan_layers)
   variables = _flax_variables(config)
   state = to_torch_state_dict(variables, config, layout)
-  torch_port.Encoder(config, layout).load_state_dict(state, strict=True)
+  reference.Encoder(config, layout).load_state_dict(state, strict=True)
   back = from_torch_state_dict(state, config, layout)
   jax.tree.map(np.testing.assert_array_equal, back, jax.tree.map(np.asarray, variables))
 
 
 def test_parameters_come_out_in_param_dtype():
-  state = torch_port.Encoder(CONFIG).state_dict()
+  state = reference.Encoder(CONFIG).state_dict()
   bf16 = dataclasses.replace(CONFIG, param_dtype="bfloat16", dtype="bfloat16")
   leaves = jax.tree.leaves(from_torch_state_dict(state, bf16))
   assert {x.dtype for x in leaves} == {jnp.dtype(jnp.bfloat16)}
@@ -45,14 +46,14 @@ def test_parameters_come_out_in_param_dtype():
 
 
 def test_linear_weights_are_transposed():
-  state = torch_port.Encoder(CONFIG).state_dict()
+  state = reference.Encoder(CONFIG).state_dict()
   params = from_torch_state_dict(state, CONFIG)["params"]
   np.testing.assert_array_equal(params["layers_1"]["feed_forward"]["w_1"]["kernel"],
                                 state["layers.1.feed_forward.w_1.weight"].numpy().T)
 
 
 def test_bad_state_dicts_name_every_problem():
-  state = dict(torch_port.Encoder(CONFIG).state_dict())
+  state = dict(reference.Encoder(CONFIG).state_dict())
   del state["layers.0.norm1.bias"], state["norm.weight"]
   state["layers.2.norm1.weight"] = torch.zeros(8)
   state["layers.1.self_attn.w_q.weight"] = torch.zeros(8, 9)
@@ -66,17 +67,18 @@ def test_bad_state_dicts_name_every_problem():
 
 
 def test_layout_mismatch_and_unknown_layout():
-  state = torch_port.Encoder(CONFIG, "torch_nn").state_dict()
+  state = reference.Encoder(CONFIG, "torch_nn").state_dict()
   with pytest.raises(ValueError, match="in_proj_weight"):
-    from_torch_state_dict(state, CONFIG, layout="seed")
-  with pytest.raises(ValueError, match=r"layout must be one of \('seed', 'torch_nn'\), got 'hf'"):
+    from_torch_state_dict(state, CONFIG, layout="tutorial")
+  with pytest.raises(ValueError,
+                     match=r"layout must be one of \('tutorial', 'torch_nn'\), got 'hf'"):
     from_torch_state_dict(state, CONFIG, layout="hf")
   with pytest.raises(TypeError, match="state_dict must be a mapping"):
     from_torch_state_dict([1, 2], CONFIG)
 
 
 def test_positional_table_is_checked():
-  state = dict(torch_port.Encoder(CONFIG).state_dict())
+  state = dict(reference.Encoder(CONFIG).state_dict())
   pe = state["pos_encoder.pe"].clone()
   half = CONFIG.d_model // 2  # the sin-halves-then-cos-halves layout of some ports
   state["pos_encoder.pe"] = torch.cat([pe[..., 0::2], pe[..., 1::2]], dim=-1)
@@ -87,7 +89,7 @@ def test_positional_table_is_checked():
 
 @pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
 def test_load_checkpoint_files(tmp_path, suffix):
-  state = torch_port.Encoder(CONFIG).state_dict()
+  state = reference.Encoder(CONFIG).state_dict()
   path = tmp_path / f"model{suffix}"
   if suffix == ".pt":
     torch.save({"state_dict": state, "epoch": 3}, path)
@@ -127,7 +129,7 @@ def test_malicious_pickle_is_refused_never_run(tmp_path):
 def test_missing_truncated_and_unknown_files(tmp_path):
   with pytest.raises(FileNotFoundError, match="nope.pt"):
     load_torch_checkpoint(tmp_path / "nope.pt")
-  state = torch_port.Encoder(CONFIG).state_dict()
+  state = reference.Encoder(CONFIG).state_dict()
   for suffix in (".pt", ".safetensors"):
     path = tmp_path / f"model{suffix}"
     if suffix == ".pt":
@@ -149,7 +151,7 @@ def test_missing_truncated_and_unknown_files(tmp_path):
 
 
 def test_converted_weights_run_in_flax():
-  model = torch_port.Encoder(CONFIG).eval()
+  model = reference.Encoder(CONFIG).eval()
   tokens = np.array([[1, 2, 3, 0]])
   expected = model(torch.tensor(tokens)).detach().numpy()
   variables = from_torch_state_dict(model.state_dict(), CONFIG)

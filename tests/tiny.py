@@ -1,0 +1,49 @@
+"""The tiny training setup the tests share: a config that trains in seconds on 2 CPU cores
+(also a config file for `python -m train --config=tests/tiny.py`), and its model, optimizer,
+batches and jitted step."""
+
+import functools
+
+import jax
+
+from configs import default
+
+
+def get_config():
+  config = default.get_config()
+  config.model.update(d_model=16, n_heads=2, d_ff=32, n_layers=1, max_len=32, dropout=0.1)
+  config.optim.warmup_steps = 10
+  config.optim.lr_scale = 2.0
+  config.train.update(num_steps=30, batch_size=8, seq_len=32, log_every=1, eval_every=15,
+                      checkpoint_every=8, keep_checkpoints=5)
+  return config
+
+
+def setup(config=None):
+  """(config, model, tx, schedule) of the tiny config."""
+  from train.loop import encoder_config
+  from train.optim import make_optimizer
+  from train.task import MaskedLM
+
+  config = config or get_config()
+  cfg = encoder_config(config)
+  tx, schedule = make_optimizer(config.optim, cfg.d_model)
+  return config, MaskedLM(cfg), tx, schedule
+
+
+def state(model, tx, config, seed=0, mesh=None):
+  from train.loop import init_state
+  return init_state(model, tx, seed, config.train.batch_size, config.train.seq_len, mesh)
+
+
+def batches(config, seed=0):
+  """The training pipeline over the built-in corpus, at its start."""
+  from train import data
+  examples = data.chunk(data.load_documents([]), config.train.seq_len)
+  return data.train_batches(examples, config.train.batch_size, config.data.mask_rate, seed)
+
+
+def jitted_step(model, tx, schedule, config):
+  from train.loop import train_step
+  return jax.jit(functools.partial(train_step, model=model, tx=tx, schedule=schedule,
+                                   label_smoothing=config.optim.label_smoothing))

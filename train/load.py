@@ -1,0 +1,57 @@
+"""A finished or running training run's encoder and config, read back from its workdir.
+
+    cfg, variables = load_encoder("runs/demo")
+    hidden = Encoder(cfg).apply(variables, tokens)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import ml_collections
+
+from flax_encoder import EncoderConfig, sharding
+from train.checkpoint import Checkpointer
+from train.loop import abstract_state, encoder_config
+from train.optim import make_optimizer
+from train.task import MaskedLM
+
+
+def _open_checkpoints(workdir: str) -> Checkpointer:
+  directory = os.path.join(workdir, "checkpoints")
+  checkpointer = Checkpointer(directory, keep=1) if os.path.isdir(directory) else None
+  if checkpointer is None or not checkpointer.steps():
+    raise FileNotFoundError(f"no checkpoints under workdir {workdir!r}")
+  return checkpointer
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config of the run in `workdir`, as saved with its newest checkpoint."""
+  checkpointer = _open_checkpoints(workdir)
+  try:
+    meta = checkpointer.read_meta(checkpointer.steps()[-1])
+  finally:
+    checkpointer.close()
+  return ml_collections.ConfigDict(json.loads(meta["config"]))
+
+
+def load_encoder(workdir: str) -> tuple[EncoderConfig, dict]:
+  """(EncoderConfig, encoder variables) of the newest verified checkpoint in `workdir`.
+
+  Inference then takes `Encoder(cfg).apply(variables, tokens)`.
+  """
+  config = load_config(workdir)
+  cfg = encoder_config(config)
+  tx, _ = make_optimizer(config.optim, cfg.d_model)
+  # Replicated over this process's devices, whatever mesh wrote the checkpoint.
+  abstract = abstract_state(MaskedLM(cfg), tx, config.train.seq_len, sharding.make_mesh())
+  checkpointer = _open_checkpoints(workdir)
+  try:
+    # A reader leaves the workdir as it found it: nothing is moved aside.
+    restored = checkpointer.restore_newest(abstract, move_aside=False)
+  finally:
+    checkpointer.close()
+  if restored is None:
+    raise ValueError(f"no checkpoint under {checkpointer.directory!r} restores and verifies")
+  return cfg, {"params": restored[0].params["encoder"]}
