@@ -7,11 +7,13 @@ Sections (each a list of records in the output JSON):
   peak     the matmul peak of this device: the best FLOP/s of large square matmuls in JAX and
            in PyTorch, in the benchmark's dtype, measured in this run.
   forward  inference forward of the encoder (no output head), `--sizes` batch x seq.
-  train    a full training step: encoder + output head, cross-entropy, backward, Adam update.
+  train    the training step of `python -m train` (`train.loop.train_step`): encoder + output
+           layer, label-smoothed cross-entropy on the masked positions, backward, Adam with the
+           paper's schedule (benchmarks/workload.py).
   compile  jit compile time of the training step at 6, 12 and 24 layers, unrolled vs scanned.
 
-Implementations: "jax" (jax.jit, state donated), "torch" (eager) and "torch.compile" (the
-same module through torch.compile; skipped with a note where it fails). Repetitions are
+Implementations: "jax" (jax.jit, state donated), "torch" (the PyTorch tutorial port, eager)
+and "torch.compile" (the same module through torch.compile; skipped with a note where it fails). Repetitions are
 interleaved (jax, torch, torch.compile, jax, ...) after warm-up, each after an untimed 0.5 s
 pause, and medians are reported.
 MFU uses the standard count per token: 2 * N_matmul + 4 * L * d_model * seq for a forward
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 import platform
@@ -30,42 +31,14 @@ import statistics
 import sys
 import time
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from flax_encoder import Encoder, EncoderConfig
-from flax_encoder.host import keep_freed_memory
-from flax_encoder.interop import to_torch_state_dict
-from flax_encoder.sharding import dense
-
-VOCAB_SIZE = 8192
-
-
-class WithHead(nn.Module):
-  """Encoder + a dense layer to vocabulary logits (what a masked-LM training step runs)."""
-
-  config: EncoderConfig
-
-  @nn.compact
-  def __call__(self, tokens, deterministic=True):
-    hidden = Encoder(self.config, name="encoder")(tokens, deterministic=deterministic)
-    return dense(self.config, self.config.vocab_size, ("embed", "vocab"), "head")(hidden)
-
-
-def paper_base(**overrides) -> EncoderConfig:
-  return EncoderConfig.base(VOCAB_SIZE, max_len=512, **overrides)
-
-
-def flops_per_token(cfg: EncoderConfig, seq: int, train: bool) -> float:
-  n_matmul = cfg.n_layers * (4 * cfg.d_model**2 + 2 * cfg.d_model * cfg.d_ff)
-  attention = cfg.n_layers * cfg.d_model * seq
-  if train:
-    return 6 * (n_matmul + cfg.d_model * cfg.vocab_size) + 12 * attention
-  return 2 * n_matmul + 4 * attention
-
+from benchmarks.workload import flops_per_token, jax_side, paper_base, torch_side
+from flax_encoder import EncoderConfig
+from train.host import keep_freed_memory
 
 # ---------------------------------------------------------------------------------------------
 # Timing
@@ -98,92 +71,6 @@ def interleaved(runners: dict, reps: int, warmup: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# The two sides
-
-
-def jax_side(cfg: EncoderConfig, batch: int, seq: int, seed: int = 0):
-  """(forward runner, train runner, params) for JAX."""
-  tokens = jnp.asarray(np.random.default_rng(seed).integers(1, cfg.vocab_size, (batch, seq)),
-                       jnp.int32)
-  targets = jnp.roll(tokens, 1, axis=1)
-  model = WithHead(cfg)
-  params = nn.unbox(model.init(jax.random.key(seed), tokens[:1]))["params"]
-  encoder = Encoder(cfg)
-  forward = jax.jit(lambda p, t: encoder.apply({"params": p}, t))
-  tx = optax.adam(1e-4, b1=0.9, b2=0.98, eps=1e-9)
-
-  def train_step(state, tokens, targets, rng):
-    params, opt_state = state
-
-    def loss_fn(p):
-      logits = model.apply({"params": p}, tokens, deterministic=False, rngs={"dropout": rng})
-      return optax.softmax_cross_entropy_with_integer_labels(
-          logits.astype(jnp.float32), targets).mean()
-
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state), loss
-
-  step = jax.jit(train_step, donate_argnums=0)
-  state = [(jax.tree.map(jnp.copy, params), tx.init(params))]
-  rng = jax.random.key(seed + 1)
-
-  def run_forward():
-    forward(params["encoder"], tokens).block_until_ready()
-
-  def run_train():
-    state[0], loss = step(state[0], tokens, targets, rng)
-    loss.block_until_ready()
-
-  return run_forward, run_train, params, (tokens, targets)
-
-
-def torch_side(cfg: EncoderConfig, params, tokens, targets, compile_: bool):
-  """(forward runner, train runner) for the PyTorch port with the same weights."""
-  import torch
-
-  from flax_encoder import torch_port
-
-  dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype.name]
-  encoder = torch_port.Encoder(cfg)
-  encoder.load_state_dict(to_torch_state_dict({"params": params["encoder"]}, cfg))
-  head = torch.nn.Linear(cfg.d_model, cfg.vocab_size)
-  head.weight.data = torch.from_numpy(np.asarray(params["head"]["kernel"]).T.copy())
-  head.bias.data = torch.from_numpy(np.asarray(params["head"]["bias"]).copy())
-  device = "cuda" if torch.cuda.is_available() and jax.default_backend() == "gpu" else "cpu"
-  encoder, head = encoder.to(device), head.to(device)
-  src = torch.from_numpy(np.asarray(tokens)).long().to(device)
-  tgt = torch.from_numpy(np.asarray(targets)).long().to(device)
-  model = torch.nn.Sequential(encoder, head)
-  eval_encoder = encoder
-  if compile_:
-    model = torch.compile(model)
-    eval_encoder = torch.compile(encoder)
-  optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-  sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-  autocast = functools.partial(torch.autocast, device_type=device, dtype=dtype,
-                               enabled=dtype != torch.float32)
-
-  def run_forward():
-    encoder.eval()
-    with torch.inference_mode(), autocast():
-      eval_encoder(src)
-    sync()
-
-  def run_train():
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    with autocast():
-      logits = model(src)
-    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tgt.flatten())
-    loss.backward()
-    optimizer.step()
-    sync()
-
-  return run_forward, run_train
-
-
-# ---------------------------------------------------------------------------------------------
 # Sections
 
 
@@ -207,14 +94,14 @@ def matmul_peak(dtype: str, sizes=(1024, 2048, 4096), reps: int = 5) -> list[dic
 
 def speed(cfg: EncoderConfig, batch: int, seq: int, reps: int, warmup: int,
           with_compile: bool) -> list[dict]:
-  jax_fwd, jax_train, params, (tokens, targets) = jax_side(cfg, batch, seq)
+  jax_fwd, jax_train, params, host_batch = jax_side(cfg, batch, seq)
   forward = {"jax": jax_fwd}
   train = {"jax": jax_train}
   notes = {}
-  forward["torch"], train["torch"] = torch_side(cfg, params, tokens, targets, compile_=False)
+  forward["torch"], train["torch"] = torch_side(cfg, params, host_batch, compile_=False)
   if with_compile:
     try:
-      fwd, trn = torch_side(cfg, params, tokens, targets, compile_=True)
+      fwd, trn = torch_side(cfg, params, host_batch, compile_=True)
       fwd(), trn()  # compile here, so a failure is caught and noted
       forward["torch.compile"], train["torch.compile"] = fwd, trn
     except Exception as e:  # noqa: BLE001 - torch.compile's failures are many and varied
@@ -274,7 +161,7 @@ def main(argv=None) -> int:
                       "torch.compile")
   parser.add_argument("--malloc", default="keep", choices=("keep", "default"),
                       help="keep: glibc malloc keeps freed memory for reuse "
-                      "(flax_encoder.host.keep_freed_memory), as python -m train runs; "
+                      "(train.host.keep_freed_memory), as python -m train runs; "
                       "default: glibc's defaults")
   parser.add_argument("--out", default=None, help="results JSON (default: print only)")
   args = parser.parse_args(argv)

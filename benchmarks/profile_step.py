@@ -1,19 +1,20 @@
-r"""Where a JAX training step's time goes: XLA's own per-op trace, grouped by kind of op.
+r"""Where the training step's time goes: XLA's own per-op trace, grouped by kind of op.
 
   XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true python -m benchmarks.profile_step --size 8x256
 
-Profiles forward + backward (no optimizer; dropout only with --dropout) of the paper-base model
-with its output head, one traced call after a warm-up, and prints milliseconds per op kind
-("ynn_fusion" and "dot" are matmuls on XLA:CPU; "copy"/"transpose" fusions are layout changes)
-against the time the matmul FLOPs would take at the measured matmul peak, then the slowest
-single ops. XLA:CPU runs independent ops concurrently, so op times add up to more than the
-wall time.
+Profiles one call of the training step that `python -m train` runs (benchmarks/workload.py:
+forward, backward and the Adam update of the paper-base model with its output layer) after a
+warm-up, and prints milliseconds per op kind ("ynn_fusion" and "dot" are matmuls on XLA:CPU;
+"copy"/"transpose" fusions are layout changes) against the time the matmul FLOPs would take at
+the measured matmul peak, then the slowest single ops. XLA:CPU runs independent ops
+concurrently, so op times add up to more than the wall time.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import glob
 import gzip
 import json
@@ -21,14 +22,14 @@ import re
 import sys
 import tempfile
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
 
-from benchmarks.bench import WithHead, flops_per_token, matmul_peak, paper_base
-from flax_encoder.host import keep_freed_memory
+from benchmarks.bench import matmul_peak
+from benchmarks.workload import flops_per_token, masked_batch, optim_config, paper_base
+from train.host import keep_freed_memory
+from train.loop import init_state, train_step
+from train.optim import make_optimizer
+from train.task import MaskedLM
 
 
 def main(argv=None) -> int:
@@ -36,7 +37,7 @@ def main(argv=None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--size", default="8x256", help="batch x seq")
   parser.add_argument("--attention", default="reference", choices=("reference", "xla"))
-  parser.add_argument("--dropout", type=float, default=0.0)
+  parser.add_argument("--dropout", type=float, default=0.1)
   parser.add_argument("--top", type=int, default=8, help="slowest single ops to list")
   parser.add_argument("--hlo", default=None, help="also write the compiled HLO text here")
   args = parser.parse_args(argv)
@@ -45,24 +46,20 @@ def main(argv=None) -> int:
   batch, seq = (int(x) for x in args.size.split("x"))
 
   cfg = paper_base(attention_impl=args.attention, dropout=args.dropout)
-  model = WithHead(cfg)
-  tokens = jnp.asarray(np.random.default_rng(0).integers(1, cfg.vocab_size, (batch, seq)),
-                       jnp.int32)
-  params = nn.unbox(model.init(jax.random.key(0), tokens[:1]))["params"]
-
-  def loss_fn(p):
-    logits = model.apply({"params": p}, tokens, deterministic=args.dropout == 0,
-                         rngs={"dropout": jax.random.key(1)})
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
-
-  grad = jax.jit(jax.grad(loss_fn)).lower(params).compile()
-  jax.block_until_ready(grad(params))
+  model, optim = MaskedLM(cfg), optim_config()
+  tx, schedule = make_optimizer(optim, cfg.d_model)
+  state = init_state(model, tx, 0, 1, seq)
+  device_batch = jax.device_put(masked_batch(cfg, batch, seq))
+  step = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
+                           label_smoothing=optim.label_smoothing)
+  compiled = jax.jit(step).lower(state, device_batch).compile()
+  jax.block_until_ready(compiled(state, device_batch))
   if args.hlo:
     with open(args.hlo, "w") as f:
-      f.write(grad.as_text())
+      f.write(compiled.as_text())
   with tempfile.TemporaryDirectory() as directory:
     jax.profiler.start_trace(directory, create_perfetto_trace=True)
-    jax.block_until_ready(grad(params))
+    jax.block_until_ready(compiled(state, device_batch))
     jax.profiler.stop_trace()
     path = sorted(glob.glob(f"{directory}/**/*.trace.json.gz", recursive=True))[-1]
     with gzip.open(path) as f:
@@ -80,11 +77,11 @@ def main(argv=None) -> int:
     return 1
   peak = max(r["flops_per_s"] for r in matmul_peak("float32"))
   ideal = flops_per_token(cfg, seq, train=True) * batch * seq / peak * 1e3
-  print(f"forward+backward {batch}x{seq}: {total:.0f} ms in XLA ops; the FLOPs at the "
+  print(f"training step {batch}x{seq}: {total:.0f} ms in XLA ops; the FLOPs at the "
         f"measured matmul peak ({peak / 1e9:.0f} GFLOP/s) would take {ideal:.0f} ms")
   for kind, ms in by_kind.most_common(12):
     print(f"{ms:9.1f} ms  {ms / total:5.1%}  {kind}")
-  shapes = _op_shapes(grad.as_text())
+  shapes = _op_shapes(compiled.as_text())
   print("slowest single ops:")
   for op, ms in by_op.most_common(args.top):
     print(f"{ms:9.1f} ms  {op:28s} {shapes.get(op, '')}")

@@ -1,18 +1,15 @@
-r"""The speed levers tried on the CPU, each measured in isolation (BENCHMARKS.md, "Reading it").
+r"""Speed experiments on the CPU, each measured in isolation; BENCHMARKS.md quotes them where a
+design choice rests on one. Not part of the reported benchmark (benchmarks/bench.py).
 
-  python -m benchmarks.levers matmuls     # x@w, dy@w.T, x.T@dy: JAX against PyTorch, GFLOP/s
-  python -m benchmarks.levers qkv         # three 512x512 projections against one fused 512x1536
-  python -m benchmarks.levers step        # forward+backward at 8x128, no dropout, ms
-  python -m benchmarks.levers attention   # one attention at 8x512, forward+backward: JAX, PyTorch
-  python -m benchmarks.levers dropout     # bench.py's training step at 8x512: dropout's cost
-  python -m benchmarks.levers busy        # bench.py's steps at 8x512: wall ms, cores busy
-  for f in "" --xla_cpu_use_onednn=true --xla_cpu_experimental_ynn_fusion_type=; do
-    XLA_FLAGS=$f python -m benchmarks.levers step; done                    # matmul back ends
+  python -m benchmarks.experiments.levers matmuls    # x@w, dy@w.T, x.T@dy: JAX vs PyTorch
+  python -m benchmarks.experiments.levers qkv        # three 512x512 projections vs one 512x1536
+  python -m benchmarks.experiments.levers attention  # one attention at 8x512, fwd+bwd, vs PyTorch
+  python -m benchmarks.experiments.levers dropout    # the training step with each dropout
+  python -m benchmarks.experiments.levers busy       # the training step at 8x512: cores busy
 """
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import sys
 import time
@@ -21,10 +18,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from benchmarks.bench import WithHead, jax_side, paper_base
-from flax_encoder.host import keep_freed_memory
+from benchmarks.workload import jax_side, paper_base, torch_side
+from flax_encoder import Dropout
+from train.host import keep_freed_memory
 
 
 def median_seconds(fn, reps: int = 7) -> float:
@@ -65,23 +62,12 @@ def qkv() -> None:
     print(f"{name:22s} forward+backward {ms:.1f} ms")
 
 
-def step() -> None:
-  cfg = paper_base(dropout=0.0)  # attention_impl "reference", the default
-  model = WithHead(cfg)
-  tokens = jnp.asarray(np.random.default_rng(0).integers(1, cfg.vocab_size, (8, 128)), jnp.int32)
-  params = nn.unbox(model.init(jax.random.key(0), tokens[:1]))["params"]
-  loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(
-      model.apply({"params": p}, tokens), tokens).mean()
-  grad = jax.jit(jax.grad(loss))
-  ms = median_seconds(lambda: jax.block_until_ready(grad(params)), reps=5) * 1e3
-  print(f"forward+backward 8x128: {ms:.0f} ms")
-
-
 def attention() -> None:
   """One paper-base attention at 8x512 (padding mask, no dropout), forward + backward."""
   import torch
 
-  from flax_encoder import scaled_dot_product_attention, torch_port
+  from flax_encoder import scaled_dot_product_attention
+  from flax_encoder.pytorch import reference
   batch, seq, heads, head_dim = 8, 512, 8, 64
   rng = np.random.default_rng(0)
   q, k, v, d_out = (rng.standard_normal((batch, seq, heads, head_dim), np.float32)
@@ -104,40 +90,45 @@ def attention() -> None:
   tmask = torch.from_numpy(mask)
 
   def torch_fwd_bwd():
-    torch_port.scaled_dot_product_attention(tq, tk, tv, tmask)[0].backward(td)
+    reference.scaled_dot_product_attention(tq, tk, tv, tmask)[0].backward(td)
 
   t = median_seconds(torch_fwd_bwd)
   print(f"attention forward+backward 8x512: jax {j * 1e3:.0f} ms, torch {t * 1e3:.0f} ms")
 
 
 def dropout() -> None:
-  """bench.py's training step at 8x512 with this port's dropout, flax.linen.Dropout, none."""
-  from unittest import mock
+  """The training step at 8x512 with this package's Dropout, with flax.linen.Dropout's
+  computation in its place (one bernoulli draw per element, autodiff through the select),
+  and with no dropout."""
 
-  from flax_encoder import encoder, feed_forward, layer
-  flax_dropout = [mock.patch.object(m, "Dropout", nn.Dropout)
-                  for m in (encoder, feed_forward, layer)]
-  cases = (("flax_encoder.Dropout", 0.1, [], "threefry2x32"),
-           ("flax.linen.Dropout", 0.1, flax_dropout, "threefry2x32"),
-           ("flax_encoder.Dropout", 0.1, [], "rbg"),
-           ("no dropout", 0.0, [], "threefry2x32"))
-  for name, rate, patches, prng in cases:
-    with contextlib.ExitStack() as stack, jax.default_prng_impl(prng):
-      for patch in patches:
-        stack.enter_context(patch)
-      _, train, _, _ = jax_side(paper_base(dropout=rate), 8, 512)
+  def linen_dropout(next_fun, args, kwargs, context):
+    if not isinstance(context.module, Dropout) or context.method_name != "__call__":
+      return next_fun(*args, **kwargs)
+    x, rate = args[0], context.module.rate
+    if kwargs.get("deterministic", args[1] if len(args) > 1 else True) or rate == 0.0:
+      return x
+    keep = jax.random.bernoulli(context.module.make_rng("dropout"), 1.0 - rate, x.shape)
+    return jax.lax.select(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+  cases = (("flax_encoder.Dropout", 0.1, None), ("flax.linen.Dropout's", 0.1, linen_dropout),
+           ("no dropout", 0.0, None))
+  for name, rate, interceptor in cases:
+    _, train, _, _ = jax_side(paper_base(dropout=rate), 8, 512)
+    if interceptor is None:
       ms = median_seconds(train, reps=5) * 1e3
-    print(f"training step 8x512, {name:20s} rate {rate}, {prng:12s} PRNG: {ms:.0f} ms")
+    else:
+      with nn.intercept_methods(interceptor):  # active while the step is traced
+        ms = median_seconds(train, reps=5) * 1e3
+    print(f"training step 8x512, {name:22s} rate {rate}: {ms:.0f} ms")
 
 
 def busy() -> None:
-  """bench.py's steps at 8x512 on both sides: wall time and how many cores were busy."""
+  """The training step and forward at 8x512 on both sides: wall time and cores busy."""
   import resource
 
-  from benchmarks.bench import torch_side
   cfg = paper_base(dropout=0.1)
-  jax_forward, jax_train, params, (tokens, targets) = jax_side(cfg, 8, 512)
-  torch_forward, torch_train = torch_side(cfg, params, tokens, targets, compile_=False)
+  jax_forward, jax_train, params, host_batch = jax_side(cfg, 8, 512)
+  torch_forward, torch_train = torch_side(cfg, params, host_batch, compile_=False)
   runners = {"jax forward": jax_forward, "torch forward": torch_forward,
              "jax train": jax_train, "torch train": torch_train}
   for name, fn in runners.items():
@@ -153,7 +144,7 @@ def busy() -> None:
 
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
-  levers = {"matmuls": matmuls, "qkv": qkv, "step": step, "attention": attention,
+  levers = {"matmuls": matmuls, "qkv": qkv, "attention": attention,
             "dropout": dropout, "busy": busy}
   if len(argv) != 1 or argv[0] not in levers:
     print(__doc__, file=sys.stderr)
