@@ -162,3 +162,130 @@ def test_converted_weights_run_in_flax():
   np.testing.assert_array_equal(
       stack_layers(variables["params"], 2)["layers"]["norm1"]["scale"],
       from_torch_state_dict(model.state_dict(), scanned)["params"]["layers"]["norm1"]["scale"])
+
+
+# Checkpoints as users have them: the encoder nested in a model, wrapped, compiled, in a
+# torch.nn.TransformerEncoder container, inside a training checkpoint.
+
+from flax_encoder.pytorch import config_from_torch_state_dict  # noqa: E402
+from tests.torch_models import Classifier, TorchNNModel  # noqa: E402
+
+TOKENS = np.array([[1, 2, 3, 4, 5], [6, 7, 8, 0, 0]])
+
+
+def _encoder_state(model):
+  """The encoder's own state dict, in the plain names of its layout."""
+  if isinstance(model, Classifier):
+    return model.encoder.state_dict()
+  state = {"embedding.weight": model.embedding.weight, "pos_encoder.pe": model.pos_encoder.pe}
+  state.update(model.encoder.state_dict())  # layers.{i}…, norm…
+  return state
+
+
+def _hidden(model, tokens):
+  model.eval()
+  t = torch.tensor(tokens)
+  out = model.encoder(t) if isinstance(model, Classifier) else model.hidden(t)
+  return out.detach().numpy()
+
+
+@pytest.mark.parametrize("case", ["nested", "ddp", "compiled", "container", "container+ddp"])
+def test_auto_prefix_finds_the_encoder_in_real_checkpoints(case, caplog):
+  torch.manual_seed(0)
+  model = TorchNNModel() if case.startswith("container") else Classifier()
+  state = model.state_dict()
+  if case.endswith("ddp"):
+    state = {f"module.{k}": v for k, v in state.items()}  # DistributedDataParallel(model)
+  if case == "compiled":
+    state = torch.compile(model).state_dict()
+    assert all(k.startswith("_orig_mod.") for k in state)
+  with caplog.at_level("INFO", logger="flax_encoder"):
+    config = config_from_torch_state_dict(state, n_heads=2, prefix="auto")
+    variables = from_torch_state_dict(state, config, prefix="auto")
+  assert config == CONFIG  # every size read off the shapes, max_len off pos_encoder.pe
+  layout = "torch_nn" if case.startswith("container") else "tutorial"
+  expected = from_torch_state_dict(_encoder_state(model), CONFIG, layout=layout)
+  jax.tree.map(np.testing.assert_array_equal, variables, expected)
+  log = caplog.text
+  assert f"layout '{layout}'" in log
+  assert "ignored 2 keys outside the encoder" in log and "head.weight" in log
+  with jax.default_matmul_precision("highest"):
+    np.testing.assert_allclose(Encoder(config).apply(variables, TOKENS), _hidden(model, TOKENS),
+                               atol=1e-5)
+
+
+def test_explicit_prefix_and_what_auto_cannot_decide():
+  torch.manual_seed(0)
+  state = Classifier().state_dict()
+  variables = from_torch_state_dict(state, CONFIG, prefix="encoder.")
+  expected = from_torch_state_dict(state, CONFIG, prefix="auto")
+  jax.tree.map(np.testing.assert_array_equal, variables, expected)
+  with pytest.raises(ValueError, match="expected the layers at head.layers"):
+    from_torch_state_dict(state, CONFIG, prefix="head.")
+  two = {**{f"a.{k}": v for k, v in state.items()}, **{f"b.{k}": v for k, v in state.items()}}
+  with pytest.raises(ValueError, match=r"holds 2 encoders: prefix 'a.encoder.'.*'b.encoder.'"):
+    from_torch_state_dict(two, CONFIG, prefix="auto")
+  with pytest.raises(ValueError, match="found no encoder"):
+    from_torch_state_dict({"head.weight": torch.zeros(2, 2)}, CONFIG, prefix="auto")
+  # Inside the encoder nothing is skipped: a layer the config does not have is an error.
+  state = dict(state)
+  state["encoder.layers.2.norm1.weight"] = torch.zeros(8)
+  with pytest.raises(ValueError, match=r"unexpected keys \(1\): layers.2.norm1.weight"):
+    from_torch_state_dict(state, CONFIG, prefix="auto")
+
+
+def test_sizes_come_from_the_shapes():
+  config = dataclasses.replace(CONFIG, final_norm=False, d_ff=20, n_layers=3, max_len=7)
+  state = reference.Encoder(config, "torch_nn").state_dict()  # no pe: torch_nn keeps none
+  inferred = config_from_torch_state_dict(state, n_heads=2)
+  assert inferred == dataclasses.replace(config, max_len=EncoderConfig.max_len)
+  assert config_from_torch_state_dict(state, n_heads=4, norm_position="pre").norm_position == "pre"
+  del state["layers.1.norm1.weight"], state["layers.1.norm1.bias"]
+  state = {k.replace("layers.2.", "layers.5."): v for k, v in state.items()}
+  with pytest.raises(ValueError, match=r"numbered 0, 1, …, got \[0, 1, 5\]"):
+    config_from_torch_state_dict(state, n_heads=2)
+
+
+def test_positional_table_is_accepted_and_checked_in_both_layouts():
+  torch.manual_seed(0)
+  state = _encoder_state(TorchNNModel())
+  assert "pos_encoder.pe" in state
+  from_torch_state_dict(state, CONFIG, layout="torch_nn")
+  state["pos_encoder.pe"] = state["pos_encoder.pe"].flip(-1)
+  with pytest.raises(ValueError, match="pos_encoder.pe.*interleaved"):
+    from_torch_state_dict(state, CONFIG, layout="torch_nn")
+
+
+@pytest.mark.parametrize("key", ["model", "state_dict", "model_state_dict"])
+def test_training_checkpoint_dicts_are_unwrapped(tmp_path, key):
+  torch.manual_seed(0)
+  model = Classifier()
+  optimizer = torch.optim.Adam(model.parameters())
+  model(torch.tensor(TOKENS)).sum().backward()
+  optimizer.step()
+  path = tmp_path / "checkpoint.pt"
+  torch.save({key: model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 3}, path)
+  state = load_torch_checkpoint(path)  # still weights_only=True
+  assert set(state) == set(model.state_dict())
+  config = config_from_torch_state_dict(state, n_heads=2, prefix="auto")
+  variables = from_torch_state_dict(state, config, prefix="auto")
+  with jax.default_matmul_precision("highest"):
+    np.testing.assert_allclose(Encoder(config).apply(variables, TOKENS), _hidden(model, TOKENS),
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_position, activation, final_norm",
+                         [("post", "relu", True), ("pre", "gelu", False)])
+def test_torch_nn_layout_loads_strictly_into_a_transformer_encoder(norm_position, activation,
+                                                                   final_norm):
+  config = dataclasses.replace(CONFIG, norm_position=norm_position, activation=activation,
+                               final_norm=final_norm, dropout=0.0)
+  variables = _flax_variables(config)
+  state = to_torch_state_dict(variables, config, layout="torch_nn")
+  model = TorchNNModel(config, norm_first=norm_position == "pre")
+  model.encoder.load_state_dict({k: v for k, v in state.items() if k != "embedding.weight"},
+                                strict=True)
+  model.embedding.load_state_dict({"weight": state["embedding.weight"]}, strict=True)
+  with jax.default_matmul_precision("highest"):
+    np.testing.assert_allclose(_hidden(model, TOKENS), Encoder(config).apply(variables, TOKENS),
+                               atol=1e-5)

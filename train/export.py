@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from flax_encoder.pytorch.convert import LAYOUTS, to_torch_state_dict
+from flax_encoder.pytorch import LAYOUTS, to_torch_state_dict
 
 
 def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None = None) -> str:

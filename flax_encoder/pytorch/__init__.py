@@ -1,23 +1,28 @@
 """The PyTorch bridge: weights in and out, the reference PyTorch port, the parity report.
 
-Needs the `torch` extra (`pip install 'flax-encoder[torch]'`). Conversion reads and writes two
-state-dict layouts, "tutorial" (the PyTorch tutorial port's names, w_q … w_o, w_1/w_2) and
-"torch_nn" (torch.nn.TransformerEncoderLayer's); see `flax_encoder.pytorch.convert`.
+Needs the `torch` extra (`pip install 'flax-encoder[torch]'`).
 
-    from flax_encoder.pytorch import load_torch_checkpoint, from_torch_state_dict
-    variables = from_torch_state_dict(load_torch_checkpoint("model.pt"), config)
+    from flax_encoder.pytorch import (config_from_torch_state_dict, from_torch_state_dict,
+                                      load_torch_checkpoint)
+    state_dict = load_torch_checkpoint("model.pt")   # a state dict, or a training checkpoint
+    config = config_from_torch_state_dict(state_dict, n_heads=8, prefix="auto")
+    variables = from_torch_state_dict(state_dict, config, prefix="auto")
 
-The reference port is `flax_encoder.pytorch.reference` (imports torch); the parity report is
-`python -m flax_encoder.pytorch.parity`.
+State-dict layouts ("tutorial": the PyTorch tutorial port's names; "torch_nn":
+torch.nn.TransformerEncoderLayer's) and how the encoder is found inside a larger model are
+described in `flax_encoder.pytorch.layouts`. The reference port is
+`flax_encoder.pytorch.reference` (imports torch); the parity report, against that port or
+against your own module, is `python -m flax_encoder.pytorch.parity`.
 """
 
 from flax_encoder.pytorch.convert import (
-    LAYOUTS,
-    expected_shapes,
+    config_from_torch_state_dict,
     from_torch_state_dict,
     load_torch_checkpoint,
     to_torch_state_dict,
 )
+from flax_encoder.pytorch.layouts import LAYOUTS, EncoderKeys, expected_shapes, find_encoder
 
-__all__ = ["LAYOUTS", "expected_shapes", "from_torch_state_dict", "load_torch_checkpoint",
+__all__ = ["LAYOUTS", "EncoderKeys", "config_from_torch_state_dict", "expected_shapes",
+           "find_encoder", "from_torch_state_dict", "load_torch_checkpoint",
            "to_torch_state_dict"]

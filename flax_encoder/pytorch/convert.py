@@ -1,21 +1,15 @@
-"""PyTorch weights in and out.
+"""PyTorch weights in and out: state dicts <-> flax variables, checkpoint files, sizes.
 
-Two layouts of the PyTorch state dict:
-  "tutorial": the names of the PyTorch tutorial port (flax_encoder.pytorch.reference):
-              embedding.weight, layers.{i}.self_attn.w_q … w_o,
-              layers.{i}.feed_forward.w_1 / w_2, layers.{i}.norm1 / norm2, norm,
-              pos_encoder.pe (a buffer, checked against the sinusoid).
-  "torch_nn": layers.{i} are torch.nn.TransformerEncoderLayer: self_attn.in_proj_weight /
-              in_proj_bias (q, k, v stacked), self_attn.out_proj, linear1, linear2, norm1, norm2;
-              beside embedding.weight and norm.
-torch.nn.Linear stores weight as [out, in]; flax's Dense kernel is [in, out].
-torch is imported only inside the functions that need it.
+The state dict's layouts ("tutorial", "torch_nn") and how the encoder is found inside a larger
+one are in `flax_encoder.pytorch.layouts`. torch.nn.Linear stores weight as [out, in]; flax's
+Dense kernel is [in, out]. torch is imported only inside the functions that need it.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import flax.linen as nn
 import numpy as np
@@ -23,55 +17,22 @@ import numpy as np
 from flax_encoder.config import EncoderConfig
 from flax_encoder.embedding import sinusoidal_positions
 from flax_encoder.encoder import stack_layers, unstack_layers
+from flax_encoder.pytorch.layouts import (
+    DENSE,
+    EMBEDDING_KEY,
+    IN_PROJ,
+    NORMS,
+    PE_KEY,
+    check_layout,
+    expected_shapes,
+    find_encoder,
+)
 
-LAYOUTS = ("tutorial", "torch_nn")
-
-# flax name within a layer -> (torch name within a layer) per layout, for the Dense layers that
-# map one to one.
-_DENSE = {
-    "tutorial": {("self_attn", "w_q"): "self_attn.w_q", ("self_attn", "w_k"): "self_attn.w_k",
-             ("self_attn", "w_v"): "self_attn.w_v", ("self_attn", "w_o"): "self_attn.w_o",
-             ("feed_forward", "w_1"): "feed_forward.w_1",
-             ("feed_forward", "w_2"): "feed_forward.w_2"},
-    "torch_nn": {("self_attn", "w_o"): "self_attn.out_proj", ("feed_forward", "w_1"): "linear1",
-                 ("feed_forward", "w_2"): "linear2"},
-}
-_NORMS = ("norm1", "norm2")
 _QKV = (("w_q", 0), ("w_k", 1), ("w_v", 2))  # order of the packed in_proj rows
-PE_KEY = "pos_encoder.pe"
-# The tutorial port computes its table in float32 (off by up to ~max_len * 6e-8 from the exact sinusoid)
-# and a bfloat16 copy rounds by up to 2^-9; a table of another formula (other base, halves
-# instead of interleaved) is off by O(1).
+# The tutorial port computes its table in float32 (off by up to ~max_len * 6e-8 from the exact
+# sinusoid) and a bfloat16 copy rounds by up to 2^-9; a table of another formula (other base,
+# halves instead of interleaved) is off by O(1).
 _PE_ATOL = 1e-2
-
-
-def _check_layout(layout: str) -> None:
-  if layout not in LAYOUTS:
-    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-
-
-def expected_shapes(config: EncoderConfig, layout: str = "tutorial") -> dict[str, tuple[int, ...]]:
-  """Every key of a PyTorch state dict in `layout` for `config`, with its shape."""
-  _check_layout(layout)
-  d, f = config.d_model, config.d_ff
-  shapes = {"embedding.weight": (config.vocab_size, d)}
-  dense_shapes = {"w_1": (f, d), "w_2": (d, f)}
-  for i in range(config.n_layers):
-    prefix = f"layers.{i}."
-    for (_, flax_name), torch_name in _DENSE[layout].items():
-      out_in = dense_shapes.get(flax_name, (d, d))
-      shapes[prefix + torch_name + ".weight"] = out_in
-      shapes[prefix + torch_name + ".bias"] = out_in[:1]
-    if layout == "torch_nn":
-      shapes[prefix + "self_attn.in_proj_weight"] = (3 * d, d)
-      shapes[prefix + "self_attn.in_proj_bias"] = (3 * d,)
-    for norm in _NORMS:
-      shapes[prefix + norm + ".weight"] = (d,)
-      shapes[prefix + norm + ".bias"] = (d,)
-  if config.final_norm:
-    shapes["norm.weight"] = (d,)
-    shapes["norm.bias"] = (d,)
-  return shapes
 
 
 def _to_numpy(name: str, value: Any) -> np.ndarray:
@@ -88,9 +49,8 @@ def _to_numpy(name: str, value: Any) -> np.ndarray:
 
 def _check_keys(state: Mapping[str, Any], config: EncoderConfig, layout: str) -> None:
   expected = expected_shapes(config, layout)
-  optional = {PE_KEY} if layout == "tutorial" else set()
   missing = sorted(set(expected) - set(state))
-  unexpected = sorted(set(state) - set(expected) - optional)
+  unexpected = sorted(set(state) - set(expected) - {PE_KEY})
   wrong = sorted(f"{k}: got {tuple(np.shape(state[k]))}, expected {expected[k]}"
                  for k in set(expected) & set(state)
                  if tuple(np.shape(state[k])) != expected[k])
@@ -122,43 +82,45 @@ def _check_positions(pe: np.ndarray, config: EncoderConfig) -> None:
 
 
 def from_torch_state_dict(state_dict: Mapping[str, Any], config: EncoderConfig,
-                          layout: str = "tutorial") -> dict:
+                          layout: str | None = None, prefix: str | None = None) -> dict:
   """PyTorch state dict -> flax variables for `Encoder(config).apply(variables, tokens)`.
 
   Args:
     state_dict: names -> torch tensors or numpy arrays (e.g. from `load_torch_checkpoint`).
-    config: the encoder's sizes; `param_dtype` is the dtype of the result, `scan_layers` its
-      layer layout.
-    layout: "tutorial" or "torch_nn" (see the module docstring).
+    config: the encoder's sizes (`config_from_torch_state_dict` reads them off the shapes);
+      `param_dtype` is the dtype of the result, `scan_layers` its layer layout.
+    layout: "tutorial" or "torch_nn" (see `flax_encoder.pytorch.layouts`); None detects it.
+    prefix: None: `state_dict` is the encoder alone, key for key. A prefix such as
+      "model.encoder." or "auto" selects the encoder inside a larger state dict (a model, a
+      DistributedDataParallel or torch.compile wrapper); keys outside it are ignored and
+      logged. See `layouts.find_encoder`.
 
   Returns:
     {'params': ...} nested dicts of numpy arrays in config.param_dtype.
   """
-  _check_layout(layout)
-  if not isinstance(state_dict, Mapping):
-    raise TypeError(f"state_dict must be a mapping of names to tensors, got "
-                    f"{type(state_dict).__name__}")
-  _check_keys(state_dict, config, layout)
-  state = {k: _to_numpy(k, v) for k, v in state_dict.items()}
+  found = find_encoder(state_dict, prefix, layout)
+  layout = found.layout
+  _check_keys(found.state, config, layout)
+  state = {k: _to_numpy(k, v) for k, v in found.state.items()}
   if PE_KEY in state:
     _check_positions(state[PE_KEY], config)
   cast = lambda x: np.asarray(x, dtype=config.param_dtype)
   dense = lambda w, b: {"kernel": cast(w.T), "bias": cast(b)}
   norm = lambda name: {"scale": cast(state[name + ".weight"]), "bias": cast(state[name + ".bias"])}
 
-  params: dict = {"embedding": {"embedding": cast(state["embedding.weight"])}}
+  params: dict = {"embedding": {"embedding": cast(state[EMBEDDING_KEY])}}
   for i in range(config.n_layers):
     prefix = f"layers.{i}."
     layer: dict = {"self_attn": {}, "feed_forward": {}}
-    for (block, flax_name), torch_name in _DENSE[layout].items():
+    for (block, flax_name), torch_name in DENSE[layout].items():
       layer[block][flax_name] = dense(state[prefix + torch_name + ".weight"],
                                       state[prefix + torch_name + ".bias"])
     if layout == "torch_nn":
-      w = np.split(state[prefix + "self_attn.in_proj_weight"], 3, axis=0)
-      b = np.split(state[prefix + "self_attn.in_proj_bias"], 3, axis=0)
+      w = np.split(state[prefix + IN_PROJ[0]], 3, axis=0)
+      b = np.split(state[prefix + IN_PROJ[1]], 3, axis=0)
       for flax_name, row in _QKV:
         layer["self_attn"][flax_name] = dense(w[row], b[row])
-    for name in _NORMS:
+    for name in NORMS:
       layer[name] = norm(prefix + name)
     params[f"layers_{i}"] = layer
   if config.final_norm:
@@ -168,13 +130,45 @@ def from_torch_state_dict(state_dict: Mapping[str, Any], config: EncoderConfig,
   return {"params": params}
 
 
+def config_from_torch_state_dict(state_dict: Mapping[str, Any], n_heads: int,
+                                 layout: str | None = None, prefix: str | None = None,
+                                 **overrides) -> EncoderConfig:
+  """The EncoderConfig of a PyTorch state dict, its sizes read off the shapes.
+
+  vocab_size and d_model come from the embedding, d_ff from the first feed-forward layer,
+  n_layers from the layer indices, max_len from `pos_encoder.pe` when present, final_norm from
+  the presence of `norm.*`. The number of heads is not in the shapes, so it is an argument;
+  what the weights cannot show (norm_position, activation, layer_norm_eps, dropout) keeps
+  EncoderConfig's defaults, the tutorial port's, unless given in `overrides`.
+  `prefix` and `layout` as in `from_torch_state_dict`.
+  """
+  found = find_encoder(state_dict, prefix, layout)
+  state = found.state
+  if EMBEDDING_KEY not in state:
+    raise ValueError(f"state_dict has no {EMBEDDING_KEY!r}: cannot read vocab_size and d_model")
+  vocab_size, d_model = (int(n) for n in np.shape(state[EMBEDDING_KEY]))
+  indices = sorted({int(k.split(".")[1]) for k in state if k.startswith("layers.")})
+  if not indices or indices != list(range(len(indices))):
+    raise ValueError(f"state_dict's layers must be numbered 0, 1, …, got {indices}")
+  w_1 = "layers.0." + DENSE[found.layout][("feed_forward", "w_1")] + ".weight"
+  if w_1 not in state:
+    raise ValueError(f"state_dict has no {w_1!r}: cannot read d_ff")
+  sizes = dict(vocab_size=vocab_size, d_model=d_model, n_heads=n_heads,
+               d_ff=int(np.shape(state[w_1])[0]), n_layers=len(indices),
+               final_norm="norm.weight" in state)
+  if PE_KEY in state:
+    sizes["max_len"] = int(np.shape(state[PE_KEY])[-2])
+  return EncoderConfig(**{**sizes, **overrides})
+
+
 def _tree_to_numpy(tree):
   if isinstance(tree, Mapping):
     return {k: _tree_to_numpy(v) for k, v in tree.items()}
   return np.asarray(tree)
 
 
-def to_torch_state_dict(variables: Mapping, config: EncoderConfig, layout: str = "tutorial") -> dict:
+def to_torch_state_dict(variables: Mapping, config: EncoderConfig,
+                        layout: str = "tutorial") -> dict:
   """Flax variables -> PyTorch state dict (torch tensors), the inverse of from_torch_state_dict.
 
   The tutorial layout includes `pos_encoder.pe` ([1, max_len, d_model] float32), so that the
@@ -182,7 +176,7 @@ def to_torch_state_dict(variables: Mapping, config: EncoderConfig, layout: str =
   """
   import torch
 
-  _check_layout(layout)
+  check_layout(layout)
   params = nn.unbox(variables.get("params", variables))  # as `init` returns them, or plain
   if config.scan_layers:
     params = unstack_layers(params, config.n_layers)
@@ -193,22 +187,22 @@ def to_torch_state_dict(variables: Mapping, config: EncoderConfig, layout: str =
       return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
     return torch.from_numpy(np.array(x))  # a writable copy, owned by the tensor
 
-  state = {"embedding.weight": tensor(params["embedding"]["embedding"])}
+  state = {EMBEDDING_KEY: tensor(params["embedding"]["embedding"])}
   if layout == "tutorial":
     table = sinusoidal_positions(config.max_len, config.d_model, np.float32)
     state[PE_KEY] = torch.from_numpy(table[None])
   for i in range(config.n_layers):
     layer, prefix = params[f"layers_{i}"], f"layers.{i}."
-    for (block, flax_name), torch_name in _DENSE[layout].items():
+    for (block, flax_name), torch_name in DENSE[layout].items():
       state[prefix + torch_name + ".weight"] = tensor(layer[block][flax_name]["kernel"].T)
       state[prefix + torch_name + ".bias"] = tensor(layer[block][flax_name]["bias"])
     if layout == "torch_nn":
       attn = layer["self_attn"]
-      state[prefix + "self_attn.in_proj_weight"] = tensor(
+      state[prefix + IN_PROJ[0]] = tensor(
           np.concatenate([attn[name]["kernel"].T for name, _ in _QKV], axis=0))
-      state[prefix + "self_attn.in_proj_bias"] = tensor(
+      state[prefix + IN_PROJ[1]] = tensor(
           np.concatenate([attn[name]["bias"] for name, _ in _QKV], axis=0))
-    for name in _NORMS:
+    for name in NORMS:
       state[prefix + name + ".weight"] = tensor(layer[name]["scale"])
       state[prefix + name + ".bias"] = tensor(layer[name]["bias"])
   if config.final_norm:
@@ -224,8 +218,9 @@ def load_torch_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
   """Reads a PyTorch state dict from `.safetensors` or `.pt` / `.pth` / `.bin`.
 
   `.pt` files are read with `torch.load(weights_only=True)`, with no fallback: a pickle that
-  needs anything beyond tensors and plain containers is refused, never run. A checkpoint that
-  wraps its weights as {'state_dict': …} or {'model': …} is unwrapped.
+  needs anything beyond tensors and plain containers is refused, never run. A training
+  checkpoint that holds its weights as {'model': …}, {'state_dict': …} or
+  {'model_state_dict': …} beside other entries (optimizer, epoch) is unwrapped.
 
   Returns:
     names -> numpy arrays (bfloat16 tensors come back as float32, exactly).
@@ -265,7 +260,7 @@ def load_torch_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 def _unwrap(state: Any, path: str) -> Mapping[str, Any]:
   if isinstance(state, Mapping):
-    for key in ("state_dict", "model"):
+    for key in ("model", "state_dict", "model_state_dict"):
       if isinstance(state.get(key), Mapping):
         state = state[key]
         break

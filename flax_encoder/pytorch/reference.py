@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from flax_encoder.config import EncoderConfig
-from flax_encoder.pytorch.convert import LAYOUTS
+from flax_encoder.pytorch.layouts import LAYOUTS
 
 MASK_FILL = -1e9
 
