@@ -1,34 +1,52 @@
-"""Parity report: runs the PyTorch port and this port on the same weights and tokens.
+r"""Parity report: the Flax encoder against a PyTorch model, same weights and tokens, stage by stage.
 
-  python -m flax_encoder.pytorch.parity --checkpoint model.pt --layout tutorial --vocab-size 1000 \
-      --d-model 512 --n-heads 8 --d-ff 2048 --n-layers 6
+Against your own PyTorch module (the question to answer: does the Flax encoder compute what my
+model computes?):
 
-prints max abs and relative error for the embedding, the embedded input, every sub-layer of
-every layer and the output, and exits 1 when a stage's max abs error exceeds
-atol + rtol * max|PyTorch value| (float32 rounding grows with the size of the activations). Without
---checkpoint, both ports run on random PyTorch weights (a self-check of the installation).
+  python -m flax_encoder.pytorch.parity --module mypkg.model:build [--call mypkg.model:run] \
+      [--checkpoint model.pt] --n-heads 8
+
+`build()` returns your torch.nn.Module; `--checkpoint` loads weights into it (otherwise it runs
+on the weights `build` gave it). `run(module, tokens)`, if given, calls it and returns the
+encoder's output [batch, seq, d_model]; `tokens` is an int64 tensor [batch, seq] with pad id 0,
+and the adapter builds whatever mask the module wants. Without `--call` it is `module(tokens)`.
+
+Against the reference PyTorch tutorial port (flax_encoder.pytorch.reference), when your code is
+not at hand; the weights cannot show norm_position, activation or layer_norm_eps, so the report
+assumes the tutorial port's unless told (--norm-position, --activation, --layer-norm-eps):
+
+  python -m flax_encoder.pytorch.parity --checkpoint model.pt --n-heads 8
+
+Sizes are read off the checkpoint's shapes; the encoder is found inside a larger state dict
+(--prefix, default auto). Each stage (the embedding, the embedded input, every sub-layer of
+every layer, the final norm, the output) is captured with forward hooks on the module names of
+the layout; a stage fails when its max abs error exceeds atol + rtol * max|PyTorch value|, and
+the report exits 1 naming the first stage that fails. Without --checkpoint or --module, both
+ports run on random weights (a check of the installation).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import sys
-from typing import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from flax_encoder.config import EncoderConfig
-from flax_encoder.pytorch.convert import LAYOUTS
-
-# flax path of a captured module output -> PyTorch module name, per layout; {i} = layer index.
-_LAYER_POINTS = {
-    "tutorial": [("self_attn", "self_attn"), ("norm1", "norm1"), ("feed_forward", "feed_forward"),
-             ("norm2", "norm2")],
-    "torch_nn": [("self_attn", "self_attn"), ("norm1", "norm1"), ("feed_forward", "linear2"),
-                 ("norm2", "norm2")],
-}
+from flax_encoder.embedding import sinusoidal_positions
+from flax_encoder.pytorch.layouts import (
+    FEED_FORWARD_OUTPUT,
+    LAYOUTS,
+    PE_KEY,
+    EncoderKeys,
+    find_encoder,
+    strip_wrappers,
+)
 
 
 @dataclasses.dataclass
@@ -43,65 +61,124 @@ class Row:
     return self.max_abs <= atol + rtol * self.scale
 
 
-def compare(state_dict, config: EncoderConfig, layout: str, tokens: np.ndarray) -> list[Row]:
-  """Runs both ports (eval mode) in config.dtype (float32 or float64) and compares each stage."""
-  import jax
-  import torch
-
-  from flax_encoder.encoder import Encoder
-  from flax_encoder.pytorch import convert, reference
-
-  float64 = config.dtype == np.float64
-  torch_dtype = torch.float64 if float64 else torch.float32
-  model = reference.Encoder(config, layout, table_dtype=torch_dtype)
-  state = {k: torch.as_tensor(np.asarray(v)) for k, v in state_dict.items()}
-  if layout == "tutorial" and convert.PE_KEY not in state:
-    state[convert.PE_KEY] = model.pos_encoder.pe
-  model.load_state_dict(state, strict=True)
-  model.to(torch_dtype).eval()
-  if layout == "tutorial":  # the table in the run's precision, as the flax port computes it
-    model.pos_encoder.pe = reference.PositionalEncoding(
-        config.d_model, 0.0, config.max_len, torch_dtype).pe
-
-  captured: dict[str, np.ndarray] = {}
-
-  def hook(name):
-    def save(module, args, output):
-      output = output[0] if isinstance(output, tuple) else output
-      captured[name] = output.detach().numpy()
-    return save
-
+def stages(found: EncoderKeys, config: EncoderConfig) -> list[tuple[str, str, str]]:
+  """(stage, flax module path, PyTorch module name with wrappers stripped), in forward order."""
   points = [("embedding", "embedding", "embedding"), ("embedded", "pos_encoder", "pos_encoder")]
   for i in range(config.n_layers):
-    for flax_name, torch_name in _LAYER_POINTS[layout]:
+    for flax_name, torch_name in (("self_attn", "self_attn"), ("norm1", "norm1"),
+                                  ("feed_forward", FEED_FORWARD_OUTPUT[found.layout]),
+                                  ("norm2", "norm2")):
       points.append((f"layers.{i}.{flax_name}", f"layers_{i}/{flax_name}",
                      f"layers.{i}.{torch_name}"))
     points.append((f"layers.{i}", f"layers_{i}", f"layers.{i}"))
   if config.final_norm:
     points.append(("norm", "norm", "norm"))
-  modules = dict(model.named_modules())
-  handles = [modules[t].register_forward_hook(hook(t)) for _, _, t in points]
-  # Grad mode stays on: under no_grad nn.TransformerEncoderLayer takes a fused fast path.
-  output_torch = model(torch.as_tensor(tokens)).detach().numpy()
-  for h in handles:
-    h.remove()
+  return [(name, flax_path, found.module_name(torch_name)) for name, flax_path, torch_name
+          in points]
 
+
+def compare_module(module, config: EncoderConfig, tokens: np.ndarray, layout: str | None = None,
+                   prefix: str | None = "auto",
+                   call: Callable[[Any, Any], Any] | None = None) -> tuple[list[Row], list[str]]:
+  """Runs a PyTorch module and the Flax encoder on the module's own weights, stage by stage.
+
+  Args:
+    module: a torch.nn.Module holding the encoder (alone, or inside a bigger model).
+    config: the Flax encoder's config (`config_from_torch_state_dict` reads the sizes);
+      config.dtype float32 or float64 sets both sides' precision.
+    tokens: int ids [batch, seq], padding = config.pad_id.
+    layout, prefix: where the encoder's weights are in `module.state_dict()`, as in
+      `from_torch_state_dict`.
+    call: `call(module, tokens)` -> the encoder's output [batch, seq, d_model]; default
+      `module(tokens)`.
+
+  Returns:
+    (rows in forward order, the stages whose module the PyTorch model does not have).
+  """
+  import jax
+  import torch
+
+  from flax_encoder.encoder import Encoder
+  from flax_encoder.pytorch.convert import from_torch_state_dict
+
+  float64 = config.dtype == np.float64
+  torch_dtype = torch.float64 if float64 else torch.float32
+  module = module.to(torch_dtype).eval()
+  found = find_encoder(module.state_dict(), prefix, layout)
   flax_config = dataclasses.replace(config, scan_layers=False, remat="none")
-  variables = convert.from_torch_state_dict(state_dict, flax_config, layout)
+  variables = from_torch_state_dict(found.state, flax_config, found.layout)
+
+  modules = {}
+  for name, m in module.named_modules():
+    modules.setdefault(strip_wrappers(name), m)
+  points = stages(found, config)
+  if float64:
+    _positions_in_float64(modules.get(found.module_name("pos_encoder")), config.d_model)
+  captured: dict[str, np.ndarray] = {}
+
+  def hook(name):
+    def save(_, args, output):
+      output = output[0] if isinstance(output, tuple) else output
+      captured[name] = output.detach().cpu().numpy()
+    return save
+
+  handles = [modules[t].register_forward_hook(hook(t)) for _, _, t in points if t in modules]
+  try:
+    # Grad mode stays on: under no_grad nn.TransformerEncoderLayer takes a fused fast path
+    # that skips its submodules' hooks.
+    with torch.enable_grad():
+      source = torch.as_tensor(np.asarray(tokens), dtype=torch.int64)
+      output = call(module, source) if call is not None else module(source)
+  finally:
+    for h in handles:
+      h.remove()
+  output = output[0] if isinstance(output, (tuple, list)) else output
+  output = output.detach().cpu().numpy()
+  expected_shape = (*np.shape(tokens), config.d_model)
+  if output.shape != expected_shape:
+    raise ValueError(f"the module's output has shape {list(output.shape)}, expected the "
+                     f"encoder's {list(expected_shape)}; pass call= (--call) returning the "
+                     f"encoder's output")
+
   with jax.default_matmul_precision("highest"):
     output_flax, state = Encoder(flax_config).apply(
         variables, np.asarray(tokens), capture_intermediates=True, mutable=["intermediates"])
-  inter = state["intermediates"]
 
   def flax_value(path: str):
-    node = inter
+    node = state["intermediates"]
     for part in path.split("/"):
       node = node[part]
     return np.asarray(node["__call__"][0])
 
-  rows = [_row(name, flax_value(f), captured[t]) for name, f, t in points]
-  rows.append(_row("output", np.asarray(output_flax), output_torch))
-  return rows
+  rows = [_row(name, flax_value(f), captured[t]) for name, f, t in points if t in captured]
+  rows.append(_row("output", np.asarray(output_flax), output))
+  return rows, [name for name, _, t in points if t not in captured]
+
+
+def compare(state_dict, config: EncoderConfig, layout: str, tokens: np.ndarray) -> list[Row]:
+  """The reference tutorial port (`layout`'s module names) on `state_dict` against the Flax
+  encoder, in config.dtype (float32 or float64)."""
+  import torch
+
+  from flax_encoder.pytorch import reference
+
+  model = reference.Encoder(config, layout)
+  found = find_encoder(state_dict, None, layout)
+  state = {k: torch.as_tensor(np.asarray(v)) for k, v in found.state.items()}
+  if layout == "tutorial" and PE_KEY not in state:
+    state[PE_KEY] = model.pos_encoder.pe
+  model.load_state_dict(state, strict=True)
+  return compare_module(model, config, tokens, layout, prefix=None)[0]
+
+
+def _positions_in_float64(pos_encoder, d_model: int) -> None:
+  """In float64 the Flax side's table is exact to float64: so is the PyTorch side's then."""
+  pe = getattr(pos_encoder, "pe", None)
+  if pe is not None and hasattr(pe, "copy_") and pe.shape[-1] == d_model:
+    import torch
+    table = sinusoidal_positions(pe.shape[-2], d_model, np.float64)
+    with torch.no_grad():
+      pe.copy_(torch.from_numpy(table).reshape(pe.shape))
 
 
 def _row(name: str, ours: np.ndarray, theirs: np.ndarray) -> Row:
@@ -132,23 +209,30 @@ def random_tokens(config: EncoderConfig, batch: int, seq_len: int, seed: int) ->
   return tokens
 
 
+_SIZE_FLAGS = (("vocab-size", int), ("d-model", int), ("n-heads", int), ("d-ff", int),
+               ("n-layers", int), ("max-len", int), ("pad-id", int), ("layer-norm-eps", float),
+               ("norm-position", str), ("activation", str))
+
+
 def _parse_args(argv):
   p = argparse.ArgumentParser(prog="python -m flax_encoder.pytorch.parity", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--checkpoint", help=".pt/.pth/.bin or .safetensors state dict; "
-                 "omitted: random weights")
-  p.add_argument("--layout", default="tutorial", choices=LAYOUTS)
+  p.add_argument("--module", help="PKG.MOD:FN, FN() returns your torch.nn.Module")
+  p.add_argument("--call", help="PKG.MOD:FN, FN(module, tokens) returns the encoder's output")
+  p.add_argument("--checkpoint", help=".pt/.pth/.bin or .safetensors: a state dict or a training "
+                 "checkpoint holding one")
+  p.add_argument("--layout", choices=LAYOUTS, help="default: detected from the layer names")
+  p.add_argument("--prefix", default="auto", help="the encoder's prefix in the state dict "
+                 "(e.g. model.encoder.); default: found")
   p.add_argument("--config", help="JSON file of EncoderConfig fields (flags below override it)")
-  for flag, kind in (("vocab-size", int), ("d-model", int), ("n-heads", int), ("d-ff", int),
-                     ("n-layers", int), ("max-len", int), ("pad-id", int),
-                     ("layer-norm-eps", float), ("norm-position", str), ("activation", str)):
+  for flag, kind in _SIZE_FLAGS:
     p.add_argument(f"--{flag}", type=kind)
   p.add_argument("--no-final-norm", action="store_true")
   p.add_argument("--tokens", help="JSON list of rows of ids, e.g. '[[5, 6, 7, 0]]'")
   p.add_argument("--batch", type=int, default=4)
   p.add_argument("--seq-len", type=int, default=32)
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--float64", action="store_true", help="both ports in float64")
+  p.add_argument("--float64", action="store_true", help="both sides in float64")
   p.add_argument("--atol", type=float,
                  help="absolute tolerance (default 1e-5; 1e-10 with --float64)")
   p.add_argument("--rtol", type=float, help="tolerance relative to the largest PyTorch value "
@@ -156,68 +240,139 @@ def _parse_args(argv):
   return p.parse_args(argv)
 
 
-def _config_from_args(args) -> EncoderConfig:
+def _fields_from_args(args) -> dict:
   fields = {}
   if args.config:
     with open(args.config) as f:
       fields.update(json.load(f))
-  for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len", "pad_id",
-               "layer_norm_eps", "norm_position", "activation"):
+  for flag, _ in _SIZE_FLAGS:
+    name = flag.replace("-", "_")
     if getattr(args, name) is not None:
       fields[name] = getattr(args, name)
   if args.no_final_norm:
     fields["final_norm"] = False
-  if "vocab_size" not in fields:
-    raise SystemExit("error: --vocab-size (or vocab_size in --config) is required")
-  fields.update(dropout=0.0, attention_dropout=0.0,
-                dtype="float64" if args.float64 else "float32",
-                param_dtype="float64" if args.float64 else "float32")
   known = {f.name for f in dataclasses.fields(EncoderConfig)}
   unknown = sorted(set(fields) - known)
   if unknown:
     raise SystemExit(f"error: unknown EncoderConfig fields in --config: {unknown}")
-  return EncoderConfig(**fields)
+  dtype = "float64" if args.float64 else "float32"
+  return {**fields, "dropout": 0.0, "attention_dropout": 0.0, "dtype": dtype,
+          "param_dtype": dtype}
+
+
+def _config(state_dict, fields: dict, layout, prefix) -> EncoderConfig:
+  """Sizes from the state dict's shapes where there is one, overridden by `fields`."""
+  from flax_encoder.pytorch.convert import config_from_torch_state_dict
+  if state_dict is None:
+    if "vocab_size" not in fields:
+      raise SystemExit("error: --vocab-size (or vocab_size in --config) is required without "
+                       "--checkpoint or --module")
+    return EncoderConfig(**fields)
+  if "n_heads" not in fields:
+    raise SystemExit("error: --n-heads is required: the number of heads is not in the weights")
+  fields = dict(fields)
+  return config_from_torch_state_dict(state_dict, fields.pop("n_heads"), layout, prefix, **fields)
+
+
+def _load(spec: str, flag: str):
+  """'pkg.mod:name' -> the object."""
+  module_name, _, attr = spec.partition(":")
+  if not module_name or not attr:
+    raise SystemExit(f"error: {flag} must be PKG.MODULE:NAME, got {spec!r}")
+  try:
+    return getattr(importlib.import_module(module_name), attr)
+  except (ImportError, AttributeError) as e:
+    raise SystemExit(f"error: {flag} {spec!r}: {e}") from e
+
+
+def _load_into(module, state: dict, path: str) -> None:
+  """Loads a checkpoint's state dict into `module`, matching names with wrappers stripped."""
+  import torch
+  target = {strip_wrappers(k): k for k in module.state_dict()}
+  source = {strip_wrappers(k): v for k, v in state.items()}
+  missing, unexpected = sorted(set(target) - set(source)), sorted(set(source) - set(target))
+  if missing or unexpected:
+    raise SystemExit(f"error: checkpoint {path} does not fit the module: missing keys "
+                     f"{missing[:8]}, unexpected keys {unexpected[:8]}")
+  module.load_state_dict({target[k]: torch.as_tensor(np.asarray(v)) for k, v in source.items()},
+                         strict=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
   import jax
 
   args = _parse_args(argv)
-  config = _config_from_args(args)
+  fields = _fields_from_args(args)
   atol = args.atol if args.atol is not None else (1e-10 if args.float64 else 1e-5)
   rtol = args.rtol if args.rtol is not None else (1e-12 if args.float64 else 1e-4)
-
+  state_dict = None
   if args.checkpoint:
     from flax_encoder.pytorch.convert import load_torch_checkpoint
     state_dict = load_torch_checkpoint(args.checkpoint)
-    source = args.checkpoint
-  else:
-    import torch
-
-    from flax_encoder.pytorch import reference
-    torch.manual_seed(args.seed)
-    state_dict = reference.Encoder(config, args.layout).state_dict()
-    source = f"random weights (seed {args.seed})"
-  if args.tokens:
-    tokens = np.asarray(json.loads(args.tokens), dtype=np.int64)
-  else:
-    tokens = random_tokens(config, args.batch, args.seq_len, args.seed)
 
   with jax.enable_x64(args.float64):
-    rows = compare(state_dict, config, args.layout, tokens)
-  failed = [r.name for r in rows if not r.passes(atol, rtol)]
-  print(f"parity: {source}, layout={args.layout}, {config.n_layers} layers, d_model="
-        f"{config.d_model}, tokens {list(tokens.shape)}, {config.dtype.name}, matmul precision "
-        f"highest")
+    if args.module:
+      model = _load(args.module, "--module")()
+      if state_dict is not None:
+        _load_into(model, state_dict, args.checkpoint)
+      config = _config(model.state_dict(), fields, args.layout, args.prefix)
+      tokens = _tokens(args, config)
+      call = _load(args.call, "--call") if args.call else None
+      rows, absent = compare_module(model, config, tokens, args.layout, args.prefix, call)
+      found = find_encoder(model.state_dict(), args.prefix, args.layout)
+      weights = args.checkpoint or "its own weights"
+      print(f"parity: your module {args.module} ({weights}) against the Flax encoder")
+    else:
+      import torch
+
+      from flax_encoder.pytorch import reference
+      config = _config(state_dict, fields, args.layout, args.prefix)
+      if state_dict is None:
+        torch.manual_seed(args.seed)
+        state_dict = reference.Encoder(config, args.layout or "tutorial").state_dict()
+        source = f"random weights (seed {args.seed})"
+      else:
+        source = args.checkpoint
+      found = find_encoder(state_dict, None if args.checkpoint is None else args.prefix,
+                           args.layout)
+      tokens = _tokens(args, config)
+      rows, absent = compare(found.state, config, found.layout, tokens), []
+      print(f"parity: {source} in the reference PyTorch tutorial port "
+            f"(flax_encoder.pytorch.reference, layout={found.layout}) against the Flax encoder; "
+            f"assumed norm_position={config.norm_position}, activation={config.activation}, "
+            f"layer_norm_eps={config.layer_norm_eps:g}, which the weights cannot show: "
+            f"--module runs your own code instead")
+  print(_where(found))
+  print(f"{config.n_layers} layers, d_model={config.d_model}, n_heads={config.n_heads}, "
+        f"d_ff={config.d_ff}, vocab_size={config.vocab_size}, tokens {list(tokens.shape)}, "
+        f"{config.dtype.name}, matmul precision highest")
   print(format_table(rows, atol, rtol))
-  worst = max(rows, key=lambda r: r.max_rel)
+  if absent:
+    print(f"not compared (no such module in the PyTorch model): {', '.join(absent)}")
+  failed = [r.name for r in rows if not r.passes(atol, rtol)]
   rule = f"max abs err <= {atol:.0e} + {rtol:.0e} * max|PyTorch value|"
   if failed:
-    print(f"FAIL: {len(failed)} stages above tolerance ({rule}), first {failed[0]}")
+    print(f"FAIL: {len(failed)} stages above tolerance ({rule}); the first is {failed[0]}")
     return 1
+  worst = max(rows, key=lambda r: r.max_rel)
   print(f"PASS: every stage within {rule}; worst relative error {worst.max_rel:.3e} at "
         f"{worst.name}")
   return 0
+
+
+def _where(found: EncoderKeys) -> str:
+  where = (f"encoder found at prefix {found.root!r}, layers under {found.stack!r}, layout "
+           f"{found.layout}")
+  if found.ignored:
+    where += (f"; ignored {len(found.ignored)} keys outside it, e.g. "
+              f"{', '.join(found.ignored[:5])}")
+  return where
+
+
+def _tokens(args, config: EncoderConfig) -> np.ndarray:
+  if args.tokens:
+    return np.asarray(json.loads(args.tokens), dtype=np.int64)
+  return random_tokens(config, args.batch, args.seq_len, args.seed)
 
 
 if __name__ == "__main__":
