@@ -13,7 +13,8 @@ Sections (each a list of records in the output JSON):
   compile  jit compile time of the training step at 6, 12 and 24 layers, unrolled vs scanned.
 
 Implementations: "jax" (jax.jit, state donated), "torch" (the PyTorch tutorial port, eager)
-and "torch.compile" (the same module through torch.compile; skipped with a note where it fails). Repetitions are
+and "torch.compile" (the same module through torch.compile; skipped with a note where it
+fails). Repetitions are
 interleaved (jax, torch, torch.compile, jax, ...) after warm-up, each after an untimed 0.5 s
 pause, and medians are reported.
 MFU uses the standard count per token: 2 * N_matmul + 4 * L * d_model * seq for a forward

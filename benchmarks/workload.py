@@ -57,8 +57,9 @@ def masked_batch(cfg: EncoderConfig, batch: int, seq: int, seed: int = 0) -> dic
 def jax_side(cfg: EncoderConfig, batch: int, seq: int, seed: int = 0):
   """(forward runner, train runner, params, host batch) on the JAX side.
 
-  The train runner returns the step's loss; it calls `train.loop.train_step` jitted with the state donated, as the
-  training loop does; the forward runner the encoder alone, as inference does.
+  The train runner returns the step's loss; it calls `train.loop.train_step` jitted with the
+  state donated, as the training loop does; the forward runner the encoder alone, as inference
+  does.
   """
   host_batch = masked_batch(cfg, batch, seq, seed)
   device_batch = jax.device_put(host_batch)

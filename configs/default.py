@@ -37,7 +37,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.data = ml_collections.ConfigDict()
   config.data.paths = ()  # UTF-8 text files; empty = the built-in corpus (pydoc topics)
-  config.data.mask_rate = 0.15  # fraction of non-pad bytes to predict (80% mask/10% random/10% kept)
+  # Fraction of non-pad bytes to predict (of them 80% masked, 10% random, 10% kept), as BERT.
+  config.data.mask_rate = 0.15
   config.data.eval_fraction = 0.05  # held-out fraction of the windows
 
   config.optim = ml_collections.ConfigDict()

@@ -11,7 +11,7 @@ import numpy as np
 
 
 def sinusoidal_positions(max_len: int, d_model: int, dtype=np.float32) -> np.ndarray:
-  """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...), interleaved (sin, cos, sin, …).
+  """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...), interleaved.
 
   Computed in float64 and rounded once to `dtype`, so the table is exact to `dtype`'s precision
   even at large positions (a float32 computation is off by up to ~pos * 6e-8).

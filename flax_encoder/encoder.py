@@ -25,7 +25,8 @@ REMAT_POLICIES = {
 
 
 # nn.remat traces its arguments; `deterministic` is a Python bool and must stay one.
-_DETERMINISTIC_ARG = list(inspect.signature(EncoderLayer.__call__).parameters).index("deterministic")
+_DETERMINISTIC_ARG = list(inspect.signature(EncoderLayer.__call__).parameters).index(
+    "deterministic")
 
 
 def _layer_class(cfg: EncoderConfig):
@@ -40,7 +41,7 @@ def _scan_body(layer: nn.Module, x, mask, deterministic):
 
 
 class Encoder(nn.Module):
-  """The Transformer encoder of "Attention Is All You Need", as the PyTorch tutorial port computes it.
+  """The Transformer encoder of "Attention Is All You Need", as the PyTorch tutorial port has it.
 
   Attributes:
     config: sizes and options.

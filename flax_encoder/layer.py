@@ -22,7 +22,10 @@ def layer_norm(cfg: EncoderConfig, name: str) -> nn.LayerNorm:
 
 
 class EncoderLayer(nn.Module):
-  """Post-LN (the paper's): x = norm(x + dropout(sublayer(x))); Pre-LN: x + dropout(sublayer(norm(x)))."""
+  """One layer, Post-LN (the paper's) or Pre-LN.
+
+  Post-LN: x = norm(x + dropout(sublayer(x))). Pre-LN: x = x + dropout(sublayer(norm(x))).
+  """
 
   config: EncoderConfig
 

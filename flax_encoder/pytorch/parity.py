@@ -1,4 +1,4 @@
-r"""Parity report: the Flax encoder against a PyTorch model, same weights and tokens, stage by stage.
+r"""Parity report: the Flax encoder against a PyTorch model on the same weights, stage by stage.
 
 Against your own PyTorch module (the question to answer: does the Flax encoder compute what my
 model computes?):
