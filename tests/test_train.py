@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import time
 import warnings
@@ -14,7 +15,7 @@ import pytest
 
 from tests import runs, tiny
 from train import data
-from train.checkpoint import Checkpointer
+from train.checkpoint import MANIFEST, Checkpointer, checkpoint_files, verify_share
 from train.loop import encoder_config
 from train.metrics import read_metrics
 from train.optim import paper_schedule
@@ -171,7 +172,6 @@ def test_a_signal_landing_late_in_a_step_still_saves_the_step_that_stops(tmp_pat
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_an_older_one(reference_run, tmp_path):
-  import shutil
   workdir = str(tmp_path / "run")
   shutil.copytree(reference_run, workdir)
   _corrupt_one_file(os.path.join(workdir, "checkpoints", "30", "state"))
@@ -185,6 +185,41 @@ def test_corrupt_newest_checkpoint_falls_back_to_an_older_one(reference_run, tmp
   assert messages and any(("corrupt" in m) or ("checksum" in m) for m in messages)
   assert meta["step"] == 24 and int(state.step) == 24
   assert os.path.isdir(os.path.join(workdir, "checkpoints_corrupt", "30"))  # kept, not deleted
+
+
+def _flip(path, at, bit):
+  with open(path, "r+b") as f:
+    f.seek(at)
+    byte = f.read(1)[0]
+    f.seek(at)
+    f.write(bytes([byte ^ (1 << bit)]))
+
+
+def test_a_flipped_bit_in_any_file_of_a_checkpoint_fails_it_in_some_process(reference_run,
+                                                                            tmp_path):
+  directory = str(tmp_path / "24")
+  shutil.copytree(os.path.join(reference_run, "checkpoints", "24"), directory)
+  with open(os.path.join(directory, MANIFEST)) as f:
+    recorded = sorted(json.load(f))
+  # Every file orbax wrote before the commit: the arrays, their metadata, the JSON record.
+  assert set(checkpoint_files(directory)) - set(recorded) <= {"commit_success.txt"}
+  assert any(f.startswith("state/") for f in recorded) and "meta/metadata" in recorded
+  assert verify_share(directory, 0, 1) is None
+  rng = np.random.default_rng(0)
+  for name in recorded:
+    path = os.path.join(directory, name)
+    if not os.path.getsize(path):
+      continue
+    at, bit = int(rng.integers(os.path.getsize(path))), int(rng.integers(8))
+    _flip(path, at, bit)
+    # Two processes split the files: exactly the one whose share holds it sees the flip.
+    verdicts = [verify_share(directory, i, 2) for i in range(2)]
+    owner = recorded.index(name) % 2
+    assert verdicts[owner] and name in verdicts[owner] and verdicts[1 - owner] is None, name
+    _flip(path, at, bit)
+  assert verify_share(directory, 0, 1) is None
+  os.remove(os.path.join(directory, recorded[-1]))
+  assert f"is missing {recorded[-1]}" in verify_share(directory, 0, 1)
 
 
 def test_non_finite_loss_halts_and_leaves_the_last_checkpoint(tmp_path):

@@ -1,38 +1,85 @@
 """Orbax checkpoints that are atomic, verified on restore and never silently lost.
 
-Each save is one composite checkpoint: the train state (params, optimizer state, step, rng), the
-grain iterator state, and a JSON record of the config and a SHA-256 of the state's contents.
-Orbax writes into a temporary directory and renames it when complete, so a killed run leaves no
-half-written checkpoint behind. On restore, a checkpoint that cannot be read or whose checksum
-does not match is reported, moved aside to `checkpoints_corrupt/` (kept, never deleted) and
-the next older one is tried.
+Each save is one composite checkpoint: the train state (params, optimizer state, step, rng) and
+a JSON record of the step, the config and the data iterator's position. Every process iterates
+over the same global batches, so that position is one for the whole run and a checkpoint
+resumes with any number of processes. Orbax writes it into a temporary directory in a
+background thread and renames it when complete, so a killed run leaves no half-written
+checkpoint behind.
+
+Integrity: in that background thread, once every process has written its files and before the
+rename, the primary process records the SHA-256 of every file of the checkpoint in
+`sha256sums.json` inside it, reading the files in chunks (no process holds the whole state, and
+the training loop does not wait for it). Orbax's own `_CHECKPOINT_METADATA`, which it rewrites
+at the rename, is left out. On restore, the processes split the files between them, each
+checking its share, so verifying costs each the bytes of its share, whatever mesh or number of
+processes wrote the checkpoint; a single flipped bit in any recorded file fails it. A
+checkpoint that cannot be read or fails verification is reported, moved aside to
+`checkpoints_corrupt/` (kept, never deleted) and the next older one is tried.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
+import json
 import os
 import shutil
 import warnings
 
-import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+MANIFEST = "sha256sums.json"
+# Orbax rewrites _CHECKPOINT_METADATA at the commit, after the manifest is written.
+_UNRECORDED = {MANIFEST, "_CHECKPOINT_METADATA"}
+_CHUNK = 1 << 24
 
-def state_checksum(state) -> str:
-  """SHA-256 over every leaf's path, dtype, shape and bytes, in tree order."""
+
+def file_digest(path: str) -> str:
   digest = hashlib.sha256()
-  for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:  # spread over hosts
-      leaf = multihost_utils.process_allgather(leaf, tiled=True)
-    value = np.asarray(jax.device_get(leaf))
-    digest.update(jax.tree_util.keystr(path).encode())
-    digest.update(f"{value.dtype}{value.shape}".encode())
-    digest.update(np.ascontiguousarray(value).tobytes())
+  with open(path, "rb") as f:
+    while chunk := f.read(_CHUNK):
+      digest.update(chunk)
   return digest.hexdigest()
+
+
+def checkpoint_files(directory: str) -> list[str]:
+  """The files of the checkpoint in `directory` that its manifest records, relative, sorted."""
+  files = []
+  for root, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.relpath(os.path.join(root, name), directory)
+      if path not in _UNRECORDED:
+        files.append(path)
+  return sorted(files)
+
+
+def write_manifest(directory: str) -> None:
+  digests = {f: file_digest(os.path.join(directory, f)) for f in checkpoint_files(directory)}
+  with open(os.path.join(directory, MANIFEST), "w") as f:
+    json.dump(digests, f, indent=0)
+
+
+def verify_share(directory: str, index: int, count: int) -> str | None:
+  """Checks this process's share (every `count`-th file from `index`) of the checkpoint in
+  `directory` against its manifest; returns what is wrong, or None."""
+  try:
+    with open(os.path.join(directory, MANIFEST)) as f:
+      recorded = json.load(f)
+  except (OSError, ValueError) as e:
+    return f"has no readable {MANIFEST} ({type(e).__name__}: {e})"
+  names = sorted(recorded)[index::count]
+  # Files the manifest does not record (orbax's commit markers) are not read by a restore.
+  for name in names:
+    path = os.path.join(directory, name)
+    if not os.path.isfile(path):
+      return f"is missing {name}, one of the files it was saved with"
+    if file_digest(path) != recorded[name]:
+      return f"failed its checksum: {name} differs from what was saved"
+  return None
 
 
 class Checkpointer:
@@ -41,44 +88,62 @@ class Checkpointer:
   def __init__(self, directory: str, keep: int):
     self.directory = os.path.abspath(directory)
     self.quarantine = self.directory + "_corrupt"
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                           enable_async_checkpointing=True)
+    self._saving = None  # the step whose save is in flight, for the manifest callback
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, create=True, enable_async_checkpointing=True,
+        async_options=ocp.AsyncOptions(post_finalization_callback=self._record_digests))
     self.manager = ocp.CheckpointManager(self.directory, options=options)
 
+  def _record_digests(self) -> None:
+    """Runs in orbax's commit thread on the primary process, after every file is written and
+    before the checkpoint is renamed into place."""
+    step = self._saving
+    candidates = glob.glob(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*"))
+    if not candidates and os.path.isdir(os.path.join(self.directory, str(step))):
+      candidates = [os.path.join(self.directory, str(step))]  # file systems without renames
+    if len(candidates) != 1:
+      raise RuntimeError(f"cannot find the directory of the checkpoint being saved at step "
+                         f"{step} under {self.directory}: {candidates}")
+    write_manifest(candidates[0])
+
   def save(self, step: int, state, data_iterator, config_json: str) -> None:
-    meta = {"step": step, "checksum": state_checksum(state), "config": config_json}
-    args = ocp.args.Composite(state=ocp.args.StandardSave(state),
-                              data=grain.checkpoint.CheckpointSave(data_iterator),
-                              meta=ocp.args.JsonSave(meta))
+    """Starts saving; returns once the state is copied off the devices."""
+    self.manager.wait_until_finished()  # the previous save's manifest callback has run
+    self._saving = step
+    meta = {"step": step, "config": config_json, "data": data_iterator.get_state()}
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
     self.manager.save(step, args=args, force=True)
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 
   def read_meta(self, step: int) -> dict:
-    """The JSON record of the checkpoint at `step`: {'step', 'checksum', 'config'}."""
+    """The JSON record of the checkpoint at `step`: {'step', 'config', 'data'}."""
     args = ocp.args.Composite(meta=ocp.args.JsonRestore())
     return self.manager.restore(step, args=args)["meta"]
 
   def restore_newest(self, abstract_state, data_iterator=None, move_aside: bool = True):
-    """The newest checkpoint that restores and verifies: (state, meta), or None if none does.
+    """The newest checkpoint that verifies and restores: (state, meta), or None if none does.
 
     `abstract_state` gives the tree structure, shapes, dtypes and shardings (those of the
     devices restored onto, whatever mesh saved it). With `data_iterator`, its position is
     restored too. A checkpoint that fails is reported, and moved aside if `move_aside`.
+    Every process must call it (the verdict on each checkpoint is agreed collectively).
     """
     for step in reversed(self.steps()):
+      problem = verify_share(os.path.join(self.directory, str(step)), jax.process_index(),
+                             jax.process_count())
+      problems = _gather_problems(problem)
+      if problems:
+        self._skip(step, problems[0], move_aside)
+        continue
       items = {"state": ocp.args.StandardRestore(abstract_state), "meta": ocp.args.JsonRestore()}
-      if data_iterator is not None:
-        items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        if data_iterator is not None:
+          data_iterator.set_state(restored["meta"]["data"])
       except Exception as e:  # noqa: BLE001 - any failure to read means: try an older one
-        self._skip(step, f"is corrupt or unreadable ({type(e).__name__}: {e})", move_aside)
-        continue
-      if state_checksum(restored["state"]) != restored["meta"]["checksum"]:
-        self._skip(step, "failed its checksum: its contents differ from what was saved "
-                   "(corrupt)", move_aside)
+        self._skip(step, f"is unreadable ({type(e).__name__}: {e})", move_aside)
         continue
       return restored["state"], restored["meta"]
     return None
@@ -86,21 +151,34 @@ class Checkpointer:
   def _skip(self, step: int, why: str, move_aside: bool) -> None:
     where = "left it in place"
     if move_aside:
-      os.makedirs(self.quarantine, exist_ok=True)
       target = os.path.join(self.quarantine, str(step))
-      suffix = 1
-      while os.path.exists(target):
-        target = os.path.join(self.quarantine, f"{step}.{suffix}")
-        suffix += 1
-      shutil.move(os.path.join(self.directory, str(step)), target)
+      if jax.process_index() == 0:
+        os.makedirs(self.quarantine, exist_ok=True)
+        suffix = 1
+        while os.path.exists(target):
+          target = os.path.join(self.quarantine, f"{step}.{suffix}")
+          suffix += 1
+        shutil.move(os.path.join(self.directory, str(step)), target)
+      if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(f"checkpoint {step} moved aside")
       self.manager.reload()
-      where = f"moved it to {target} (kept, not deleted)"
+      where = f"moved it to {self.quarantine} (kept, not deleted)"
     warnings.warn(f"checkpoint at step {step} {why}; skipped it and {where}; trying the next "
                   f"older checkpoint", stacklevel=3)
 
   def wait(self) -> None:
-    """Blocks until every asynchronous save is on disk."""
+    """Blocks until every asynchronous save is on disk, its manifest included."""
     self.manager.wait_until_finished()
 
   def close(self) -> None:
     self.manager.close()
+
+
+def _gather_problems(problem: str | None) -> list[str]:
+  """Every process's verdict on its share, so that all of them skip a checkpoint together."""
+  if jax.process_count() == 1:
+    return [problem] if problem else []
+  failed = multihost_utils.process_allgather(np.int32(problem is not None))
+  if not failed.any():
+    return []
+  return [problem or f"failed verification in process {int(np.argmax(failed))}"]
