@@ -8,12 +8,26 @@ from train.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "tiny.py")
-EIGHT_DEVICES = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+
+
+def environment(devices: int | None = None) -> dict:
+  """The environment of a training subprocess: `devices` CPU devices, and a compilation cache
+  shared by all of them (each would otherwise compile the same tiny step again)."""
+  env = {**os.environ,
+         "JAX_COMPILATION_CACHE_DIR": os.path.join(ROOT, ".pytest_cache", "jax"),
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  if devices:
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  return env
+
+
+EIGHT_DEVICES = environment(8)
 
 
 def train(workdir, *overrides, check=True, popen=False, env=None):
   """Runs the tiny config in `workdir`; with popen=True returns the running process."""
   cmd = [sys.executable, "-m", "train", f"--config={TINY}", f"--workdir={workdir}", *overrides]
+  env = env or environment()
   if popen:
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

@@ -19,6 +19,10 @@ _MULTIHOST = flags.DEFINE_bool(
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_HEARTBEAT = flags.DEFINE_integer(
+    "heartbeat_timeout_s", 100, "Seconds without a heartbeat after which the coordination "
+    "service declares a process dead and stops the others (instead of letting them hang in a "
+    "collective).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, plots. "
                                "A workdir with checkpoints resumes.", required=True)
 
@@ -31,7 +35,8 @@ def main(argv):
   if _MULTIHOST.value:
     import jax
     jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
-                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
+                               heartbeat_timeout_seconds=_HEARTBEAT.value)
   from train.loop import run
   sys.exit(run(_CONFIG.value, _WORKDIR.value))
 

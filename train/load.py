@@ -10,6 +10,7 @@ import json
 import os
 
 import ml_collections
+from jax.sharding import Mesh
 
 from flax_encoder import EncoderConfig, sharding
 from train.checkpoint import Checkpointer
@@ -36,16 +37,18 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(json.loads(meta["config"]))
 
 
-def load_encoder(workdir: str) -> tuple[EncoderConfig, dict]:
+def load_encoder(workdir: str, mesh: Mesh | None = None) -> tuple[EncoderConfig, dict]:
   """(EncoderConfig, encoder variables) of the newest verified checkpoint in `workdir`.
 
-  Inference then takes `Encoder(cfg).apply(variables, tokens)`.
+  The variables are laid out on `mesh` by the sharding rules, whatever mesh or number of
+  processes wrote the checkpoint; by default replicated over all devices. Inference then takes
+  `Encoder(cfg).apply(variables, tokens)`.
   """
   config = load_config(workdir)
   cfg = encoder_config(config)
   tx, _ = make_optimizer(config.optim, cfg.d_model)
-  # Replicated over this process's devices, whatever mesh wrote the checkpoint.
-  abstract = abstract_state(MaskedLM(cfg), tx, config.train.seq_len, sharding.make_mesh())
+  mesh = mesh or sharding.make_mesh()
+  abstract = abstract_state(MaskedLM(cfg), tx, config.train.seq_len, mesh)
   checkpointer = _open_checkpoints(workdir)
   try:
     # A reader leaves the workdir as it found it: nothing is moved aside.

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from flax_encoder import EncoderConfig, sharding
@@ -128,7 +129,8 @@ class StopRequest:
 
   @property
   def exit_code(self) -> int:
-    return self.EXIT_CODES[self.signum]
+    """128 + the signal; 143 where another process was signalled and this one stops with it."""
+    return self.EXIT_CODES.get(self.signum, 143)
 
   def restore(self):
     for s, handler in self._previous.items():
@@ -162,11 +164,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   state = init_state(model, tx, t.seed, t.batch_size, t.seq_len, mesh)
 
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), t.keep_checkpoints)
-  writer = MetricWriter(workdir)
+  primary = jax.process_index() == 0  # the one process that writes metrics and plots
+  writer = MetricWriter(workdir) if primary else None
   restored = checkpointer.restore_newest(state, train_iter)
   if restored is not None:
     state = restored[0]
-    writer.truncate_after(int(state.step))
+    if writer:
+      writer.truncate_after(int(state.step))
     print(f"resumed from the checkpoint at step {int(state.step)}", file=sys.stderr)
 
   # The state keeps its layout from step to step (no recompiles, donation reuses its buffers).
@@ -180,7 +184,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   config_json = config.to_json()
   pending = []  # (step, device metrics) not yet read on the host
   window_start, window_tokens = time.perf_counter(), 0
-  bar = tqdm(total=t.num_steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
+  bar = tqdm(total=t.num_steps, initial=step, desc="train", unit="step", dynamic_ncols=True,
+             disable=not primary)
   exit_code = 0
   # The mesh and the rules in context let the encoder constrain its activations' layout.
   context = contextlib.ExitStack()
@@ -196,8 +201,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
       bar.update(1)
       is_last = step == t.num_steps
       # Read the flag once: a signal landing later in this step is seen by the next one, so
-      # the step that stops is always the step that saves.
+      # the step that stops is always the step that saves. Several processes must stop (and
+      # save) at the same step: at each log step they learn, through a collective, whether
+      # any of them was signalled.
       stopping = stop.signum is not None
+      if jax.process_count() > 1:
+        stopping = step % t.log_every == 0 and _any_process(stopping)
       save_now = step % t.checkpoint_every == 0 or is_last or stopping
       if step % t.log_every == 0 or save_now:
         # The only host sync of the loop: every loss since the last one is checked, so a
@@ -217,27 +226,30 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
         tokens_per_s = window_tokens / (now - window_start)
         window_start, window_tokens = now, 0
         for s, m in fetched:
-          if s % t.log_every == 0 or s == step:
+          if writer and (s % t.log_every == 0 or s == step):
             writer.write(s, "train", {**m, "tokens_per_s": tokens_per_s})
         bar.set_postfix(loss=f"{fetched[-1][1]['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}")
       if step % t.eval_every == 0 or is_last:
-        writer.write(step, "eval", evaluate(p_eval_step, state.params, eval_data))
+        eval_metrics = evaluate(p_eval_step, state.params, eval_data)
+        if writer:
+          writer.write(step, "eval", eval_metrics)
       if save_now:
         checkpointer.save(step, state, train_iter, config_json)
       if stopping:
         exit_code = stop.exit_code
-        print(f"\nstopped by signal {stop.signum} at step {step}; checkpoint saved",
-              file=sys.stderr)
+        print(f"\nstopped by signal {stop.signum or 'to another process'} at step {step}; "
+              f"checkpoint saved", file=sys.stderr)
         break
   finally:
     context.close()
     bar.close()
     checkpointer.wait()
     checkpointer.close()
-    writer.close()
+    if writer:
+      writer.close()
     stop.restore()
 
-  if exit_code == 0:
+  if exit_code == 0 and primary:
     records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
     plot_run(records, schedule, t.num_steps, os.path.join(workdir, "plots"))
     final = [r for r in records if r["split"] == "eval"][-1]
@@ -246,3 +258,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
           f"{os.path.join(workdir, 'plots')}")
   return exit_code
 
+
+def _any_process(flag: bool) -> bool:
+  """Whether `flag` is set in any process (a collective: every process must call it)."""
+  return bool(multihost_utils.process_allgather(np.int32(flag)).any())

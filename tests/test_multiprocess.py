@@ -1,0 +1,173 @@
+"""Real processes joined by jax.distributed on this machine (gloo collectives on CPU): two
+processes against one with the same devices, checkpoints moving between process counts, and a
+run that survives SIGTERM to one process and kill -9 of another, ending bit for bit where an
+uninterrupted run ends."""
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from tests import runs
+from train import launch
+from train.load import load_encoder
+
+# The tiny config, shorter: 16 steps, a checkpoint every 4, one evaluation at the end.
+STEPS = 16
+MESH = ["--config.mesh.data=2", "--config.mesh.fsdp=2", f"--config.train.num_steps={STEPS}",
+        "--config.train.checkpoint_every=4", f"--config.train.eval_every={STEPS}"]
+TWO_DEVICES = runs.environment(2)
+
+
+def _launch(workdir, *overrides, popen=False):
+  """The tiny config as 2 processes x 2 devices through the launcher."""
+  cmd = [sys.executable, "-m", "train.launch", "--processes", "2", "--devices-per-process", "2",
+         "--", f"--config={runs.TINY}", f"--workdir={workdir}", *MESH, *overrides]
+  kwargs = dict(cwd=runs.ROOT, env=runs.environment(), text=True)
+  if popen:
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
+  return subprocess.run(cmd, capture_output=True, timeout=600, check=False, **kwargs)
+
+
+def _wait_for_step(workdir, step, timeout=300):
+  deadline = time.time() + timeout
+  while not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or max(
+      runs.losses(workdir), default=0) < step:
+    assert time.time() < deadline, f"the run in {workdir} did not reach step {step}"
+    time.sleep(0.05)
+
+
+def _train_process(workdir, process_id):
+  """The pid of `python -m train` process `process_id` of the run in `workdir`."""
+  for entry in os.listdir("/proc"):
+    try:
+      with open(f"/proc/{entry}/cmdline", "rb") as f:
+        args = f.read().decode().split("\0")
+    except (OSError, ValueError):
+      continue
+    if f"--workdir={workdir}" in args and f"--process_id={process_id}" in args:
+      return int(entry)
+  raise LookupError(f"no process {process_id} of the run in {workdir}")
+
+
+@pytest.fixture(scope="module")
+def four_device_run(tmp_path_factory):
+  """One process with 4 devices, mesh data=2 x fsdp=2: what 2 processes x 2 devices match."""
+  workdir = str(tmp_path_factory.mktemp("four_devices"))
+  runs.train(workdir, *MESH, env=runs.environment(4))
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory):
+  """The same run as 2 processes x 2 devices, uninterrupted: (workdir, the launcher's output)."""
+  workdir = str(tmp_path_factory.mktemp("two_processes"))
+  return workdir, _launch(workdir)
+
+
+def test_two_processes_train_as_one_with_the_same_devices(two_process_run, four_device_run):
+  (multi, result), single = two_process_run, four_device_run
+  assert result.returncode == 0, result.stdout[-3000:]
+  for i in range(2):
+    assert f"[{i}] mesh: data=2 x fsdp=2 over 4 cpu devices in 2 process(es)" in result.stdout
+  one, two = runs.losses(single), runs.losses(multi)
+  assert sorted(two) == sorted(one) == list(range(1, STEPS + 1))
+  np.testing.assert_allclose([two[s] for s in sorted(two)], [one[s] for s in sorted(one)],
+                             rtol=1e-5)
+  # Saved by 2 processes, verified and restored by this one.
+  _, variables = load_encoder(multi)
+  _, expected = load_encoder(single)
+  assert jax.tree.structure(variables) == jax.tree.structure(expected)
+
+
+def test_each_process_places_its_rows_and_restores_its_shards_of_a_1_process_checkpoint(
+    tmp_path, four_device_run):
+  _, variables = load_encoder(four_device_run)  # here, in one process
+  expected = str(tmp_path / "expected.npz")
+  np.savez(expected, *[np.asarray(leaf) for leaf in jax.tree.leaves(variables)])
+  port = str(launch.free_port())
+  procs = [subprocess.Popen(
+      [sys.executable, "-m", "tests.two_processes", port, str(i), four_device_run, expected],
+      cwd=runs.ROOT, env=TWO_DEVICES, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True) for i in range(2)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+  lines = [line.split() for out, _ in outs for line in out.splitlines()]
+  # batch_size 8: each process half the rows, together all of them.
+  assert [tuple(int(x) for x in line[1:]) for line in lines if line[0] == "rows"] == [(0, 4),
+                                                                                      (4, 8)]
+  assert sum(line[0] == "restored" for line in lines) == 2  # bitwise, in both processes
+
+
+def test_sigterm_to_one_process_then_kill_9_of_another_then_an_exact_restart(tmp_path,
+                                                                          two_process_run):
+  workdir = str(tmp_path / "run")
+  # SIGTERM to process 1 only: process 0, never signalled, must stop and save at its step.
+  launcher = _launch(workdir, popen=True)
+  _wait_for_step(workdir, 3)
+  os.kill(_train_process(workdir, 1), signal.SIGTERM)
+  out, _ = launcher.communicate(timeout=300)
+  assert launcher.returncode == 143, out[-3000:]
+  stopped = [line for line in out.splitlines() if "stopped by signal" in line]
+  assert {line[:4] for line in stopped} == {"[0] ", "[1] "}, out[-3000:]
+  steps = {int(line.split(" at step ")[1].split(";")[0]) for line in stopped}
+  assert len(steps) == 1, stopped  # both stopped, and saved, at one step
+  step = steps.pop()
+  assert step + 3 < STEPS, f"stopped at step {step}, too late for the rest of this test"
+  assert "signal to another process" in out
+  assert max(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints"))) == step
+
+  # Resume without the launcher; kill -9 process 1 (no handler runs, nothing is saved). The
+  # survivor, waiting in a collective, must fail with an error instead of hanging.
+  port = launch.free_port()
+  procs = [subprocess.Popen(
+      cmd, cwd=runs.ROOT, env=TWO_DEVICES, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True) for cmd in launch.commands(
+          2, [f"--config={runs.TINY}", f"--workdir={workdir}", *MESH,
+              "--heartbeat_timeout_s=5"], port)]
+  _wait_for_step(workdir, step + 3)
+  procs[1].kill()
+  killed = time.time()
+  _, err = procs[0].communicate(timeout=120)
+  procs[1].communicate()
+  assert procs[0].returncode != 0 and time.time() - killed < 60, "the survivor hung"
+  # gloo sees the closed connection at once; the coordination service's heartbeat timeout
+  # covers a host that vanishes without closing it.
+  reasons = ("Connection closed by peer", "Connection reset by peer", "heartbeat")
+  assert any(reason in err for reason in reasons), err[-3000:]
+  assert f"resumed from the checkpoint at step {step}" in err
+
+  result = _launch(workdir)
+  assert result.returncode == 0, result.stdout[-3000:]
+  assert runs.losses(workdir) == runs.losses(two_process_run[0])  # bit for bit
+
+
+def _python(code):
+  return [sys.executable, "-c", code]
+
+
+def test_the_launcher_stops_the_others_when_one_fails_and_forwards_signals():
+  envs, out = [dict(os.environ)] * 2, io.StringIO()
+  wait = "import time\nfor _ in range(600): time.sleep(0.1)"
+  started = time.time()
+  assert launch.launch([_python("raise SystemExit(3)"), _python(wait)], envs, out) == 3
+  assert time.time() - started < 30  # the sleeper got SIGTERM
+  assert "launch: process 0 exited with 3; stopping the others" in out.getvalue()
+
+  on_term = ("import signal, sys, time\n"
+             "def stop(signum, frame):\n"
+             "  print('got', signum, flush=True)\n"
+             "  sys.exit(128 + signum)\n"
+             "signal.signal(signal.SIGTERM, stop)\n"
+             "print('ready', flush=True)\n" + wait)
+  threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+  out = io.StringIO()
+  assert launch.launch([_python(on_term)] * 2, envs, out) == 143
+  assert "[0] got 15" in out.getvalue() and "[1] got 15" in out.getvalue()
