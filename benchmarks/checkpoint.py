@@ -1,0 +1,80 @@
+r"""How long a checkpoint holds up training, and how long restoring and verifying one takes.
+
+  python -m benchmarks.checkpoint [--dir /tmp/ckpt] [--saves 3]
+
+The train state of the paper-base model with its 8192-way output layer (parameters and Adam's
+two moments, float32) and the training pipeline's iterator, saved with train.checkpoint as the
+training loop saves them. Reported, as medians over `--saves`:
+  blocked   the `Checkpointer.save` call: how long the training loop waits for a save;
+  commit    from then until the checkpoint is on disk and verified-ready (orbax's background
+            write, the manifest of SHA-256s);
+  restore   `restore_newest` onto a fresh abstract state: verification and reading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+from benchmarks.workload import optim_config, paper_base
+from flax_encoder import sharding
+from train import data
+from train.checkpoint import Checkpointer
+from train.host import keep_freed_memory
+from train.loop import abstract_state, init_state
+from train.optim import make_optimizer
+from train.task import MaskedLM
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.checkpoint", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--dir", default=None, help="where to write (default: a temporary dir)")
+  parser.add_argument("--saves", type=int, default=3)
+  args = parser.parse_args(argv)
+  keep_freed_memory()
+  cfg = paper_base()
+  model = MaskedLM(cfg)
+  tx, _ = make_optimizer(optim_config(), cfg.d_model)
+  state = init_state(model, tx, 0, 1, 128)
+  target = abstract_state(model, tx, 128, sharding.make_mesh())
+  size = sum(x.nbytes for x in jax.tree.leaves(state))
+  tokens = np.random.default_rng(0).integers(4, 260, (64, 128)).astype(np.int32)
+  iterator = data.train_batches(tokens, 8, 0.15, 0)
+
+  root = args.dir or tempfile.mkdtemp(prefix="checkpoint_bench_")
+  directory = os.path.join(root, "checkpoints")
+  shutil.rmtree(directory, ignore_errors=True)
+  checkpointer = Checkpointer(directory, keep=2)
+  blocked, commit, restore = [], [], []
+  for step in range(1, args.saves + 1):
+    start = time.perf_counter()
+    checkpointer.save(step, state, iterator, "{}")
+    saved = time.perf_counter()
+    checkpointer.wait()
+    blocked.append(saved - start)
+    commit.append(time.perf_counter() - saved)
+    start = time.perf_counter()
+    restored = checkpointer.restore_newest(target, move_aside=False)
+    jax.block_until_ready(restored[0])
+    restore.append(time.perf_counter() - start)
+  checkpointer.close()
+  if not args.dir:
+    shutil.rmtree(root)
+  median = lambda xs: statistics.median(xs) * 1e3
+  print(f"train state {size / 1e6:.0f} MB on {jax.devices()[0].device_kind} ({os.cpu_count()} "
+        f"cores): blocked {median(blocked):.0f} ms, commit {median(commit):.0f} ms, restore and "
+        f"verify {median(restore):.0f} ms (medians of {args.saves})")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
