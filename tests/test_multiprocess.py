@@ -30,7 +30,7 @@ def _launch(workdir, *overrides, popen=False):
   """The tiny config as 2 processes x 2 devices through the launcher."""
   cmd = [sys.executable, "-m", "train.launch", "--processes", "2", "--devices-per-process", "2",
          "--", f"--config={runs.TINY}", f"--workdir={workdir}", *MESH, *overrides]
-  kwargs = dict(cwd=runs.ROOT, env=runs.environment(), text=True)
+  kwargs = {"cwd": runs.ROOT, "env": runs.environment(), "text": True}
   if popen:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
   return subprocess.run(cmd, capture_output=True, timeout=600, check=False, **kwargs)
