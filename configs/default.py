@@ -9,13 +9,15 @@ measured figures).
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
   config.model = model = ml_collections.ConfigDict()  # flax_encoder.EncoderConfig fields
-  model.vocab_size = 260  # 256 bytes + pad, mask and two reserved ids
+  # Unset: taken from the data (260 for bytes: 256 + pad, mask, separator and one unused id).
+  model.vocab_size = config_dict.placeholder(int)
   model.d_model = 128
   model.n_heads = 4
   model.d_ff = 512  # 4 x d_model, as in the paper
@@ -36,10 +38,14 @@ def get_config() -> ml_collections.ConfigDict:
   model.remat = "none"  # "full" or "save_dots" to trade compute for activation memory
 
   config.data = ml_collections.ConfigDict()
-  config.data.paths = ()  # UTF-8 text files; empty = the built-in corpus (pydoc topics)
+  # A directory python -m train.prepare wrote (any size, any tokenizer); else windows of bytes
+  # are cut from config.data.paths, small UTF-8 files, or the built-in corpus (pydoc topics).
+  config.data.prepared = config_dict.placeholder(str)
+  config.data.paths = ()
   # Fraction of non-pad bytes to predict (of them 80% masked, 10% random, 10% kept), as BERT.
   config.data.mask_rate = 0.15
-  config.data.eval_fraction = 0.05  # held-out fraction of the windows
+  config.data.eval_fraction = 0.05  # held-out fraction of the windows (of config.data.paths)
+  config.data.max_eval_windows = 4096  # each evaluation reads the first ones of those
 
   config.optim = ml_collections.ConfigDict()
   config.optim.warmup_steps = 200  # steps of linear warm-up (the paper: 4000 at 100k steps)

@@ -16,7 +16,7 @@ import pytest
 from tests import runs, tiny
 from train import data
 from train.checkpoint import MANIFEST, Checkpointer, checkpoint_files, verify_share
-from train.loop import encoder_config
+from train.loop import encoder_config, use_data_vocab_size
 from train.metrics import read_metrics
 from train.optim import paper_schedule
 
@@ -105,7 +105,9 @@ def test_uninterrupted_run_learns_and_writes_its_outputs(reference_run):
   assert set(evals[-1]) >= {"loss", "accuracy", "baseline_accuracy"}
   assert evals[-1]["loss"] < evals[0]["loss"]
   first_train = next(r for r in records if r["split"] == "train")
-  assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= set(first_train)
+  assert {"loss", "lr", "grad_norm", "tokens_per_s", "data_wait_s",
+          "data_wait_fraction"} <= set(first_train)
+  assert 0 <= first_train["data_wait_fraction"] < 1
   for name in ("loss.png", "accuracy.png", "learning_rate.png"):
     assert os.path.getsize(os.path.join(reference_run, "plots", name)) > 1000
   assert os.listdir(os.path.join(reference_run, "tensorboard"))
@@ -276,12 +278,28 @@ def test_trained_encoder_loads_in_three_lines_exports_and_draws_attention(
     load_encoder(str(tmp_path / "empty"))
 
 
+def test_the_vocab_size_comes_from_the_data_and_an_explicit_one_must_agree():
+  windows = data.Windows(np.zeros((4, 8), np.uint16), np.zeros((1, 8), np.uint16), 2004,
+                         "data/corpus (sentencepiece)")
+  config = tiny.get_config()
+  with pytest.raises(ValueError, match="config.model.vocab_size is unset"):
+    encoder_config(config)
+  use_data_vocab_size(config, windows)
+  assert encoder_config(config).vocab_size == 2004
+  config.model.vocab_size = 260
+  with pytest.raises(ValueError, match=r"vocab_size=260 disagrees .* data/corpus "
+                     r"\(sentencepiece\) has a vocabulary of 2004"):
+    use_data_vocab_size(config, windows)
+
+
 @pytest.mark.parametrize("name", ["default", "base", "big", "small"])
 def test_every_config_builds_a_valid_encoder_config(name):
   import importlib
   config = importlib.import_module(f"configs.{name}").get_config()
+  assert config.model.vocab_size is None  # taken from the data
+  use_data_vocab_size(config, data.windows(config))
   cfg = encoder_config(config)
-  assert config.train.seq_len <= cfg.max_len
+  assert cfg.vocab_size == data.VOCAB_SIZE and config.train.seq_len <= cfg.max_len
   if name == "small":
     assert (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.n_layers, cfg.max_len) == (312, 6, 1248, 3, 80)
     assert cfg.dropout == 0.05

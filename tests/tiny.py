@@ -25,7 +25,11 @@ def setup(config=None):
   from train.optim import make_optimizer
   from train.task import MaskedLM
 
+  from train import data
+
   config = config or get_config()
+  if config.model.vocab_size is None:  # as training sets it for the byte corpus
+    config.model.vocab_size = data.VOCAB_SIZE
   cfg = encoder_config(config)
   tx, schedule = make_optimizer(config.optim, cfg.d_model)
   return config, MaskedLM(cfg), tx, schedule

@@ -40,13 +40,22 @@ class TrainState:
 def encoder_config(config: ml_collections.ConfigDict) -> EncoderConfig:
   """config.model (a ConfigDict of EncoderConfig fields) -> EncoderConfig."""
   fields = config.model.to_dict()
-  if fields.get("vocab_size") != data.VOCAB_SIZE:
-    raise ValueError(f"config.model.vocab_size must be {data.VOCAB_SIZE} (256 bytes + "
-                     f"{data.NUM_SPECIAL} special ids) for the byte-level task, got "
-                     f"{fields.get('vocab_size')}")
+  if fields.get("vocab_size") is None:
+    raise ValueError("config.model.vocab_size is unset: training takes it from the data "
+                     "(use_data_vocab_size)")
   if fields.get("pad_id", data.PAD_ID) != data.PAD_ID:
     raise ValueError(f"config.model.pad_id must be {data.PAD_ID}, got {fields['pad_id']}")
   return EncoderConfig(**fields)
+
+
+def use_data_vocab_size(config: ml_collections.ConfigDict, windows: data.Windows) -> None:
+  """Sets config.model.vocab_size to the data's; an explicit value must agree with it."""
+  given = config.model.vocab_size
+  if given is not None and given != windows.vocab_size:
+    raise ValueError(f"config.model.vocab_size={given} disagrees with the data: "
+                     f"{windows.source} has a vocabulary of {windows.vocab_size}; leave it "
+                     f"unset to take the data's")
+  config.model.vocab_size = windows.vocab_size
 
 
 def _boxed_init(model: MaskedLM, tx, seed: int, batch_size: int, seq_len: int):
@@ -141,15 +150,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   """Trains (or resumes) the run in `workdir`; returns the process exit code."""
   os.makedirs(workdir, exist_ok=True)
   t = config.train
+  windows = data.windows(config)
+  use_data_vocab_size(config, windows)
   cfg = encoder_config(config)
   if t.seq_len > cfg.max_len:
     raise ValueError(f"config.train.seq_len={t.seq_len} exceeds config.model.max_len="
                      f"{cfg.max_len}")
-
-  examples = data.chunk(data.load_documents(list(config.data.paths)), t.seq_len)
-  train_examples, eval_examples = data.split(examples, config.data.eval_fraction, t.seed)
-  train_iter = data.train_batches(train_examples, t.batch_size, config.data.mask_rate, t.seed)
-  baseline_token = data.most_frequent_token(train_examples)
+  train_iter = data.train_batches(windows.train, t.batch_size, config.data.mask_rate, t.seed,
+                                  cfg.vocab_size)
+  baseline_token = data.most_frequent_token(windows.train)
 
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
   sharding.check_batch_divisible(t.batch_size, mesh, "config.train.batch_size")
@@ -158,7 +167,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
           f"{jax.default_backend()} devices in {jax.process_count()} process(es)", file=sys.stderr)
   # The held-out split, on the devices once for every evaluation.
   eval_data = [data.to_devices(b, mesh) for b in data.eval_batches(
-      eval_examples, t.batch_size, config.data.mask_rate, t.seed + 2)]
+      windows.eval[:config.data.max_eval_windows], t.batch_size, config.data.mask_rate,
+      t.seed + 2, cfg.vocab_size)]
   model = MaskedLM(cfg)
   tx, schedule = make_optimizer(config.optim, cfg.d_model)
   state = init_state(model, tx, t.seed, t.batch_size, t.seq_len, mesh)
@@ -183,7 +193,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   step = int(state.step)
   config_json = config.to_json()
   pending = []  # (step, device metrics) not yet read on the host
-  window_start, window_tokens = time.perf_counter(), 0
+  # Per log window: its start, tokens trained, and seconds the loop waited for the next batch
+  # (steps run asynchronously, so a window is input-bound when that wait nears its length).
+  window_start, window_tokens, data_wait_s = time.perf_counter(), 0, 0.0
   bar = tqdm(total=t.num_steps, initial=step, desc="train", unit="step", dynamic_ncols=True,
              disable=not primary)
   exit_code = 0
@@ -193,7 +205,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   context.enter_context(nn.logical_axis_rules(sharding.RULES))
   try:
     while step < t.num_steps:
+      waiting = time.perf_counter()
       batch = data.to_devices(next(train_iter), mesh)
+      data_wait_s += time.perf_counter() - waiting
       state, metrics = p_train_step(state, batch)
       step += 1
       window_tokens += int(batch["inputs"].size)
@@ -223,12 +237,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
           exit_code = 1
           break
         now = time.perf_counter()
-        tokens_per_s = window_tokens / (now - window_start)
-        window_start, window_tokens = now, 0
+        window = {"tokens_per_s": window_tokens / (now - window_start),
+                  "data_wait_s": data_wait_s,
+                  "data_wait_fraction": data_wait_s / (now - window_start)}
+        window_start, window_tokens, data_wait_s = now, 0, 0.0
         for s, m in fetched:
           if writer and (s % t.log_every == 0 or s == step):
-            writer.write(s, "train", {**m, "tokens_per_s": tokens_per_s})
-        bar.set_postfix(loss=f"{fetched[-1][1]['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}")
+            writer.write(s, "train", {**m, **window})
+        bar.set_postfix(loss=f"{fetched[-1][1]['loss']:.3f}", tok_s=f"{window['tokens_per_s']:,.0f}")
       if step % t.eval_every == 0 or is_last:
         eval_metrics = evaluate(p_eval_step, state.params, eval_data)
         if writer:

@@ -1,0 +1,188 @@
+"""python -m train.prepare: windows that hold exactly the documents, deterministic output, every
+tokenizer kind, one-line errors naming the file, and training on what it wrote."""
+
+import json
+import os
+import unicodedata
+
+import numpy as np
+import pytest
+
+from tests import runs
+from train import data, prepare
+
+DOCS = ["first document\nwith two lines\n", "zweites Dokument: äöü\n", "a third"]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+  """Two text files and a JSON-lines file of two documents: the inputs, in input order."""
+  (tmp_path / "a.txt").write_text(DOCS[0], encoding="utf-8")
+  (tmp_path / "b.txt").write_text(DOCS[1], encoding="utf-8")
+  (tmp_path / "c.jsonl").write_text(
+      "\n".join(json.dumps({"text": t, "id": i}) for i, t in enumerate([DOCS[2], "x"])) + "\n",
+      encoding="utf-8")
+  return [str(tmp_path / "*.txt"), str(tmp_path / "c.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def topics(tmp_path_factory):
+  """~100 KB of the built-in corpus as a text file: enough to train a small vocabulary."""
+  from pydoc_data.topics import topics
+  path = tmp_path_factory.mktemp("topics") / "topics.txt"
+  path.write_text("".join(topics[name] for name in sorted(topics)[:60]), encoding="utf-8")
+  return str(path)
+
+
+def _all_windows(out):
+  """Every window in the order prepare cut them, from the two splits."""
+  with open(os.path.join(out, "dataset.json")) as f:
+    meta = json.load(f)
+  w = data.load_prepared(out, meta["seq_len"])
+  every, rows, train, held_out = meta["eval_every"], [], iter(w.train), iter(w.eval)
+  for i in range(len(w.train) + len(w.eval)):
+    rows.append(next(held_out) if i % every == every - 1 else next(train))
+  return meta, np.concatenate(rows)
+
+
+def test_bytes_windows_hold_the_documents_back_to_back_with_separators(corpus, tmp_path):
+  out = str(tmp_path / "out")
+  meta = prepare.prepare(corpus, out, seq_len=8, eval_fraction=0.25, progress=False)
+  expected = []
+  for doc in [*DOCS, "x"]:
+    expected += [b + 4 for b in doc.encode("utf-8")] + [prepare.SEPARATOR_ID]
+  _, ids = _all_windows(out)
+  padding = -len(expected) % 8
+  np.testing.assert_array_equal(ids, expected + [prepare.PAD_ID] * padding)
+  assert meta["vocab_size"] == data.VOCAB_SIZE and meta["dtype"] == "uint16"
+  assert meta["windows"]["eval"] == len(ids) // 8 // 4  # every 4th window
+  assert [os.path.basename(i["path"]) for i in meta["inputs"]] == ["a.txt", "b.txt", "c.jsonl"]
+  assert meta["inputs"][0]["bytes"] == len(DOCS[0].encode())
+  assert sorted(os.listdir(tmp_path)) == ["a.txt", "b.txt", "c.jsonl", "out"]  # no leftovers
+
+
+def test_sentencepiece_is_trained_on_the_corpus_and_the_output_is_deterministic(topics,
+                                                                                tmp_path):
+  import sentencepiece as spm
+  outs = [str(tmp_path / f"out{workers}") for workers in (1, 2)]
+  for out, workers in zip(outs, (1, 2)):
+    meta = prepare.prepare([topics], out, "sentencepiece", vocab_size=600, seq_len=64,
+                           eval_fraction=0.1, workers=workers, progress=False)
+  for name in ("train.bin", "eval.bin", "tokenizer.model", "dataset.json"):
+    with open(os.path.join(outs[0], name), "rb") as a, open(os.path.join(outs[1], name),
+                                                            "rb") as b:
+      assert a.read() == b.read(), name  # byte-identical, whatever the worker count
+  assert meta["vocab_size"] == 604 and meta["tokenizer"]["file"] == "tokenizer.model"
+  _, ids = _all_windows(outs[0])
+  assert ids.max() < 604 and (ids >= prepare.FIRST_TOKEN_ID).mean() > 0.99
+  sp = spm.SentencePieceProcessor(model_file=os.path.join(outs[0], "tokenizer.model"))
+  pieces = ids[:ids.tolist().index(prepare.SEPARATOR_ID)] - prepare.FIRST_TOKEN_ID
+  with open(topics, encoding="utf-8") as f:
+    text = unicodedata.normalize("NFKC", f.read())  # sentencepiece's normalization
+  assert " ".join(sp.decode(pieces.tolist()).split()) == " ".join(text.split())
+
+
+def test_an_existing_sentencepiece_model_or_hugging_face_tokenizer_is_used_as_given(topics,
+                                                                                    tmp_path):
+  from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+  tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+  tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+  tokenizer.train([topics], trainers.WordLevelTrainer(vocab_size=500, special_tokens=["[UNK]"]))
+  path = str(tmp_path / "tokenizer.json")
+  tokenizer.save(path)
+  out = str(tmp_path / "hf")
+  meta = prepare.prepare([topics], out, path, seq_len=32, eval_fraction=0.1, progress=False)
+  assert meta["tokenizer"] == {"kind": "huggingface", "file": "tokenizer.json",
+                               "vocab_size": 500}
+  with open(topics, encoding="utf-8") as f:
+    first_line = f.readline()
+  expected = np.array(tokenizer.encode(first_line, add_special_tokens=False).ids) + 4
+  _, ids = _all_windows(out)
+  np.testing.assert_array_equal(ids[:len(expected)], expected)
+
+  sp_model = str(tmp_path / "sp" / "tokenizer.model")
+  prepare.prepare([topics], str(tmp_path / "sp"), "sentencepiece", vocab_size=400, seq_len=32,
+                  eval_fraction=0.1, progress=False)
+  again = prepare.prepare([topics], str(tmp_path / "sp2"), sp_model, seq_len=32,
+                          eval_fraction=0.1, progress=False)
+  assert again["vocab_size"] == 404
+  with open(tmp_path / "sp" / "train.bin", "rb") as a, open(tmp_path / "sp2" / "train.bin",
+                                                            "rb") as b:
+    assert a.read() == b.read()
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "--input '{tmp}/missing.txt': no such file"),
+    ("no match", "--input '{tmp}/*.md' matches no file"),
+    ("utf-8", "{tmp}/bad.txt:2: invalid UTF-8 at byte 5 of the file"),
+    ("json", "{tmp}/bad.jsonl:2: not a JSON object with a string field 'text' (--text-field)"),
+    ("empty", "the inputs hold no text"),
+    ("vocab", "--vocab-size 100000: sentencepiece cannot train it on this corpus"),
+    ("exists", "--out '{tmp}/a.txt' already exists"),
+])
+def test_bad_input_is_one_line_naming_the_file_and_leaves_no_output(tmp_path, capsys, case,
+                                                                    message):
+  (tmp_path / "a.txt").write_text("some text\n")
+  (tmp_path / "bad.txt").write_bytes(b"fine\n\xff\xfe\n")
+  (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{"body": "b"}\n')
+  (tmp_path / "empty.txt").write_text("")
+  args = {
+      "missing": ["--input", f"{tmp_path}/missing.txt"],
+      "no match": ["--input", f"{tmp_path}/*.md"],
+      "utf-8": ["--input", f"{tmp_path}/bad.txt"],
+      "json": ["--input", f"{tmp_path}/bad.jsonl"],
+      "empty": ["--input", f"{tmp_path}/empty.txt"],
+      "vocab": ["--input", f"{tmp_path}/a.txt", "--tokenizer", "sentencepiece",
+                "--vocab-size", "100000"],
+      "exists": ["--input", f"{tmp_path}/a.txt", "--out", f"{tmp_path}/a.txt"],
+  }[case]
+  before = sorted(os.listdir(tmp_path))
+  out = [] if case == "exists" else ["--out", f"{tmp_path}/out"]
+  assert prepare.main([*args, *out, "--workers", "1"]) == 2
+  err = capsys.readouterr().err
+  assert f"prepare: error: {message.format(tmp=tmp_path)}" in err
+  assert "Traceback" not in err
+  assert sorted(os.listdir(tmp_path)) == before  # nothing written, no temporary left
+
+
+def test_training_reads_prepared_windows_and_refuses_what_does_not_match(topics, tmp_path):
+  prepared = str(tmp_path / "prepared")
+  prepare.prepare([topics], prepared, "sentencepiece", vocab_size=400, seq_len=32,
+                  eval_fraction=0.05, progress=False)
+  workdir = str(tmp_path / "run")
+  runs.train(workdir, f"--config.data.prepared={prepared}", "--config.train.num_steps=4")
+  from train.load import load_config
+  assert load_config(workdir).model.vocab_size == 404
+
+  refused = {
+      "--config.model.vocab_size=260": "config.model.vocab_size=260 disagrees with the data",
+      "--config.train.seq_len=16": "config.train.seq_len=16 differs from the windows",
+  }
+  for override, message in refused.items():
+    result = runs.train(str(tmp_path / "refused"), f"--config.data.prepared={prepared}",
+                        override, check=False)
+    assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
+  interrupted = str(tmp_path / "interrupted")  # what a killed prepare leaves under its name
+  os.makedirs(interrupted)
+  os.rename(os.path.join(prepared, "train.bin"), os.path.join(interrupted, "train.bin"))
+  with pytest.raises(ValueError, match="is not a prepared dataset: it holds no dataset.json"):
+    data.load_prepared(interrupted, 32)
+  with pytest.raises(ValueError, match="train.bin holds None bytes"):
+    data.load_prepared(prepared, 32)
+
+
+def test_masking_never_targets_padding_or_separators_and_keeps_80_10_10():
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(prepare.FIRST_TOKEN_ID, 1000, (400, 128))
+  tokens[:, ::16] = prepare.SEPARATOR_ID
+  tokens[:, -10:] = prepare.PAD_ID
+  masked = data.mask_tokens(tokens, 0.15, rng, vocab_size=1000)
+  chosen = masked["weights"] > 0
+  assert not chosen[tokens < prepare.FIRST_TOKEN_ID].any()
+  real = tokens >= prepare.FIRST_TOKEN_ID
+  assert abs(chosen[real].mean() - 0.15) < 0.005
+  inputs = masked["inputs"][chosen]
+  as_mask = (inputs == prepare.MASK_ID).mean()
+  kept = (inputs == tokens[chosen]).mean()
+  assert abs(as_mask - 0.8) < 0.01 and abs(kept - 0.1 - 0.1 / 996) < 0.01
+  assert inputs.max() < 1000 and (inputs[inputs != prepare.MASK_ID] >= 4).all()
