@@ -186,3 +186,33 @@ def test_masking_never_targets_padding_or_separators_and_keeps_80_10_10():
   kept = (inputs == tokens[chosen]).mean()
   assert abs(as_mask - 0.8) < 0.01 and abs(kept - 0.1 - 0.1 / 996) < 0.01
   assert inputs.max() < 1000 and (inputs[inputs != prepare.MASK_ID] >= 4).all()
+
+
+def test_config_data_paths_are_prepared_into_the_workdir_as_bytes(tmp_path):
+  from tests import tiny
+  (tmp_path / "mine.txt").write_text("my own text " * 100)
+  config = tiny.get_config()
+  config.data.paths = (str(tmp_path / "mine.txt"),)
+  windows = data.windows(config, str(tmp_path / "run"))
+  assert windows.vocab_size == data.VOCAB_SIZE and windows.train.shape[1] == 32
+  assert os.path.isfile(tmp_path / "run" / "data" / "dataset.json")
+  _, ids = _all_windows(str(tmp_path / "run" / "data"))
+  assert data.decode(ids[:12]) == "my own text "
+  config.data.paths = (str(tmp_path / "missing.txt"),)
+  with pytest.raises(ValueError, match=r"config.data.paths=\('.*missing.txt',\): --input "
+                     r"'.*missing.txt': no such file"):
+    data.windows(config, str(tmp_path / "run"))
+
+
+def test_characters_and_errors_split_across_read_blocks(corpus, tmp_path, monkeypatch):
+  whole = prepare.prepare(corpus, str(tmp_path / "whole"), seq_len=8, eval_fraction=0.25,
+                          progress=False)
+  monkeypatch.setattr(prepare, "_CHUNK_CHARS", 3)  # 'ä' and 'ö' straddle block boundaries
+  blocks = prepare.prepare(corpus, str(tmp_path / "blocks"), seq_len=8, eval_fraction=0.25,
+                           progress=False)
+  assert blocks["windows"] == whole["windows"]
+  for name in ("train.bin", "eval.bin"):
+    assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "blocks" / name).read_bytes()
+  (tmp_path / "late.txt").write_bytes("line one\nline twö\n".encode() + b"x\xc3(\n")
+  with pytest.raises(prepare.PrepareError, match=r"late.txt:3: invalid UTF-8 at byte 20 "):
+    prepare.prepare([str(tmp_path / "late.txt")], str(tmp_path / "late"), progress=False)

@@ -292,12 +292,13 @@ def test_the_vocab_size_comes_from_the_data_and_an_explicit_one_must_agree():
     use_data_vocab_size(config, windows)
 
 
-@pytest.mark.parametrize("name", ["default", "base", "big", "small"])
-def test_every_config_builds_a_valid_encoder_config(name):
+@pytest.mark.parametrize("name", ["default", "base", "big", "small", "subword"])
+def test_every_config_builds_a_valid_encoder_config(name, tmp_path):
   import importlib
   config = importlib.import_module(f"configs.{name}").get_config()
   assert config.model.vocab_size is None  # taken from the data
-  use_data_vocab_size(config, data.windows(config))
+  config.data.prepared = None  # subword.py's, prepared by a command of its own
+  use_data_vocab_size(config, data.windows(config, str(tmp_path)))
   cfg = encoder_config(config)
   assert cfg.vocab_size == data.VOCAB_SIZE and config.train.seq_len <= cfg.max_len
   if name == "small":

@@ -3,8 +3,10 @@
 batches and jitted step."""
 
 import functools
+import tempfile
 
 import jax
+import numpy as np
 
 from configs import default
 
@@ -41,10 +43,13 @@ def state(model, tx, config, seed=0, mesh=None):
 
 
 def batches(config, seed=0):
-  """The training pipeline over the built-in corpus, at its start."""
-  from train import data
-  examples = data.chunk(data.load_documents([]), config.train.seq_len)
-  return data.train_batches(examples, config.train.batch_size, config.data.mask_rate, seed)
+  """The training pipeline over the built-in corpus, at its start (in any process)."""
+  from train import data, prepare
+  with tempfile.TemporaryDirectory() as directory:
+    prepare.prepare([prepare.BUILTIN], directory + "/data", seq_len=config.train.seq_len,
+                    eval_fraction=config.data.eval_fraction, workers=1, progress=False)
+    train = np.array(data.load_prepared(directory + "/data", config.train.seq_len).train)
+  return data.train_batches(train, config.train.batch_size, config.data.mask_rate, seed)
 
 
 def jitted_step(model, tx, schedule, config):

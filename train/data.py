@@ -12,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 
 import grain
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from flax_encoder.sharding import batch_sharding
 from train import prepare
@@ -34,15 +36,24 @@ class Windows:
   source: str  # where they come from, for messages
 
 
-def windows(config) -> Windows:
-  """The windows `config.data` names, split, at `config.train.seq_len`."""
+def windows(config, workdir: str) -> Windows:
+  """The windows `config.data` names, at `config.train.seq_len`: the prepared directory, or
+  config.data.paths (else the built-in corpus) prepared here into `workdir`/data, bytes."""
   seq_len = config.train.seq_len
   if config.data.prepared:
     return load_prepared(config.data.prepared, seq_len)
-  examples = chunk(load_documents(list(config.data.paths)), seq_len)
-  train, held_out = split(examples, config.data.eval_fraction, config.train.seed)
-  source = "config.data.paths" if config.data.paths else "the built-in corpus"
-  return Windows(train, held_out, VOCAB_SIZE, f"{source} (bytes)")
+  directory = os.path.join(workdir, "data")
+  if jax.process_index() == 0:  # the same bytes every time, so a resumed run reads the same
+    shutil.rmtree(directory, ignore_errors=True)
+    try:
+      prepare.prepare(list(config.data.paths) or [prepare.BUILTIN], directory, "bytes",
+                      seq_len=seq_len, eval_fraction=config.data.eval_fraction, workers=1,
+                      progress=False)
+    except prepare.PrepareError as e:
+      raise ValueError(f"config.data.paths={tuple(config.data.paths)}: {e}") from None
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("training data prepared")
+  return load_prepared(directory, seq_len)
 
 
 def load_prepared(directory: str, seq_len: int) -> Windows:
@@ -81,46 +92,6 @@ def encode(text: str) -> np.ndarray:
 def decode(ids) -> str:
   data = bytes(int(i) - NUM_SPECIAL for i in np.asarray(ids).ravel() if i >= NUM_SPECIAL)
   return data.decode("utf-8", errors="replace")
-
-
-def load_documents(paths) -> list[str]:
-  """The texts of `paths`, or the built-in corpus (pydoc topics, sorted by name) if empty."""
-  if not paths:
-    from pydoc_data.topics import topics
-    return [topics[name] for name in sorted(topics)]
-  documents = []
-  for path in paths:
-    with open(path, encoding="utf-8") as f:
-      documents.append(f.read())
-  return documents
-
-
-def chunk(documents: list[str], seq_len: int) -> np.ndarray:
-  """Each document cut into seq_len windows; a document's last window is padded with PAD_ID.
-
-  Returns:
-    int32 [examples, seq_len].
-  """
-  rows = []
-  for doc in documents:
-    ids = encode(doc)
-    for start in range(0, len(ids), seq_len):
-      row = np.full(seq_len, PAD_ID, np.int32)
-      piece = ids[start:start + seq_len]
-      row[:len(piece)] = piece
-      rows.append(row)
-  if not rows:
-    raise ValueError("config.data.paths hold no text")
-  return np.stack(rows)
-
-
-def split(examples: np.ndarray, eval_fraction: float, seed: int):
-  """A deterministic held-out split: (train, eval) rows."""
-  if not 0 < eval_fraction < 1:
-    raise ValueError(f"config.data.eval_fraction must lie in (0, 1), got {eval_fraction}")
-  order = np.random.default_rng(seed).permutation(len(examples))
-  n_eval = max(1, int(round(len(examples) * eval_fraction)))
-  return examples[order[n_eval:]], examples[order[:n_eval]]
 
 
 def mask_tokens(tokens: np.ndarray, mask_rate: float, rng: np.random.Generator,

@@ -150,7 +150,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   """Trains (or resumes) the run in `workdir`; returns the process exit code."""
   os.makedirs(workdir, exist_ok=True)
   t = config.train
-  windows = data.windows(config)
+  windows = data.windows(config, workdir)
   use_data_vocab_size(config, windows)
   cfg = encoder_config(config)
   if t.seq_len > cfg.max_len:

@@ -32,6 +32,7 @@ The same inputs and arguments give byte-identical files.
 from __future__ import annotations
 
 import argparse
+import codecs
 import dataclasses
 import glob
 import hashlib
@@ -50,7 +51,7 @@ PAD_ID, MASK_ID, SEPARATOR_ID = 0, 1, 2
 FIRST_TOKEN_ID = 4  # tokenizer id i is stored as FIRST_TOKEN_ID + i
 FORMAT = "flax-encoder windows 1"
 BUILTIN = "builtin:pydoc_data.topics"
-_CHUNK_CHARS = 1 << 20  # characters of text per unit of work
+_CHUNK_CHARS = 1 << 20  # characters of text per unit of work; bytes read at once
 _UNITS_IN_FLIGHT = 4  # per worker: bounds the memory held by the work queue
 
 
@@ -103,13 +104,13 @@ def _encode(unit: tuple[list[str], list[bool]]) -> np.ndarray:
     ids = tokenizer.encode(texts)
   else:
     ids = [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
-  separator = np.array([SEPARATOR_ID], np.int64)
+  separator = np.array([SEPARATOR_ID], np.int32)
   pieces = []
   for piece, end in zip(ids, ends):
-    pieces.append(np.asarray(piece, np.int64) + FIRST_TOKEN_ID)
+    pieces.append(np.asarray(piece, np.int32) + FIRST_TOKEN_ID)
     if end:
       pieces.append(separator)
-  return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+  return np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,9 +149,34 @@ def _lines(path: str, digest) -> Iterator[tuple[int, str]]:
       try:
         yield number, raw.decode("utf-8")
       except UnicodeDecodeError as e:
-        raise PrepareError(f"{path}:{number}: invalid UTF-8 at byte {offset + e.start} of the "
-                           f"file ({e.reason})") from None
+        _invalid_utf8(path, offset + e.start, e.reason)
       offset += len(raw)
+
+
+def _blocks(path: str, digest) -> Iterator[str]:
+  """The text of a UTF-8 file in blocks of about _CHUNK_CHARS, hashing its bytes."""
+  decoder = codecs.getincrementaldecoder("utf-8")()
+  offset = 0
+  with open(path, "rb") as f:
+    while True:
+      block = f.read(_CHUNK_CHARS)
+      digest.update(block)
+      held = len(decoder.getstate()[0])  # the start of a character split by the last block
+      try:
+        text = decoder.decode(block, final=not block)
+      except UnicodeDecodeError as e:
+        _invalid_utf8(path, offset - held + e.start, e.reason)
+      offset += len(block)
+      if text:
+        yield text
+      if not block:
+        return
+
+
+def _invalid_utf8(path: str, at: int, reason: str):
+  with open(path, "rb") as f:
+    line = f.read(at).count(b"\n") + 1
+  raise PrepareError(f"{path}:{line}: invalid UTF-8 at byte {at} of the file ({reason})")
 
 
 def _builtin_topics() -> list[str]:
@@ -187,10 +213,10 @@ def _documents(inputs: list[Input], text_field: str) -> Iterator[tuple[str, bool
         yield text, True
     else:
       previous = None
-      for _, line in _lines(record.path, digest):
+      for block in _blocks(record.path, digest):
         if previous is not None:
           yield previous, False
-        previous = line
+        previous = block
       if previous is not None:
         yield previous, True
     record.sha256 = digest.hexdigest()
@@ -223,9 +249,8 @@ def train_sentencepiece(inputs: list[Input], text_field: str, vocab_size: int,
   total = sum(_size(r.path) for r in inputs)
   keep = min(1.0, sample_mb * 1e6 / max(total, 1))
   rng = np.random.default_rng(0)
-  sample = [text.rstrip("\n") for text, _ in _documents([Input(r.path) for r in inputs],
-                                                         text_field)
-            if text.strip() and rng.random() < keep]
+  sample = [line for text, _ in _documents([Input(r.path) for r in inputs], text_field)
+            for line in text.splitlines() if line.strip() and rng.random() < keep]
   if not sample:
     raise PrepareError("the inputs hold no text")
   model = io.BytesIO()
@@ -252,7 +277,7 @@ class _Windows:
     self.seq_len, self.dtype, self.eval_every = seq_len, dtype, eval_every
     self.files = {s: open(os.path.join(directory, f"{s}.bin"), "wb") for s in ("train", "eval")}
     self.counts = {"train": 0, "eval": 0}
-    self.pending = np.zeros(0, np.int64)
+    self.pending = np.zeros(0, np.int32)
     self.text_tokens = 0  # ids other than separators
 
   def add(self, ids: np.ndarray) -> None:
@@ -264,7 +289,7 @@ class _Windows:
 
   def close(self) -> None:
     if len(self.pending):
-      last = np.full(self.seq_len, PAD_ID, np.int64)
+      last = np.full(self.seq_len, PAD_ID, np.int32)
       last[:len(self.pending)] = self.pending
       self._write(last[None])
     for f in self.files.values():
