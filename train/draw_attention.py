@@ -65,7 +65,13 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if not args.text:
     parser.error("--text must not be empty")
-  from train.load import load_encoder
+  from train.load import load_config, load_encoder
+  config = load_config(args.workdir)
+  if config.data.get("prepared"):
+    windows = data.load_prepared(config.data.prepared, config.train.seq_len)
+    if not windows.source.endswith("(bytes)"):
+      parser.error(f"--workdir {args.workdir} was trained on {windows.source}; this command "
+                   f"encodes --text as bytes only")
   cfg, variables = load_encoder(args.workdir)
   weights, labels = attention_weights(cfg, variables, args.text)
   out = args.out or os.path.join(args.workdir, "plots", "attention.png")
