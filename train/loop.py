@@ -114,11 +114,13 @@ def eval_step(params, batch: dict, *, model, baseline_token: int) -> dict:
 
 
 def evaluate(eval_fn, params, batches) -> dict:
-  sums = None
+  # One batch at a time, summed on the host: with several processes on CPU, independent
+  # computations in flight together can interleave their gloo collectives differently in
+  # each process and deadlock.
+  sums = {}
   for batch in batches:
-    out = eval_fn(params, batch)
-    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-  sums = jax.device_get(sums)
+    for name, value in jax.device_get(eval_fn(params, batch)).items():
+      sums[name] = sums.get(name, 0.0) + float(value)
   count = max(float(sums["count"]), 1.0)
   return {"loss": sums["ce"] / count, "accuracy": sums["correct"] / count,
           "baseline_accuracy": sums["baseline_correct"] / count}
@@ -220,7 +222,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
       # any of them was signalled.
       stopping = stop.signum is not None
       if jax.process_count() > 1:
-        stopping = step % t.log_every == 0 and _any_process(stopping)
+        stopping = step % t.log_every == 0 and _any_process(stopping, after=metrics)
       save_now = step % t.checkpoint_every == 0 or is_last or stopping
       if step % t.log_every == 0 or save_now:
         # The only host sync of the loop: every loss since the last one is checked, so a
@@ -275,6 +277,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   return exit_code
 
 
-def _any_process(flag: bool) -> bool:
-  """Whether `flag` is set in any process (a collective: every process must call it)."""
+def _any_process(flag: bool, after) -> bool:
+  """Whether `flag` is set in any process (a collective: every process must call it), once
+  the computation of `after` is done, so that the two never run their collectives together."""
+  jax.block_until_ready(after)
   return bool(multihost_utils.process_allgather(np.int32(flag)).any())
