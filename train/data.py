@@ -1,10 +1,10 @@
 """Masked-token data: the training windows, the byte tokenizer and the grain pipelines.
 
 The windows come from a directory `python -m train.prepare` wrote (`config.data.prepared`), or
-are cut here from small UTF-8 files (`config.data.paths`) or the built-in corpus, the standard
-library's pydoc_data.topics (~460 KB of English documentation that ships with every CPython),
-so the default run needs no data files. Token ids: 0 = pad, 1 = mask, 2 = the separator
-between documents, 3 unused, then the tokenizer's ids + 4 (4 + b for byte b).
+are prepared at start, as bytes, from small UTF-8 files (`config.data.paths`) or the built-in
+corpus, the standard library's pydoc_data.topics (~460 KB of English documentation that ships
+with every CPython), so the default run needs no data files. Token ids: 0 = pad, 1 = mask,
+2 = the separator between documents, 3 unused, then the tokenizer's ids + 4 (4 + b for byte b).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class Windows:
   eval: np.ndarray
   vocab_size: int
   source: str  # where they come from, for messages
+  tokenizer: str = "bytes"  # the kind train.prepare records: bytes, sentencepiece, huggingface
 
 
 def windows(config, workdir: str) -> Windows:
@@ -80,8 +81,9 @@ def load_prepared(directory: str, seq_len: int) -> Windows:
       raise ValueError(f"{file} holds {size} bytes, but dataset.json records {rows} windows "
                        f"of {seq_len} {dtype.name} ids: truncated, or not this dataset's")
     arrays[name] = np.memmap(file, dtype, "r", shape=(rows, seq_len))
-  return Windows(arrays["train"], arrays["eval"], meta["vocab_size"],
-                 f"{directory} ({meta['tokenizer']['kind']})")
+  kind = meta["tokenizer"]["kind"]
+  return Windows(arrays["train"], arrays["eval"], meta["vocab_size"], f"{directory} ({kind})",
+                 kind)
 
 
 def encode(text: str) -> np.ndarray:

@@ -69,7 +69,7 @@ def main(argv=None) -> int:
   config = load_config(args.workdir)
   if config.data.get("prepared"):
     windows = data.load_prepared(config.data.prepared, config.train.seq_len)
-    if not windows.source.endswith("(bytes)"):
+    if windows.tokenizer != "bytes":
       parser.error(f"--workdir {args.workdir} was trained on {windows.source}; this command "
                    f"encodes --text as bytes only")
   cfg, variables = load_encoder(args.workdir)

@@ -246,7 +246,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
         for s, m in fetched:
           if writer and (s % t.log_every == 0 or s == step):
             writer.write(s, "train", {**m, **window})
-        bar.set_postfix(loss=f"{fetched[-1][1]['loss']:.3f}", tok_s=f"{window['tokens_per_s']:,.0f}")
+        bar.set_postfix(loss=f"{fetched[-1][1]['loss']:.3f}",
+                        tok_s=f"{window['tokens_per_s']:,.0f}")
       if step % t.eval_every == 0 or is_last:
         eval_metrics = evaluate(p_eval_step, state.params, eval_data)
         if writer:

@@ -270,7 +270,7 @@ def train_sentencepiece(inputs: list[Input], text_field: str, vocab_size: int,
 # Packing into windows.
 
 
-class _Windows:
+class _WindowWriter:
   """Packs ids into seq_len windows and writes each to its split's file."""
 
   def __init__(self, directory: str, seq_len: int, dtype, eval_every: int):
@@ -322,9 +322,10 @@ def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size:
   try:
     spec, tokenizer_file = _tokenizer_in(tmp, tokenizer, vocab_size, inputs, text_field,
                                          sample_mb)
-    vocab = FIRST_TOKEN_ID + spec.vocab_size()
+    tokenizer_vocab = spec.vocab_size()
+    vocab = FIRST_TOKEN_ID + tokenizer_vocab
     dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
-    windows = _Windows(tmp, seq_len, dtype, eval_every=round(1 / eval_fraction))
+    windows = _WindowWriter(tmp, seq_len, dtype, eval_every=round(1 / eval_fraction))
     total = sum(_size(r.path) for r in inputs)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not progress)
     pool = (multiprocessing.get_context("spawn").Pool(workers, _init_worker, (spec,))
@@ -351,7 +352,7 @@ def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size:
                          f"{eval_fraction})")
     meta = {
         "format": FORMAT,
-        "tokenizer": {"kind": spec.kind, "file": tokenizer_file, "vocab_size": spec.vocab_size()},
+        "tokenizer": {"kind": spec.kind, "file": tokenizer_file, "vocab_size": tokenizer_vocab},
         "vocab_size": vocab,
         "special_ids": {"pad": PAD_ID, "mask": MASK_ID, "separator": SEPARATOR_ID},
         "first_token_id": FIRST_TOKEN_ID,
