@@ -7,9 +7,9 @@ Sections (each a list of records in the output JSON):
   peak     the matmul peak of this device: the best FLOP/s of large square matmuls in JAX and
            in PyTorch, in the benchmark's dtype, measured in this run.
   forward  inference forward of the encoder (no output head), `--sizes` batch x seq.
-  train    the training step of `python -m train` (`train.loop.train_step`): encoder + output
-           layer, label-smoothed cross-entropy on the masked positions, backward, Adam with the
-           paper's schedule (benchmarks/workload.py).
+  train    the training step of `python -m train` (`train.loop.train_step`): masking of the
+           token ids, encoder, output layer at the masked positions, label-smoothed
+           cross-entropy, backward, Adam with the paper's schedule (benchmarks/workload.py).
   compile  jit compile time of the training step at 6, 12 and 24 layers, unrolled vs scanned.
 
 Implementations: "jax" (jax.jit, state donated), "torch" (the PyTorch tutorial port, eager)
@@ -18,7 +18,8 @@ fails). Repetitions are
 interleaved (jax, torch, torch.compile, jax, ...) after warm-up, each after an untimed 0.5 s
 pause, and medians are reported.
 MFU uses the standard count per token: 2 * N_matmul + 4 * L * d_model * seq for a forward
-without head; 6 * (N_matmul + N_head) + 12 * L * d_model * seq for a training step.
+without head; 6 * (N_matmul + N_head * predicted / seq) + 12 * L * d_model * seq for a
+training step whose output layer runs at `predicted` = ceil(0.15 seq) positions per row.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from benchmarks.workload import flops_per_token, jax_side, paper_base, torch_side
+from benchmarks.workload import (flops_per_token, jax_side, paper_base, predictions,
+                                 torch_side)
 from flax_encoder import EncoderConfig
 from train.host import keep_freed_memory
 
@@ -95,14 +97,14 @@ def matmul_peak(dtype: str, sizes=(1024, 2048, 4096), reps: int = 5) -> list[dic
 
 def speed(cfg: EncoderConfig, batch: int, seq: int, reps: int, warmup: int,
           with_compile: bool) -> list[dict]:
-  jax_fwd, jax_train, params, host_batch = jax_side(cfg, batch, seq)
+  jax_fwd, jax_train, params, host_batches = jax_side(cfg, batch, seq)
   forward = {"jax": jax_fwd}
   train = {"jax": jax_train}
   notes = {}
-  forward["torch"], train["torch"] = torch_side(cfg, params, host_batch, compile_=False)
+  forward["torch"], train["torch"] = torch_side(cfg, params, host_batches, compile_=False)
   if with_compile:
     try:
-      fwd, trn = torch_side(cfg, params, host_batch, compile_=True)
+      fwd, trn = torch_side(cfg, params, host_batches, compile_=True)
       fwd(), trn()  # compile here, so a failure is caught and noted
       forward["torch.compile"], train["torch.compile"] = fwd, trn
     except Exception as e:  # noqa: BLE001 - torch.compile's failures are many and varied
@@ -110,7 +112,8 @@ def speed(cfg: EncoderConfig, batch: int, seq: int, reps: int, warmup: int,
   records = []
   for kind, runners in (("forward", forward), ("train", train)):
     medians = interleaved(runners, reps, warmup)
-    flops = flops_per_token(cfg, seq, train=kind == "train") * batch * seq
+    flops = flops_per_token(cfg, seq, train=kind == "train",
+                            predicted=predictions(seq) / seq) * batch * seq
     for name, seconds in medians.items():
       records.append({"section": kind, "impl": name, "batch": batch, "seq": seq,
                       "seconds": seconds, "tokens_per_s": batch * seq / seconds,

@@ -47,8 +47,8 @@ def main(argv=None) -> int:
   state = init_state(model, tx, 0, 1, 128)
   target = abstract_state(model, tx, 128, sharding.make_mesh())
   size = sum(x.nbytes for x in jax.tree.leaves(state))
-  tokens = np.random.default_rng(0).integers(4, 260, (64, 128)).astype(np.int32)
-  iterator = data.train_batches(tokens, 8, 0.15, 0)
+  tokens = np.random.default_rng(0).integers(4, 260, (64, 128)).astype(np.uint16)
+  iterator = data.TrainBatches(tokens, 8, 0)
 
   root = args.dir or tempfile.mkdtemp(prefix="checkpoint_bench_")
   directory = os.path.join(root, "checkpoints")

@@ -1,11 +1,15 @@
 r"""Tokens per second the training input pipeline delivers on the host, ready for the devices.
 
-  python -m benchmarks.input_pipeline [--prepared DIR] [--batch 64] [--batches 50]
+  python -m benchmarks.input_pipeline [--prepared DIR] [--megabytes 100] [--workers 0,1,2]
+                                      [--batch 64] [--batches 300]
 
-`train.data.train_batches` (shuffle, masking, batching, as `python -m train` runs it) over the
-training windows of DIR, a directory `python -m train.prepare` wrote; without DIR, over the
-built-in corpus prepared as bytes at seq_len 128 and 512 into a temporary directory. Reported:
-tokens per second over `--batches` batches after 3 untimed ones.
+`train.data.TrainBatches` as `python -m train` runs it (grain: an exact shuffle of the window
+indices, reshuffled every epoch, batched, one read of the batch's rows from the memory-mapped
+windows; masking happens later, in the jitted step) over the training windows of DIR, a
+directory `python -m train.prepare` wrote. Without DIR: a generated text corpus of
+`--megabytes` MB (benchmarks/prepare.py's), prepared as bytes at seq_len 128 and 512 into a
+temporary directory, so its windows are in the page cache. Reported per worker count: tokens
+per second over `--batches` batches, after 10 untimed ones (which include the workers' start).
 """
 
 from __future__ import annotations
@@ -17,17 +21,23 @@ import sys
 import tempfile
 import time
 
+from absl import flags
+
+from benchmarks.prepare import write_corpus
 from train import data, prepare
 
 
-def tokens_per_s(windows, batch: int, batches: int) -> float:
-  iterator = data.train_batches(windows.train, batch, 0.15, 0, windows.vocab_size)
-  for _ in range(3):
-    next(iterator)
-  start = time.perf_counter()
-  for _ in range(batches):
-    next(iterator)
-  return batches * batch * windows.train.shape[1] / (time.perf_counter() - start)
+def tokens_per_s(windows: data.Windows, batch: int, batches: int, workers: int) -> float:
+  iterator = data.TrainBatches(windows.train, batch, 0, workers)
+  try:
+    for _ in range(10):
+      next(iterator)
+    start = time.perf_counter()
+    for _ in range(batches):
+      next(iterator)
+    return batches * batch * windows.train.shape[1] / (time.perf_counter() - start)
+  finally:
+    iterator.close()
 
 
 def main(argv=None) -> int:
@@ -35,25 +45,34 @@ def main(argv=None) -> int:
                                    description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--prepared", default=None)
+  parser.add_argument("--megabytes", type=float, default=100)
+  parser.add_argument("--workers", default="0,1,2")
   parser.add_argument("--batch", type=int, default=64)
-  parser.add_argument("--batches", type=int, default=50)
+  parser.add_argument("--batches", type=int, default=300)
   args = parser.parse_args(argv)
+  flags.FLAGS.mark_as_parsed()  # grain's worker processes read its absl flags
   with tempfile.TemporaryDirectory() as root:
     if args.prepared:
       directories = [args.prepared]
     else:
+      corpus = os.path.join(root, "corpus")
+      os.makedirs(corpus)
+      write_corpus(corpus, args.megabytes)
       directories = []
       for seq_len in (128, 512):
         directory = os.path.join(root, str(seq_len))
-        prepare.prepare([prepare.BUILTIN], directory, seq_len=seq_len, eval_fraction=0.01,
-                        progress=False)
+        prepare.prepare([os.path.join(corpus, "*.txt")], directory, seq_len=seq_len,
+                        eval_fraction=0.01, progress=False)
         directories.append(directory)
+    print(f"{os.cpu_count()} cores")
     for directory in directories:
       with open(os.path.join(directory, "dataset.json")) as f:
         seq_len = json.load(f)["seq_len"]
       windows = data.load_prepared(directory, seq_len)
-      rate = tokens_per_s(windows, args.batch, args.batches)
-      print(f"{args.batch} x {seq_len}: {rate / 1e6:.2f} M tokens/s ({os.cpu_count()} cores)")
+      for workers in [int(w) for w in args.workers.split(",")]:
+        rate = tokens_per_s(windows, args.batch, args.batches, workers)
+        print(f"{args.batch} x {seq_len} ({len(windows.train):,} windows), {workers} "
+              f"worker(s): {rate / 1e6:6.1f} M tokens/s", flush=True)
   return 0
 
 

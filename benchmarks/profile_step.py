@@ -23,13 +23,16 @@ import sys
 import tempfile
 
 import jax
+import numpy as np
 
 from benchmarks.bench import matmul_peak
-from benchmarks.workload import flops_per_token, masked_batch, optim_config, paper_base
+from benchmarks.workload import (MASK_RATE, flops_per_token, optim_config, paper_base,
+                                 predictions)
 from train.host import keep_freed_memory
 from train.loop import init_state, train_step
 from train.optim import make_optimizer
-from train.task import MaskedLM
+from train.prepare import FIRST_TOKEN_ID
+from train.task import MaskedLM, mask_tokens
 
 
 def main(argv=None) -> int:
@@ -49,8 +52,11 @@ def main(argv=None) -> int:
   model, optim = MaskedLM(cfg), optim_config()
   tx, schedule = make_optimizer(optim, cfg.d_model)
   state = init_state(model, tx, 0, 1, seq)
-  device_batch = jax.device_put(masked_batch(cfg, batch, seq))
-  step = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
+  tokens = np.random.default_rng(0).integers(FIRST_TOKEN_ID, cfg.vocab_size, (batch, seq))
+  device_batch = jax.device_put(tokens.astype(np.uint16))
+  masking = functools.partial(mask_tokens, mask_rate=MASK_RATE, vocab_size=cfg.vocab_size,
+                              predictions=predictions(seq))
+  step = functools.partial(train_step, model=model, tx=tx, schedule=schedule, masking=masking,
                            label_smoothing=optim.label_smoothing)
   compiled = jax.jit(step).lower(state, device_batch).compile()
   jax.block_until_ready(compiled(state, device_batch))
@@ -76,7 +82,7 @@ def main(argv=None) -> int:
     print("no per-op events: set XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true", file=sys.stderr)
     return 1
   peak = max(r["flops_per_s"] for r in matmul_peak("float32"))
-  ideal = flops_per_token(cfg, seq, train=True) * batch * seq / peak * 1e3
+  ideal = flops_per_token(cfg, seq, True, predictions(seq) / seq) * batch * seq / peak * 1e3
   print(f"training step {batch}x{seq}: {total:.0f} ms in XLA ops; the FLOPs at the "
         f"measured matmul peak ({peak / 1e9:.0f} GFLOP/s) would take {ideal:.0f} ms")
   for kind, ms in by_kind.most_common(12):

@@ -20,14 +20,18 @@ def test_flop_count_is_the_standard_one():
   assert workload.flops_per_token(cfg, 128, train=False) == 2 * n_matmul + 4 * 6 * 512 * 128
   assert workload.flops_per_token(cfg, 128, train=True) == (
       6 * (n_matmul + 512 * workload.VOCAB_SIZE) + 12 * 6 * 512 * 128)
+  assert workload.predictions(128) == 20  # ceil(0.15 * 128): the output layer's positions
+  assert workload.flops_per_token(cfg, 128, train=True, predicted=20 / 128) == (
+      6 * (n_matmul + 512 * workload.VOCAB_SIZE * 20 / 128) + 12 * 6 * 512 * 128)
 
 
 def test_the_jax_and_pytorch_steps_compute_the_same_losses():
   pytest.importorskip("torch")
   cfg = _tiny(dropout=0.0)
-  _, jax_train, params, host_batch = workload.jax_side(cfg, batch=4, seq=8)
-  _, torch_train = workload.torch_side(cfg, params, host_batch, compile_=False)
-  assert 0 < host_batch["weights"].sum() < host_batch["weights"].size  # some positions masked
+  _, jax_train, params, host_batches = workload.jax_side(cfg, batch=4, seq=16, steps_masked=3)
+  _, torch_train = workload.torch_side(cfg, params, host_batches, compile_=False)
+  assert [b["weights"].sum() for b in host_batches] == [4 * 2] * 3  # round(0.15 * 16) a row
+  assert (host_batches[0]["positions"] != host_batches[1]["positions"]).any()
   for _ in range(3):  # the same loss, then the same update (Adam, schedule) three times over
     np.testing.assert_allclose(float(jax_train()), float(torch_train()), rtol=2e-5)
 

@@ -171,23 +171,6 @@ def test_training_reads_prepared_windows_and_refuses_what_does_not_match(topics,
     data.load_prepared(prepared, 32)
 
 
-def test_masking_never_targets_padding_or_separators_and_keeps_80_10_10():
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(prepare.FIRST_TOKEN_ID, 1000, (400, 128))
-  tokens[:, ::16] = prepare.SEPARATOR_ID
-  tokens[:, -10:] = prepare.PAD_ID
-  masked = data.mask_tokens(tokens, 0.15, rng, vocab_size=1000)
-  chosen = masked["weights"] > 0
-  assert not chosen[tokens < prepare.FIRST_TOKEN_ID].any()
-  real = tokens >= prepare.FIRST_TOKEN_ID
-  assert abs(chosen[real].mean() - 0.15) < 0.005
-  inputs = masked["inputs"][chosen]
-  as_mask = (inputs == prepare.MASK_ID).mean()
-  kept = (inputs == tokens[chosen]).mean()
-  assert abs(as_mask - 0.8) < 0.01 and abs(kept - 0.1 - 0.1 / 996) < 0.01
-  assert inputs.max() < 1000 and (inputs[inputs != prepare.MASK_ID] >= 4).all()
-
-
 def test_config_data_paths_are_prepared_into_the_workdir_as_bytes(tmp_path):
   from tests import tiny
   (tmp_path / "mine.txt").write_text("my own text " * 100)

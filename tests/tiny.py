@@ -23,18 +23,15 @@ def get_config():
 
 def setup(config=None):
   """(config, model, tx, schedule) of the tiny config."""
-  from train.loop import encoder_config
-  from train.optim import make_optimizer
-  from train.task import MaskedLM
-
   from train import data
+  from train.loop import masked_lm
+  from train.optim import make_optimizer
 
   config = config or get_config()
   if config.model.vocab_size is None:  # as training sets it for the byte corpus
     config.model.vocab_size = data.VOCAB_SIZE
-  cfg = encoder_config(config)
-  tx, schedule = make_optimizer(config.optim, cfg.d_model)
-  return config, MaskedLM(cfg), tx, schedule
+  tx, schedule = make_optimizer(config.optim, config.model.d_model)
+  return config, masked_lm(config), tx, schedule
 
 
 def state(model, tx, config, seed=0, mesh=None):
@@ -42,17 +39,19 @@ def state(model, tx, config, seed=0, mesh=None):
   return init_state(model, tx, seed, config.train.batch_size, config.train.seq_len, mesh)
 
 
-def batches(config, seed=0):
-  """The training pipeline over the built-in corpus, at its start (in any process)."""
+def batches(config, seed=0, rows=None):
+  """The training pipeline over the built-in corpus, at its start: this process's rows (or
+  `rows` of each global batch)."""
   from train import data, prepare
   with tempfile.TemporaryDirectory() as directory:
     prepare.prepare([prepare.BUILTIN], directory + "/data", seq_len=config.train.seq_len,
                     eval_fraction=config.data.eval_fraction, workers=1, progress=False)
     train = np.array(data.load_prepared(directory + "/data", config.train.seq_len).train)
-  return data.train_batches(train, config.train.batch_size, config.data.mask_rate, seed)
+  return data.TrainBatches(train, config.train.batch_size, seed, rows=rows)
 
 
 def jitted_step(model, tx, schedule, config):
-  from train.loop import train_step
+  from train.loop import masking, train_step
   return jax.jit(functools.partial(train_step, model=model, tx=tx, schedule=schedule,
+                                   masking=masking(config),
                                    label_smoothing=config.optim.label_smoothing))

@@ -4,8 +4,9 @@ of both (for tests/test_multiprocess.py):
   XLA_FLAGS=--xla_force_host_platform_device_count=2 \
       python -m tests.two_processes PORT PROCESS_ID WORKDIR EXPECTED_NPZ
 
-- places a batch of the tiny pipeline, checks that its shards here are its own rows of the
-  batch every process loaded and that gathered they are all of it, and prints `rows START STOP`;
+- reads its rows of a batch of the tiny pipeline, checks that they are its share of the global
+  batch, that placed on the devices its shards hold them and that gathered they are all of
+  it, and prints `rows START STOP`;
 - restores the newest checkpoint in WORKDIR (written by a run with another number of processes),
   checks that every shard this process holds equals the same part of the arrays in
   EXPECTED_NPZ (the encoder's parameters, in tree order), and prints `restored N arrays`.
@@ -27,13 +28,16 @@ def main(port: str, process_id: str, workdir: str, expected_npz: str):
   jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=int(process_id))
   mesh = sharding.make_mesh(data=2, fsdp=2)
 
-  batch = next(tiny.batches(tiny.get_config()))
-  arrays = data.to_devices(batch, mesh)
-  shards = arrays["inputs"].addressable_shards
+  config = tiny.get_config()
+  batch = next(tiny.batches(config, rows=slice(None)))  # the whole global batch
+  rows = next(tiny.batches(config))  # what this process reads of it
+  np.testing.assert_array_equal(rows, batch[data.process_rows(len(batch))])
+  arrays = data.to_devices(rows, mesh)
+  shards = arrays.addressable_shards
   for shard in shards:
-    np.testing.assert_array_equal(shard.data, batch["inputs"][shard.index])
-  gathered = multihost_utils.process_allgather(arrays["inputs"], tiled=True)
-  np.testing.assert_array_equal(gathered, batch["inputs"])
+    np.testing.assert_array_equal(shard.data, batch[shard.index])
+  gathered = multihost_utils.process_allgather(arrays, tiled=True)
+  np.testing.assert_array_equal(gathered, batch)
   start = min(s.index[0].start or 0 for s in shards)
   print(f"rows {start} {max(s.index[0].stop for s in shards)}", flush=True)
 

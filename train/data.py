@@ -1,4 +1,5 @@
-"""Masked-token data: the training windows, the byte tokenizer and the grain pipelines.
+"""Training data: the windows of token ids, the byte tokenizer, and the grain pipeline that
+hands each process its rows of every batch (masking happens in the step: train.task).
 
 The windows come from a directory `python -m train.prepare` wrote (`config.data.prepared`), or
 are prepared at start, as bytes, from small UTF-8 files (`config.data.paths`) or the built-in
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import mmap
 import os
 import shutil
 
@@ -96,63 +98,100 @@ def decode(ids) -> str:
   return data.decode("utf-8", errors="replace")
 
 
-def mask_tokens(tokens: np.ndarray, mask_rate: float, rng: np.random.Generator,
-                vocab_size: int = VOCAB_SIZE) -> dict:
-  """BERT-style corruption of `mask_rate` of the positions that hold a token (not padding, not
-  a separator).
+class _ReadRows(grain.transforms.Map):
+  """A batch of window indices -> this process's rows of those windows (one fancy index).
 
-  Of the chosen positions 80% become MASK_ID, 10% a random token, 10% stay unchanged.
-
-  Returns:
-    {'inputs': corrupted ids, 'targets': original ids, 'weights': 1.0 at chosen positions}.
+  A memory-mapped file travels to grain's worker processes as its name, not its contents.
   """
-  tokens = np.asarray(tokens, np.int32)
-  real = tokens >= NUM_SPECIAL
-  chosen = real & (rng.random(tokens.shape) < mask_rate)
-  action = rng.random(tokens.shape)
-  inputs = np.where(chosen & (action < 0.8), MASK_ID, tokens)
-  random_tokens = rng.integers(NUM_SPECIAL, vocab_size, size=tokens.shape)
-  inputs = np.where(chosen & (action >= 0.8) & (action < 0.9), random_tokens, inputs)
-  return {"inputs": inputs.astype(np.int32), "targets": tokens.astype(np.int32),
-          "weights": chosen.astype(np.float32)}
+
+  def __init__(self, windows: np.ndarray, rows: slice):
+    self.windows, self.rows = windows, rows
+
+  def map(self, indices):
+    return np.asarray(self.windows[np.asarray(indices)[self.rows]])
+
+  def __getstate__(self):
+    w = self.windows
+    if isinstance(w, np.memmap) and isinstance(w.base, mmap.mmap):  # a whole file's map
+      return {"file": (w.filename, w.dtype.str, w.shape, w.offset), "rows": self.rows}
+    return {"windows": np.asarray(w), "rows": self.rows}
+
+  def __setstate__(self, state):
+    if "file" in state:
+      file, dtype, shape, offset = state["file"]
+      state = {"windows": np.memmap(file, dtype, "r", offset, shape), "rows": state["rows"]}
+    self.windows, self.rows = state["windows"], state["rows"]
 
 
-@dataclasses.dataclass
-class MaskTokens(grain.transforms.RandomMap):
-  mask_rate: float
-  vocab_size: int
-
-  def random_map(self, element, rng: np.random.Generator):
-    return mask_tokens(element, self.mask_rate, rng, self.vocab_size)
+def process_rows(batch_size: int) -> slice:
+  """This process's contiguous share of a global batch's rows (what its devices hold)."""
+  n, i = jax.process_count(), jax.process_index()
+  return slice(i * batch_size // n, (i + 1) * batch_size // n)
 
 
-def train_batches(examples: np.ndarray, batch_size: int, mask_rate: float, seed: int,
-                  vocab_size: int = VOCAB_SIZE) -> grain.DatasetIterator:
-  """An endless, deterministic iterator of masked batches; its state is checkpointable."""
-  if len(examples) < batch_size:
-    raise ValueError(f"config.train.batch_size={batch_size} exceeds the {len(examples)} "
-                     f"training examples")
-  dataset = (grain.MapDataset.source(examples)
-             .shuffle(seed=seed)
-             .repeat()
-             .random_map(MaskTokens(mask_rate, vocab_size), seed=seed + 1)
-             .batch(batch_size, drop_remainder=True))
-  return iter(dataset.to_iter_dataset())
+class TrainBatches:
+  """An endless, deterministic iterator of this process's rows of the training batches.
 
-
-def eval_batches(examples: np.ndarray, batch_size: int, mask_rate: float, seed: int,
-                 vocab_size: int = VOCAB_SIZE) -> list[dict]:
-  """The held-out split, masked once with a fixed seed, in equal-sized batches.
-
-  The last batch is filled up with all-pad rows of weight 0, so every batch has one shape.
+  Global batch k holds windows k * batch_size ... (k + 1) * batch_size - 1 of an order that
+  grain reshuffles every epoch; each process reads only its own rows of it (`process_rows`),
+  with `workers` grain worker processes (0: threads of this process). The state is the number
+  of batches delivered, so a run resumes exactly with any count of processes or workers.
   """
-  masked = mask_tokens(examples, mask_rate, np.random.default_rng(seed), vocab_size)
-  n = len(examples)
-  fill = -n % batch_size
-  padded = {k: np.concatenate([v, np.zeros((fill,) + v.shape[1:], v.dtype)])
-            for k, v in masked.items()}
-  return [{k: v[i:i + batch_size] for k, v in padded.items()}
-          for i in range(0, n + fill, batch_size)]
+
+  def __init__(self, windows: np.ndarray, batch_size: int, seed: int, workers: int = 0,
+               rows: slice | None = None):
+    if len(windows) < batch_size:
+      raise ValueError(f"config.train.batch_size={batch_size} exceeds the {len(windows)} "
+                       f"training windows")
+    if workers < 0:
+      raise ValueError(f"config.data.workers must be >= 0, got {workers}")
+    self.workers = workers
+    self._dataset = (grain.MapDataset.range(len(windows))
+                     .shuffle(seed=seed)
+                     .repeat()
+                     .batch(batch_size, drop_remainder=True)
+                     .map(_ReadRows(windows, rows or process_rows(batch_size))))
+    self._start(0)
+
+  def _start(self, position: int) -> None:
+    if hasattr(self, "_iterator"):
+      self.close()
+    self.position = position
+    dataset = self._dataset[position:].to_iter_dataset(
+        grain.ReadOptions(num_threads=1, prefetch_buffer_size=8))
+    if self.workers:
+      dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.workers))
+    self._iterator = iter(dataset)
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> np.ndarray:
+    # A worker's batch arrives in shared memory; a copy leaves its release to grain.
+    batch = np.array(next(self._iterator))
+    self.position += 1
+    return batch
+
+  def get_state(self) -> dict:
+    return {"batches": self.position}
+
+  def set_state(self, state: dict) -> None:
+    self._start(state["batches"])
+
+  def close(self) -> None:
+    """Stops the worker processes and prefetching threads (now, not at interpreter exit)."""
+    self._iterator.close()
+    self._iterator = iter(())
+
+
+def eval_batches(windows: np.ndarray, batch_size: int) -> list[np.ndarray]:
+  """This process's rows of the held-out windows in equal-sized batches; the last batch is
+  filled up with all-pad rows (never targets), so every batch has one shape."""
+  fill = -len(windows) % batch_size
+  padded = np.concatenate([np.asarray(windows), np.zeros((fill, windows.shape[1]),
+                                                         windows.dtype)])
+  rows = process_rows(batch_size)
+  return [padded[i:i + batch_size][rows] for i in range(0, len(padded), batch_size)]
 
 
 def most_frequent_token(examples: np.ndarray, sample: int = 100_000) -> int:
@@ -162,12 +201,8 @@ def most_frequent_token(examples: np.ndarray, sample: int = 100_000) -> int:
   return int(np.argmax(np.bincount(head[head >= NUM_SPECIAL].astype(np.int64))))
 
 
-def to_devices(batch: dict, mesh: jax.sharding.Mesh) -> dict:
-  """A host batch -> global jax.Arrays split along the batch over `mesh`'s devices.
-
-  Every process loads the same batch and contributes its own contiguous share of the rows.
-  """
-  n, count = jax.process_count(), len(batch["inputs"])
-  rows = slice(jax.process_index() * count // n, (jax.process_index() + 1) * count // n)
+def to_devices(rows, mesh: jax.sharding.Mesh):
+  """This process's rows of a global batch (an array, or a dict of them) -> global jax.Arrays
+  split along the batch over `mesh`'s devices."""
   sharding = batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(sharding, v[rows]) for k, v in batch.items()}
+  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), rows)

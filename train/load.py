@@ -14,9 +14,8 @@ from jax.sharding import Mesh
 
 from flax_encoder import EncoderConfig, sharding
 from train.checkpoint import Checkpointer
-from train.loop import abstract_state, encoder_config
+from train.loop import abstract_state, encoder_config, masked_lm
 from train.optim import make_optimizer
-from train.task import MaskedLM
 
 
 def _open_checkpoints(workdir: str) -> Checkpointer:
@@ -48,7 +47,7 @@ def load_encoder(workdir: str, mesh: Mesh | None = None) -> tuple[EncoderConfig,
   cfg = encoder_config(config)
   tx, _ = make_optimizer(config.optim, cfg.d_model)
   mesh = mesh or sharding.make_mesh()
-  abstract = abstract_state(MaskedLM(cfg), tx, config.train.seq_len, mesh)
+  abstract = abstract_state(masked_lm(config), tx, config.train.seq_len, mesh)
   checkpointer = _open_checkpoints(workdir)
   try:
     # A reader leaves the workdir as it found it: nothing is moved aside.

@@ -26,7 +26,7 @@ from train.checkpoint import Checkpointer
 from train.metrics import MetricWriter, read_metrics
 from train.optim import make_optimizer
 from train.plots import plot_run
-from train.task import MaskedLM, eval_sums, smoothed_loss
+from train.task import MaskedLM, eval_sums, mask_tokens, predictions_per_row, smoothed_loss
 
 
 @flax.struct.dataclass
@@ -34,7 +34,7 @@ class TrainState:
   step: jax.Array  # updates done so far
   params: Any
   opt_state: Any
-  rng: jax.Array  # base key; step k's dropout key is fold_in(rng, k)
+  rng: jax.Array  # base key; step k's dropout and masking keys are split from fold_in(rng, k)
 
 
 def encoder_config(config: ml_collections.ConfigDict) -> EncoderConfig:
@@ -58,15 +58,30 @@ def use_data_vocab_size(config: ml_collections.ConfigDict, windows: data.Windows
   config.model.vocab_size = windows.vocab_size
 
 
+def masked_lm(config: ml_collections.ConfigDict) -> MaskedLM:
+  """The model config.model and config.task describe."""
+  return MaskedLM(encoder_config(config), tie_embeddings=config.task.tie_embeddings,
+                  head_at_every_position=config.task.head_at_every_position)
+
+
+def masking(config: ml_collections.ConfigDict):
+  """(tokens, key) -> masked batch: the corruption config.data and config.task describe."""
+  predictions = predictions_per_row(config.data.mask_rate, config.train.seq_len,
+                                    config.task.max_predictions_per_seq)
+  return functools.partial(mask_tokens, mask_rate=config.data.mask_rate,
+                           vocab_size=config.model.vocab_size, predictions=predictions)
+
+
 def _boxed_init(model: MaskedLM, tx, seed: int, batch_size: int, seq_len: int):
   """A function returning a fresh TrainState whose parameters carry their logical axes."""
 
   def init():
-    params_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
+    params_rng, run_rng = jax.random.split(jax.random.PRNGKey(seed))
     tokens = jnp.ones((batch_size, seq_len), jnp.int32)
-    params = model.init(params_rng, tokens)["params"]  # boxed: nn.LogicallyPartitioned
+    positions = jnp.zeros((batch_size, 1), jnp.int32)
+    params = model.init(params_rng, tokens, positions)["params"]  # boxed: LogicallyPartitioned
     return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=dropout_rng)
+                      rng=run_rng)
 
   return init
 
@@ -90,14 +105,23 @@ def abstract_state(model: MaskedLM, tx, seq_len: int, mesh: jax.sharding.Mesh) -
                       nn.unbox(boxed), sharding.logical_shardings(boxed, mesh))
 
 
-def train_step(state: TrainState, batch: dict, *, model, tx, schedule,
+def step_keys(rng: jax.Array, step) -> tuple[jax.Array, jax.Array]:
+  """(dropout key, masking key) of step `step` (counting from 0) of the run with base key
+  `rng`."""
+  dropout_rng, mask_rng = jax.random.split(jax.random.fold_in(rng, step))
+  return dropout_rng, mask_rng
+
+
+def train_step(state: TrainState, tokens: jax.Array, *, model, tx, schedule, masking,
                label_smoothing: float) -> tuple[TrainState, dict]:
-  """One Adam update on one batch. Pure: everything it depends on is in its arguments."""
-  dropout_rng = jax.random.fold_in(state.rng, state.step)
+  """One Adam update on one batch of token ids [batch, seq], corrupted here by
+  `masking(tokens, key)`. Pure: everything it depends on is in its arguments."""
+  dropout_rng, mask_rng = step_keys(state.rng, state.step)
+  batch = masking(tokens, mask_rng)
 
   def loss_fn(params):
-    logits = model.apply({"params": params}, batch["inputs"], deterministic=False,
-                         rngs={"dropout": dropout_rng})
+    logits = model.apply({"params": params}, batch["inputs"], batch["positions"],
+                         deterministic=False, rngs={"dropout": dropout_rng})
     return smoothed_loss(logits, batch["targets"], batch["weights"], label_smoothing)
 
   loss, grads = jax.value_and_grad(loss_fn)(state.params)
@@ -109,7 +133,7 @@ def train_step(state: TrainState, batch: dict, *, model, tx, schedule,
 
 
 def eval_step(params, batch: dict, *, model, baseline_token: int) -> dict:
-  logits = model.apply({"params": params}, batch["inputs"])
+  logits = model.apply({"params": params}, batch["inputs"], batch["positions"])
   return eval_sums(logits, batch["targets"], batch["weights"], baseline_token)
 
 
@@ -158,8 +182,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   if t.seq_len > cfg.max_len:
     raise ValueError(f"config.train.seq_len={t.seq_len} exceeds config.model.max_len="
                      f"{cfg.max_len}")
-  train_iter = data.train_batches(windows.train, t.batch_size, config.data.mask_rate, t.seed,
-                                  cfg.vocab_size)
+  train_iter = data.TrainBatches(windows.train, t.batch_size, t.seed, config.data.workers)
   baseline_token = data.most_frequent_token(windows.train)
 
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
@@ -167,11 +190,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   if mesh.size > 1:
     print(f"mesh: data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']} over {mesh.size} "
           f"{jax.default_backend()} devices in {jax.process_count()} process(es)", file=sys.stderr)
-  # The held-out split, on the devices once for every evaluation.
-  eval_data = [data.to_devices(b, mesh) for b in data.eval_batches(
-      windows.eval[:config.data.max_eval_windows], t.batch_size, config.data.mask_rate,
-      t.seed + 2, cfg.vocab_size)]
-  model = MaskedLM(cfg)
+  # The held-out split, masked once with fixed keys and left on the devices for every
+  # evaluation, so that evaluations compare across steps and runs.
+  mask = masking(config)
+  eval_key = jax.random.PRNGKey(t.seed + 2)
+  eval_data = [jax.jit(mask)(data.to_devices(rows, mesh), jax.random.fold_in(eval_key, i))
+               for i, rows in enumerate(data.eval_batches(
+                   windows.eval[:config.data.max_eval_windows], t.batch_size))]
+  model = masked_lm(config)
   tx, schedule = make_optimizer(config.optim, cfg.d_model)
   state = init_state(model, tx, t.seed, t.batch_size, t.seq_len, mesh)
 
@@ -188,6 +214,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   # The state keeps its layout from step to step (no recompiles, donation reuses its buffers).
   state_shardings = jax.tree.map(lambda x: x.sharding, state)
   p_train_step = jax.jit(functools.partial(train_step, model=model, tx=tx, schedule=schedule,
+                                           masking=mask,
                                            label_smoothing=config.optim.label_smoothing),
                          out_shardings=(state_shardings, None), donate_argnums=0)
   p_eval_step = jax.jit(functools.partial(eval_step, model=model, baseline_token=baseline_token))
@@ -212,7 +239,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
       data_wait_s += time.perf_counter() - waiting
       state, metrics = p_train_step(state, batch)
       step += 1
-      window_tokens += int(batch["inputs"].size)
+      window_tokens += int(batch.size)
       pending.append((step, metrics))
       bar.update(1)
       is_last = step == t.num_steps
@@ -264,6 +291,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
     bar.close()
     checkpointer.wait()
     checkpointer.close()
+    train_iter.close()
     if writer:
       writer.close()
     stop.restore()

@@ -1,6 +1,9 @@
-"""Masked-token prediction: the encoder plus an output layer, and its losses."""
+"""Masked-token prediction: BERT's corruption of the token ids, drawn on the device, the encoder
+plus an output layer at the chosen positions, and the losses."""
 
 from __future__ import annotations
+
+import math
 
 import flax.linen as nn
 import jax
@@ -9,20 +12,98 @@ import optax
 
 from flax_encoder import Encoder, EncoderConfig
 from flax_encoder.sharding import dense
+from train.prepare import FIRST_TOKEN_ID, MASK_ID
+
+
+def predictions_per_row(mask_rate: float, seq_len: int, given: int | None = None) -> int:
+  """Positions predicted per row (BERT's max_predictions_per_seq): enough for `mask_rate` of a
+  full row unless `given`."""
+  if given is not None:
+    if given < 1:
+      raise ValueError(f"config.task.max_predictions_per_seq must be >= 1, got {given}")
+    return min(given, seq_len)
+  if not 0 < mask_rate <= 1:
+    raise ValueError(f"config.data.mask_rate must be in (0, 1], got {mask_rate}")
+  return max(1, math.ceil(mask_rate * seq_len))
+
+
+def mask_tokens(tokens: jax.Array, key: jax.Array, *, mask_rate: float, vocab_size: int,
+                predictions: int) -> dict:
+  """BERT's corruption of a batch of windows, for a jitted step.
+
+  In each row, round(mask_rate * n) of its n tokens (ids >= FIRST_TOKEN_ID: never padding or a
+  separator), at least one and at most `predictions`, are chosen uniformly; of them 80% become
+  MASK_ID, 10% a random token, 10% stay. The draws depend only on `key` and the row's place
+  in the batch, not on how the batch is split over devices (JAX's partitionable threefry).
+
+  Args:
+    tokens: int [batch, seq] token ids, of any integer dtype.
+    key: the PRNG key of this batch.
+
+  Returns:
+    {'inputs': int32 [batch, seq] corrupted ids, 'positions': int32 [batch, predictions]
+    the chosen positions (then filler), 'targets': int32 [batch, predictions] the ids there,
+    'weights': float32 [batch, predictions], 1 at chosen positions and 0 at filler}.
+  """
+  tokens = tokens.astype(jnp.int32)
+  choose_key, action_key, random_key = jax.random.split(key, 3)
+  real = tokens >= FIRST_TOKEN_ID
+  # The `predictions` real positions with the largest random scores, in random order, then
+  # (in short rows) other positions as filler.
+  scores = jnp.where(real, jax.random.uniform(choose_key, tokens.shape), -1.0)
+  _, positions = jax.lax.top_k(scores, predictions)
+  count = real.sum(-1, keepdims=True)
+  chosen = jnp.where(count > 0, jnp.clip(jnp.round(mask_rate * count), 1, predictions), 0)
+  weights = jnp.arange(predictions) < chosen
+  targets = jnp.take_along_axis(tokens, positions, axis=1)
+  action = jax.random.uniform(action_key, positions.shape)
+  random_tokens = jax.random.randint(random_key, positions.shape, FIRST_TOKEN_ID, vocab_size)
+  replaced = jnp.where(action < 0.8, MASK_ID, jnp.where(action < 0.9, random_tokens, targets))
+  replaced = jnp.where(weights, replaced, targets)  # filler keeps its token
+  inputs = jax.vmap(lambda row, at, values: row.at[at].set(values))(tokens, positions, replaced)
+  return {"inputs": inputs, "positions": positions, "targets": targets,
+          "weights": weights.astype(jnp.float32)}
 
 
 class MaskedLM(nn.Module):
-  """Encoder + a dense layer to vocabulary logits. Encoder weights live under 'encoder'."""
+  """Encoder + an output layer to vocabulary logits. Encoder weights live under 'encoder'.
+
+  Attributes:
+    config: the encoder's.
+    tie_embeddings: the output layer is the transposed embedding table plus a bias (BERT's
+      choice), instead of a dense layer of its own ('head').
+    head_at_every_position: with `positions`, compute the output layer at every position and
+      then select (the cost that selecting first saves; for comparison).
+  """
 
   config: EncoderConfig
+  tie_embeddings: bool = False
+  head_at_every_position: bool = False
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
-    """int [batch, seq] -> logits [batch, seq, vocab] in config.dtype."""
+  def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, *,
+               deterministic: bool = True) -> jax.Array:
+    """int [batch, seq] -> logits [batch, seq, vocab], or at `positions` (int [batch, k]) only:
+    [batch, k, vocab]; in config.dtype."""
     cfg = self.config
-    hidden = Encoder(cfg, name="encoder")(tokens, deterministic=deterministic)
-    return dense(cfg, cfg.vocab_size, ("embed", "vocab"), "head",
-                 kernel_init=nn.initializers.lecun_normal())(hidden)
+    encoder = Encoder(cfg, name="encoder")
+    hidden = encoder(tokens, deterministic=deterministic)
+    select = lambda x: jnp.take_along_axis(x, positions[..., None], axis=1)
+    if positions is not None and not self.head_at_every_position:
+      hidden = select(hidden)
+    if self.tie_embeddings:
+      table = nn.meta.unbox(encoder.variables["params"]["embedding"]["embedding"])
+      bias = self.param("head_bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                                  ("vocab",)),
+                        (cfg.vocab_size,), cfg.param_dtype)
+      logits = jnp.einsum("bsd,vd->bsv", hidden.astype(cfg.dtype), table.astype(cfg.dtype))
+      logits = logits + bias.astype(cfg.dtype)
+    else:
+      logits = dense(cfg, cfg.vocab_size, ("embed", "vocab"), "head",
+                     kernel_init=nn.initializers.lecun_normal())(hidden)
+    if positions is not None and self.head_at_every_position:
+      logits = select(logits)
+    return logits
 
 
 def smoothed_loss(logits, targets, weights, label_smoothing: float) -> jax.Array:
