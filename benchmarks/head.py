@@ -13,6 +13,7 @@ and their ratio.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -32,7 +33,7 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   keep_freed_memory()  # as python -m train runs
   jax.config.update("jax_default_matmul_precision", "highest")
-  cfg = paper_base(vocab_size=args.vocab)
+  cfg = dataclasses.replace(paper_base(), vocab_size=args.vocab)
   print(f"paper base, vocab {args.vocab}, float32, {jax.devices()[0].device_kind} "
         f"({os.cpu_count()} cores)")
   for size in args.sizes.split(","):

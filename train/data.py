@@ -24,7 +24,7 @@ from jax.experimental import multihost_utils
 from flax_encoder.sharding import batch_sharding
 from train import prepare
 
-PAD_ID, MASK_ID = prepare.PAD_ID, prepare.MASK_ID
+PAD_ID = prepare.PAD_ID
 NUM_SPECIAL = prepare.FIRST_TOKEN_ID  # ids below it are never targets
 VOCAB_SIZE = 256 + NUM_SPECIAL  # of the byte tokenizer
 

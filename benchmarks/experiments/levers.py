@@ -127,8 +127,8 @@ def busy() -> None:
   import resource
 
   cfg = paper_base(dropout=0.1)
-  jax_forward, jax_train, params, host_batch = jax_side(cfg, 8, 512)
-  torch_forward, torch_train = torch_side(cfg, params, host_batch, compile_=False)
+  jax_forward, jax_train, params, host_batches = jax_side(cfg, 8, 512)
+  torch_forward, torch_train = torch_side(cfg, params, host_batches, compile_=False)
   runners = {"jax forward": jax_forward, "torch forward": torch_forward,
              "jax train": jax_train, "torch train": torch_train}
   for name, fn in runners.items():
