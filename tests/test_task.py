@@ -87,3 +87,18 @@ def test_the_head_at_masked_positions_equals_full_logits_there(tie):
     np.testing.assert_allclose(every, expected, rtol=1e-5, atol=1e-6)
   else:
     assert names == {"encoder", "head"}
+
+
+def test_a_training_step_with_tied_embeddings_updates_the_table_and_the_bias():
+  from tests import tiny
+  config = tiny.get_config()
+  config.task.tie_embeddings = True
+  config, model, tx, schedule = tiny.setup(config)
+  state = tiny.state(model, tx, config)
+  assert set(state.params) == {"encoder", "head_bias"}
+  new_state, metrics = tiny.jitted_step(model, tx, schedule, config)(
+      state, next(tiny.batches(config)))
+  assert np.isfinite(metrics["loss"])
+  table = lambda s: s.params["encoder"]["embedding"]["embedding"]
+  assert (table(new_state) != table(state)).any()
+  assert (new_state.params["head_bias"] != state.params["head_bias"]).any()
