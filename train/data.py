@@ -146,16 +146,17 @@ class TrainBatches:
     if workers < 0:
       raise ValueError(f"config.data.workers must be >= 0, got {workers}")
     self.workers = workers
+    rows = process_rows(batch_size) if rows is None else rows
     self._dataset = (grain.MapDataset.range(len(windows))
                      .shuffle(seed=seed)
                      .repeat()
                      .batch(batch_size, drop_remainder=True)
-                     .map(_ReadRows(windows, rows or process_rows(batch_size))))
+                     .map(_ReadRows(windows, rows)))
+    self._iterator = None
     self._start(0)
 
   def _start(self, position: int) -> None:
-    if hasattr(self, "_iterator"):
-      self.close()
+    self.close()
     self.position = position
     dataset = self._dataset[position:].to_iter_dataset(
         grain.ReadOptions(num_threads=1, prefetch_buffer_size=8))
@@ -167,6 +168,8 @@ class TrainBatches:
     return self
 
   def __next__(self) -> np.ndarray:
+    if self._iterator is None:
+      raise ValueError("TrainBatches: next() after close()")
     # A worker's batch arrives in shared memory; a copy leaves its release to grain.
     batch = np.array(next(self._iterator))
     self.position += 1
@@ -180,8 +183,9 @@ class TrainBatches:
 
   def close(self) -> None:
     """Stops the worker processes and prefetching threads (now, not at interpreter exit)."""
-    self._iterator.close()
-    self._iterator = iter(())
+    if self._iterator is not None:
+      self._iterator.close()
+      self._iterator = None
 
 
 def eval_batches(windows: np.ndarray, batch_size: int) -> list[np.ndarray]:
