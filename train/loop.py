@@ -193,8 +193,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
   # The held-out split, masked once with fixed keys and left on the devices for every
   # evaluation, so that evaluations compare across steps and runs.
   mask = masking(config)
-  eval_key = jax.random.PRNGKey(t.seed + 2)
-  eval_data = [jax.jit(mask)(data.to_devices(rows, mesh), jax.random.fold_in(eval_key, i))
+  mask_eval, eval_key = jax.jit(mask), jax.random.PRNGKey(t.seed + 2)
+  eval_data = [mask_eval(data.to_devices(rows, mesh), jax.random.fold_in(eval_key, i))
                for i, rows in enumerate(data.eval_batches(
                    windows.eval[:config.data.max_eval_windows], t.batch_size))]
   model = masked_lm(config)
