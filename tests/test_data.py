@@ -49,3 +49,5 @@ def test_pipeline_errors_name_the_setting():
     data.TrainBatches(_windows(), 64, seed=0)
   with pytest.raises(ValueError, match="config.data.workers must be >= 0, got -1"):
     data.TrainBatches(_windows(), 8, seed=0, workers=-1)
+  with pytest.raises(ValueError, match=r"data position \{'next_index': 3\} is not a count"):
+    data.TrainBatches(_windows(), 8, seed=0).set_state({"next_index": 3})

@@ -140,11 +140,11 @@ class Checkpointer:
       items = {"state": ocp.args.StandardRestore(abstract_state), "meta": ocp.args.JsonRestore()}
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
-        if data_iterator is not None:
-          data_iterator.set_state(restored["meta"]["data"])
       except Exception as e:  # noqa: BLE001 - any failure to read means: try an older one
         self._skip(step, f"is unreadable ({type(e).__name__}: {e})", move_aside)
         continue
+      if data_iterator is not None:  # verified files: a position it cannot take is an error
+        data_iterator.set_state(restored["meta"]["data"])
       return restored["state"], restored["meta"]
     return None
 

@@ -179,6 +179,9 @@ class TrainBatches:
     return {"batches": self.position}
 
   def set_state(self, state: dict) -> None:
+    if set(state) != {"batches"}:
+      raise ValueError(f"the checkpoint's data position {state} is not a count of batches: it "
+                       f"was written by another version of train.data; train in a new workdir")
     self._start(state["batches"])
 
   def close(self) -> None:
