@@ -52,3 +52,11 @@ def test_side_by_side_run_and_report(tmp_path, monkeypatch):
   assert "| train | 2 × 8 | jax |" in text and "| 1 |" in text
   report.plot(results, str(tmp_path / "plot.png"))
   assert (tmp_path / "plot.png").stat().st_size > 1000
+
+
+def test_input_pipeline_benchmark_runs(capsys):
+  from benchmarks import input_pipeline
+  assert input_pipeline.main(["--megabytes", "1", "--workers", "0", "--batches", "5"]) == 0
+  lines = [line for line in capsys.readouterr().out.splitlines() if "tokens/s" in line]
+  assert [line.split(" (")[0] for line in lines] == ["64 x 128", "64 x 512"]
+  assert all(float(line.split(": ")[1].split()[0]) > 0 for line in lines)
