@@ -10,6 +10,7 @@ batches, output layer, loss, optimizer and schedule.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -104,7 +105,7 @@ def torch_side(cfg: EncoderConfig, params, host_batches: list[dict], compile_: b
 
   from flax_encoder.pytorch import reference, to_torch_state_dict
 
-  class MaskedLM(torch.nn.Module):
+  class TorchMaskedLM(torch.nn.Module):
     """The encoder, then the output layer at the chosen positions only."""
 
     def __init__(self, encoder, head):
@@ -123,7 +124,7 @@ def torch_side(cfg: EncoderConfig, params, host_batches: list[dict], compile_: b
   head.weight.data = torch.from_numpy(np.asarray(params["head"]["kernel"]).T.copy())
   head.bias.data = torch.from_numpy(np.asarray(params["head"]["bias"]).copy())
   device = "cuda" if torch.cuda.is_available() and jax.default_backend() == "gpu" else "cpu"
-  model = MaskedLM(encoder, head).to(device)
+  model = TorchMaskedLM(encoder, head).to(device)
   batches = [{k: torch.from_numpy(np.array(v)).to(device) for k, v in b.items()}
              for b in host_batches]
   for b in batches:
@@ -142,7 +143,7 @@ def torch_side(cfg: EncoderConfig, params, host_batches: list[dict], compile_: b
   sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
   autocast = functools.partial(torch.autocast, device_type=device, dtype=dtype,
                                enabled=dtype != torch.float32)
-  steps = [0]
+  next_batch = itertools.cycle(batches).__next__
 
   def run_forward():
     model.eval()
@@ -151,8 +152,7 @@ def torch_side(cfg: EncoderConfig, params, host_batches: list[dict], compile_: b
     sync()
 
   def run_train():
-    b = batches[steps[0] % len(batches)]
-    steps[0] += 1
+    b = next_batch()
     model.train()
     optimizer.zero_grad(set_to_none=True)
     with autocast():

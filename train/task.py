@@ -18,13 +18,13 @@ from train.prepare import FIRST_TOKEN_ID, MASK_ID
 def predictions_per_row(mask_rate: float, seq_len: int, given: int | None = None) -> int:
   """Positions predicted per row (BERT's max_predictions_per_seq): enough for `mask_rate` of a
   full row unless `given`."""
-  if given is not None:
-    if given < 1:
-      raise ValueError(f"config.task.max_predictions_per_seq must be >= 1, got {given}")
-    return min(given, seq_len)
   if not 0 < mask_rate <= 1:
     raise ValueError(f"config.data.mask_rate must be in (0, 1], got {mask_rate}")
-  return max(1, math.ceil(mask_rate * seq_len))
+  if given is None:
+    return max(1, math.ceil(mask_rate * seq_len))
+  if given < 1:
+    raise ValueError(f"config.task.max_predictions_per_seq must be >= 1, got {given}")
+  return min(given, seq_len)
 
 
 def mask_tokens(tokens: jax.Array, key: jax.Array, *, mask_rate: float, vocab_size: int,
