@@ -15,7 +15,7 @@ import numpy as np
 
 from flax_encoder.config import EncoderConfig
 from flax_encoder.dropout import apply_mask, keep_mask
-from flax_encoder.sharding import dense
+from flax_encoder.dense import dense
 
 # The PyTorch tutorial port fills masked scores with -1e9 (`masked_fill(mask == 0, -1e9)`), not
 # -inf, so a row whose keys are all masked averages the values instead of producing NaN.

@@ -18,8 +18,9 @@ from flax_encoder.layer import EncoderLayer, layer_norm
 from flax_encoder.masks import check_mask, padding_mask
 from flax_encoder.sharding import ACTIVATION_AXES
 
-REMAT_POLICIES = {
-    "full": None,  # save nothing, recompute the whole layer
+# What each EncoderConfig.remat option keeps from the forward pass for the backward pass.
+_SAVED_IN_REMAT = {
+    "full": None,  # nothing: the whole layer is recomputed
     "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 
@@ -32,7 +33,7 @@ _DETERMINISTIC_ARG = list(inspect.signature(EncoderLayer.__call__).parameters).i
 def _layer_class(cfg: EncoderConfig):
   if cfg.remat == "none":
     return EncoderLayer
-  return nn.remat(EncoderLayer, policy=REMAT_POLICIES[cfg.remat],
+  return nn.remat(EncoderLayer, policy=_SAVED_IN_REMAT[cfg.remat],
                   static_argnums=(_DETERMINISTIC_ARG,))
 
 

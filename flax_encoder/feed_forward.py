@@ -7,7 +7,7 @@ import jax
 
 from flax_encoder.config import ACTIVATIONS, EncoderConfig
 from flax_encoder.dropout import Dropout
-from flax_encoder.sharding import dense
+from flax_encoder.dense import dense
 
 
 class PositionwiseFeedForward(nn.Module):

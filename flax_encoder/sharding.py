@@ -41,19 +41,6 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 )
 
 
-def dense(cfg, features: int, axes: tuple[str, str], name: str,
-          kernel_init=None) -> nn.Dense:
-  """nn.Dense whose kernel has logical axes `axes` (in, out) and whose bias has (out,).
-
-  The kernel is Xavier-uniform unless `kernel_init` is given, as in the PyTorch tutorial port.
-  """
-  kernel_init = kernel_init or nn.initializers.xavier_uniform()
-  return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                  kernel_init=nn.with_logical_partitioning(kernel_init, axes),
-                  bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), axes[1:]),
-                  name=name)
-
-
 def make_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
   """A (data, fsdp) mesh over `devices` (default: all). -1 for one axis = the devices left over."""
   devices = list(jax.devices() if devices is None else devices)

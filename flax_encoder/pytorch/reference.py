@@ -14,10 +14,9 @@ import math
 import torch
 from torch import nn
 
+from flax_encoder.attention import MASK_FILL
 from flax_encoder.config import EncoderConfig
-from flax_encoder.pytorch.layouts import LAYOUTS
-
-MASK_FILL = -1e9
+from flax_encoder.pytorch.layouts import check_layout
 
 
 def scaled_dot_product_attention(q, k, v, mask=None, dropout: nn.Module | None = None):
@@ -104,8 +103,7 @@ class Encoder(nn.Module):
   def __init__(self, config: EncoderConfig, layout: str = "tutorial",
                table_dtype: torch.dtype = torch.float32):
     super().__init__()
-    if layout not in LAYOUTS:
-      raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    check_layout(layout)
     c = self.config = config
     self.layout = layout
     self.embedding = nn.Embedding(c.vocab_size, c.d_model)
