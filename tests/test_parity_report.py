@@ -96,3 +96,20 @@ def test_a_module_without_call_that_returns_logits_is_told_what_to_pass():
   with pytest.raises(ValueError, match=r"output has shape \[2, 4, 11\].*pass call="):
     parity.compare_module(torch_models.build(), torch_models.CONFIG,
                           np.array([[1, 2, 3, 4], [5, 6, 0, 0]]))
+
+
+def test_an_encoder_only_module_takes_the_encoder_of_a_nested_training_checkpoint(tmp_path,
+                                                                                 capsys):
+  torch.manual_seed(0)
+  trained = torch_models.Classifier()  # the encoder under `encoder.`, an output layer beside
+  state = {f"module.{k}": v for k, v in trained.state_dict().items()}  # DistributedDataParallel
+  path = tmp_path / "checkpoint.pt"
+  torch.save({"model_state_dict": state, "optimizer": {}, "epoch": 3}, path)
+  code = parity.main(["--module", "tests.torch_models:build_encoder", "--checkpoint", str(path),
+                      "--n-heads", "2", "--seq-len", "8"])
+  out = capsys.readouterr().out
+  loaded = torch_models.BUILT[-1].state_dict()
+  assert code == 0 and "PASS" in out, out
+  assert "its encoder at prefix 'encoder.' into the module's encoder at prefix ''" in out
+  for name, value in trained.encoder.state_dict().items():  # the checkpoint's, not build()'s
+    torch.testing.assert_close(loaded[name].float(), value, rtol=0, atol=0)

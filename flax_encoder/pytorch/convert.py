@@ -2,17 +2,21 @@
 
 The state dict's layouts ("tutorial", "torch_nn") and how the encoder is found inside a larger
 one are in `flax_encoder.pytorch.layouts`. torch.nn.Linear stores weight as [out, in]; flax's
-Dense kernel is [in, out]. torch is imported only inside the functions that need it.
+Dense kernel is [in, out].
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
 import numpy as np
+import safetensors
+import safetensors.torch
+import torch
 
 from flax_encoder.config import EncoderConfig
 from flax_encoder.embedding import sinusoidal_positions
@@ -110,18 +114,18 @@ def from_torch_state_dict(state_dict: Mapping[str, Any], config: EncoderConfig,
 
   params: dict = {"embedding": {"embedding": cast(state[EMBEDDING_KEY])}}
   for i in range(config.n_layers):
-    prefix = f"layers.{i}."
+    at = f"layers.{i}."
     layer: dict = {"self_attn": {}, "feed_forward": {}}
     for (block, flax_name), torch_name in DENSE[layout].items():
-      layer[block][flax_name] = dense(state[prefix + torch_name + ".weight"],
-                                      state[prefix + torch_name + ".bias"])
+      layer[block][flax_name] = dense(state[at + torch_name + ".weight"],
+                                      state[at + torch_name + ".bias"])
     if layout == "torch_nn":
-      w = np.split(state[prefix + IN_PROJ[0]], 3, axis=0)
-      b = np.split(state[prefix + IN_PROJ[1]], 3, axis=0)
+      w = np.split(state[at + IN_PROJ[0]], 3, axis=0)
+      b = np.split(state[at + IN_PROJ[1]], 3, axis=0)
       for flax_name, row in _QKV:
         layer["self_attn"][flax_name] = dense(w[row], b[row])
     for name in NORMS:
-      layer[name] = norm(prefix + name)
+      layer[name] = norm(at + name)
     params[f"layers_{i}"] = layer
   if config.final_norm:
     params["norm"] = norm("norm")
@@ -174,8 +178,6 @@ def to_torch_state_dict(variables: Mapping, config: EncoderConfig,
   The tutorial layout includes `pos_encoder.pe` ([1, max_len, d_model] float32), so that the
   tutorial port loads it with `load_state_dict(strict=True)`.
   """
-  import torch
-
   check_layout(layout)
   params = nn.unbox(variables.get("params", variables))  # as `init` returns them, or plain
   if config.scan_layers:
@@ -192,19 +194,19 @@ def to_torch_state_dict(variables: Mapping, config: EncoderConfig,
     table = sinusoidal_positions(config.max_len, config.d_model, np.float32)
     state[PE_KEY] = torch.from_numpy(table[None])
   for i in range(config.n_layers):
-    layer, prefix = params[f"layers_{i}"], f"layers.{i}."
+    layer, at = params[f"layers_{i}"], f"layers.{i}."
     for (block, flax_name), torch_name in DENSE[layout].items():
-      state[prefix + torch_name + ".weight"] = tensor(layer[block][flax_name]["kernel"].T)
-      state[prefix + torch_name + ".bias"] = tensor(layer[block][flax_name]["bias"])
+      state[at + torch_name + ".weight"] = tensor(layer[block][flax_name]["kernel"].T)
+      state[at + torch_name + ".bias"] = tensor(layer[block][flax_name]["bias"])
     if layout == "torch_nn":
       attn = layer["self_attn"]
-      state[prefix + IN_PROJ[0]] = tensor(
+      state[at + IN_PROJ[0]] = tensor(
           np.concatenate([attn[name]["kernel"].T for name, _ in _QKV], axis=0))
-      state[prefix + IN_PROJ[1]] = tensor(
+      state[at + IN_PROJ[1]] = tensor(
           np.concatenate([attn[name]["bias"] for name, _ in _QKV], axis=0))
     for name in NORMS:
-      state[prefix + name + ".weight"] = tensor(layer[name]["scale"])
-      state[prefix + name + ".bias"] = tensor(layer[name]["bias"])
+      state[at + name + ".weight"] = tensor(layer[name]["scale"])
+      state[at + name + ".bias"] = tensor(layer[name]["bias"])
   if config.final_norm:
     state["norm.weight"] = tensor(params["norm"]["scale"])
     state["norm.bias"] = tensor(params["norm"]["bias"])
@@ -230,17 +232,12 @@ def load_torch_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
     raise FileNotFoundError(f"checkpoint path {path!r} does not exist or is not a file")
   suffix = os.path.splitext(path)[1].lower()
   if suffix == ".safetensors":
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
     try:
-      state = load_file(path)
-    except (SafetensorError, OSError, RuntimeError) as e:
+      state = safetensors.torch.load_file(path)
+    except (safetensors.SafetensorError, OSError, RuntimeError) as e:
       raise ValueError(f"checkpoint {path!r} is not a readable safetensors file (truncated or "
                        f"corrupt?): {e}") from e
   elif suffix in _TORCH_SUFFIXES:
-    import pickle
-
-    import torch
     try:
       state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:

@@ -107,6 +107,7 @@ class EncoderKeys:
     stack: the prefix of `layers.{i}`: `root`, or a container module below it.
     norm: the prefix of the final `norm`, or None without one.
     ignored: the state dict's keys outside the encoder, as they were named.
+    keys: plain name -> the key it has in the state dict.
   """
 
   state: dict[str, Any]
@@ -115,6 +116,7 @@ class EncoderKeys:
   stack: str
   norm: str | None
   ignored: tuple[str, ...]
+  keys: dict[str, str]
 
   def module_name(self, plain: str) -> str:
     """A plain module name (`embedding`, `layers.0.norm1`, `norm`) -> its name in the state
@@ -167,7 +169,7 @@ def find_encoder(state_dict: Mapping[str, Any], prefix: str | None = None,
   if prefix is None:
     layout = layout or detect_layout(state_dict)
     norm = "" if "norm.weight" in state_dict or "norm.bias" in state_dict else None
-    return EncoderKeys(dict(state_dict), layout, "", "", norm, ())
+    return EncoderKeys(dict(state_dict), layout, "", "", norm, (), {k: k for k in state_dict})
 
   plain: dict[str, str] = {}  # wrappers stripped -> as named in state_dict
   for key in state_dict:
@@ -238,15 +240,17 @@ def _select(state_dict, plain, root: str, stack: str, layout: str) -> EncoderKey
   wanted = {root + EMBEDDING_KEY: EMBEDDING_KEY, root + PE_KEY: PE_KEY}
   if norm is not None:
     wanted.update({norm + "norm.weight": "norm.weight", norm + "norm.bias": "norm.bias"})
-  state, ignored = {}, []
+  state, keys, ignored = {}, {}, []
   for stripped, key in plain.items():
     if stripped in wanted:
-      state[wanted[stripped]] = state_dict[key]
+      name = wanted[stripped]
     elif stripped.startswith(stack + "layers."):
-      state[stripped[len(stack):]] = state_dict[key]  # all of them: extra ones are errors
+      name = stripped[len(stack):]  # all of them: extra ones are errors
     else:
       ignored.append(key)
+      continue
+    state[name], keys[name] = state_dict[key], key
   if ignored:
     logger.info("flax_encoder.pytorch: ignored %d keys outside the encoder, e.g. %s",
                 len(ignored), ", ".join(ignored[:5]))
-  return EncoderKeys(state, layout, root, stack, norm, tuple(ignored))
+  return EncoderKeys(state, layout, root, stack, norm, tuple(ignored), keys)

@@ -35,10 +35,19 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
+import torch
 
 from flax_encoder.config import EncoderConfig
 from flax_encoder.embedding import sinusoidal_positions
+from flax_encoder.encoder import Encoder
+from flax_encoder.pytorch import reference
+from flax_encoder.pytorch.convert import (
+    config_from_torch_state_dict,
+    from_torch_state_dict,
+    load_torch_checkpoint,
+)
 from flax_encoder.pytorch.layouts import (
     FEED_FORWARD_OUTPUT,
     LAYOUTS,
@@ -95,16 +104,15 @@ def compare_module(module, config: EncoderConfig, tokens: np.ndarray, layout: st
   Returns:
     (rows in forward order, the stages whose module the PyTorch model does not have).
   """
-  import jax
-  import torch
+  return _compare(module, find_encoder(module.state_dict(), prefix, layout), config, tokens,
+                  call)
 
-  from flax_encoder.encoder import Encoder
-  from flax_encoder.pytorch.convert import from_torch_state_dict
 
+def _compare(module, found: EncoderKeys, config: EncoderConfig, tokens: np.ndarray,
+             call) -> tuple[list[Row], list[str]]:
+  """compare_module, with the encoder already found in the module's state dict."""
   float64 = config.dtype == np.float64
-  torch_dtype = torch.float64 if float64 else torch.float32
-  module = module.to(torch_dtype).eval()
-  found = find_encoder(module.state_dict(), prefix, layout)
+  module = module.to(torch.float64 if float64 else torch.float32).eval()
   flax_config = dataclasses.replace(config, scan_layers=False, remat="none")
   variables = from_torch_state_dict(found.state, flax_config, found.layout)
 
@@ -156,26 +164,26 @@ def compare_module(module, config: EncoderConfig, tokens: np.ndarray, layout: st
 
 
 def compare(state_dict, config: EncoderConfig, layout: str, tokens: np.ndarray) -> list[Row]:
-  """The reference tutorial port (`layout`'s module names) on `state_dict` against the Flax
-  encoder, in config.dtype (float32 or float64)."""
-  import torch
+  """The reference tutorial port (`layout`'s module names) on `state_dict`, the encoder alone,
+  against the Flax encoder, in config.dtype (float32 or float64)."""
+  model = _reference_port(state_dict, config, layout)
+  return _compare(model, find_encoder(model.state_dict(), None, layout), config, tokens, None)[0]
 
-  from flax_encoder.pytorch import reference
 
+def _reference_port(encoder_state: dict, config: EncoderConfig, layout: str):
+  """flax_encoder.pytorch.reference's Encoder holding the encoder's weights (plain names)."""
   model = reference.Encoder(config, layout)
-  found = find_encoder(state_dict, None, layout)
-  state = {k: torch.as_tensor(np.asarray(v)) for k, v in found.state.items()}
+  state = {k: torch.as_tensor(np.asarray(v)) for k, v in encoder_state.items()}
   if layout == "tutorial" and PE_KEY not in state:
     state[PE_KEY] = model.pos_encoder.pe
   model.load_state_dict(state, strict=True)
-  return compare_module(model, config, tokens, layout, prefix=None)[0]
+  return model
 
 
 def _positions_in_float64(pos_encoder, d_model: int) -> None:
   """In float64 the Flax side's table is exact to float64: so is the PyTorch side's then."""
   pe = getattr(pos_encoder, "pe", None)
   if pe is not None and hasattr(pe, "copy_") and pe.shape[-1] == d_model:
-    import torch
     table = sinusoidal_positions(pe.shape[-2], d_model, np.float64)
     with torch.no_grad():
       pe.copy_(torch.from_numpy(table).reshape(pe.shape))
@@ -262,7 +270,6 @@ def _fields_from_args(args) -> dict:
 
 def _config(state_dict, fields: dict, layout, prefix) -> EncoderConfig:
   """Sizes from the state dict's shapes where there is one, overridden by `fields`."""
-  from flax_encoder.pytorch.convert import config_from_torch_state_dict
   if state_dict is None:
     if "vocab_size" not in fields:
       raise SystemExit("error: --vocab-size (or vocab_size in --config) is required without "
@@ -285,64 +292,92 @@ def _load(spec: str, flag: str):
     raise SystemExit(f"error: {flag} {spec!r}: {e}") from e
 
 
-def _load_into(module, state: dict, path: str) -> None:
-  """Loads a checkpoint's state dict into `module`, matching names with wrappers stripped."""
-  import torch
+def _load_into(module, checkpoint: dict, path: str, prefix, layout) -> str:
+  """Loads what of `checkpoint` belongs to `module`; returns how it matched.
+
+  Key for key (wrapper prefixes stripped) when the checkpoint holds exactly the module's
+  weights; otherwise the encoder found in the checkpoint goes into the encoder found in the
+  module (a training checkpoint of a bigger model, with a module that is the encoder alone,
+  or the reverse), and the module keeps its own weights outside its encoder.
+  """
   target = {strip_wrappers(k): k for k in module.state_dict()}
-  source = {strip_wrappers(k): v for k, v in state.items()}
-  missing, unexpected = sorted(set(target) - set(source)), sorted(set(source) - set(target))
+  source = {strip_wrappers(k): v for k, v in checkpoint.items()}
+  if set(target) == set(source):
+    module.load_state_dict({target[k]: torch.as_tensor(np.asarray(v))
+                            for k, v in source.items()}, strict=True)
+    return "key for key"
+  try:
+    ours = find_encoder(module.state_dict(), "auto", layout)
+    theirs = find_encoder(checkpoint, prefix, layout)
+  except ValueError as e:
+    raise SystemExit(f"error: checkpoint {path} does not fit the module key for key, and its "
+                     f"encoder cannot be matched to the module's: {e}") from e
+  if theirs.layout != ours.layout:
+    raise SystemExit(f"error: checkpoint {path} holds a {theirs.layout!r} encoder, the module a "
+                     f"{ours.layout!r} one")
+  missing = sorted(set(ours.state) - set(theirs.state) - {PE_KEY})
+  unexpected = sorted(set(theirs.state) - set(ours.state) - {PE_KEY})
   if missing or unexpected:
-    raise SystemExit(f"error: checkpoint {path} does not fit the module: missing keys "
-                     f"{missing[:8]}, unexpected keys {unexpected[:8]}")
-  module.load_state_dict({target[k]: torch.as_tensor(np.asarray(v)) for k, v in source.items()},
-                         strict=True)
+    raise SystemExit(f"error: the encoder in checkpoint {path} does not fit the module's: "
+                     f"missing keys {missing[:8]}, unexpected keys {unexpected[:8]}")
+  state = {ours.keys[name]: torch.as_tensor(np.asarray(value))
+           for name, value in theirs.state.items() if name in ours.keys}
+  module.load_state_dict(state, strict=False)
+  kept = f"; the module keeps its own {len(ours.ignored)} other keys" if ours.ignored else ""
+  return (f"its encoder at prefix {theirs.root!r} into the module's encoder at prefix "
+          f"{ours.root!r}{kept}")
+
+
+def _users_module(args, checkpoint, fields):
+  """(module, config, its encoder, heading) for --module."""
+  module = _load(args.module, "--module")()
+  heading = f"parity: your module {args.module} (its own weights) against the Flax encoder"
+  if checkpoint is not None:
+    how = _load_into(module, checkpoint, args.checkpoint, args.prefix, args.layout)
+    heading = (f"parity: your module {args.module} with {args.checkpoint} ({how}) against the "
+               f"Flax encoder")
+  found = find_encoder(module.state_dict(), args.prefix, args.layout)
+  config = _config(found.state, fields, found.layout, None)
+  return module, config, found, heading
+
+
+def _reference_module(args, checkpoint, fields):
+  """(module, config, its encoder, heading) for the reference tutorial port."""
+  if checkpoint is None:
+    config = _config(None, fields, args.layout, None)
+    torch.manual_seed(args.seed)
+    layout = args.layout or "tutorial"
+    weights = reference.Encoder(config, layout).state_dict()
+    source, where = f"random weights (seed {args.seed})", ""
+  else:
+    found = find_encoder(checkpoint, args.prefix, args.layout)
+    config = _config(found.state, fields, found.layout, None)
+    layout, weights, source = found.layout, found.state, args.checkpoint
+    where = "\n" + _where(found)
+  module = _reference_port(weights, config, layout)
+  heading = (f"parity: {source} in the reference PyTorch tutorial port "
+             f"(flax_encoder.pytorch.reference, layout={layout}) against the Flax encoder; "
+             f"assumed norm_position={config.norm_position}, activation={config.activation}, "
+             f"layer_norm_eps={config.layer_norm_eps:g}, which the weights cannot show: "
+             f"--module runs your own code instead{where}")
+  return module, config, find_encoder(module.state_dict(), None, layout), heading
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  import jax
-
   args = _parse_args(argv)
   fields = _fields_from_args(args)
   atol = args.atol if args.atol is not None else (1e-10 if args.float64 else 1e-5)
   rtol = args.rtol if args.rtol is not None else (1e-12 if args.float64 else 1e-4)
-  state_dict = None
-  if args.checkpoint:
-    from flax_encoder.pytorch.convert import load_torch_checkpoint
-    state_dict = load_torch_checkpoint(args.checkpoint)
-
+  checkpoint = load_torch_checkpoint(args.checkpoint) if args.checkpoint else None
   with jax.enable_x64(args.float64):
-    if args.module:
-      model = _load(args.module, "--module")()
-      if state_dict is not None:
-        _load_into(model, state_dict, args.checkpoint)
-      config = _config(model.state_dict(), fields, args.layout, args.prefix)
-      tokens = _tokens(args, config)
-      call = _load(args.call, "--call") if args.call else None
-      rows, absent = compare_module(model, config, tokens, args.layout, args.prefix, call)
-      found = find_encoder(model.state_dict(), args.prefix, args.layout)
-      weights = args.checkpoint or "its own weights"
-      print(f"parity: your module {args.module} ({weights}) against the Flax encoder")
-    else:
-      import torch
-
-      from flax_encoder.pytorch import reference
-      config = _config(state_dict, fields, args.layout, args.prefix)
-      if state_dict is None:
-        torch.manual_seed(args.seed)
-        state_dict = reference.Encoder(config, args.layout or "tutorial").state_dict()
-        source = f"random weights (seed {args.seed})"
-      else:
-        source = args.checkpoint
-      found = find_encoder(state_dict, None if args.checkpoint is None else args.prefix,
-                           args.layout)
-      tokens = _tokens(args, config)
-      rows, absent = compare(found.state, config, found.layout, tokens), []
-      print(f"parity: {source} in the reference PyTorch tutorial port "
-            f"(flax_encoder.pytorch.reference, layout={found.layout}) against the Flax encoder; "
-            f"assumed norm_position={config.norm_position}, activation={config.activation}, "
-            f"layer_norm_eps={config.layer_norm_eps:g}, which the weights cannot show: "
-            f"--module runs your own code instead")
-  print(_where(found))
+    build = _users_module if args.module else _reference_module
+    module, config, found, heading = build(args, checkpoint, fields)
+    tokens = _tokens(args, config)
+    call = _load(args.call, "--call") if args.call else None
+    rows, absent = _compare(module, found, config, tokens, call)
+  print(heading)
+  if args.module:
+    print(_where(found))
   print(f"{config.n_layers} layers, d_model={config.d_model}, n_heads={config.n_heads}, "
         f"d_ff={config.d_ff}, vocab_size={config.vocab_size}, tokens {list(tokens.shape)}, "
         f"{config.dtype.name}, matmul precision highest")
