@@ -16,8 +16,8 @@ trained with the `sentencepiece` package on a sample of the corpus, `--vocab-siz
 with byte fallback so that any text encodes); or the path of a SentencePiece `.model` or a
 Hugging Face `tokenizer.json` (the `tokenizers` package).
 
-Token ids: 0 pad, 1 mask, 2 the separator between documents, 3 unused, then each of the
-tokenizer's ids plus 4 (so bytes are 4 + byte value, as in the built-in corpus).
+Token ids (`train.tokens`): 0 pad, 1 mask, 2 the separator between documents, 3 unused, then
+each of the tokenizer's ids plus 4 (so bytes are 4 + byte value, as in the built-in corpus).
 
 Output, in `--out`: documents packed back to back with the separator after each, cut into
 windows of `--seq-len` ids (only the very last window is padded); every n-th window, n =
@@ -33,22 +33,25 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
 import dataclasses
 import glob
 import hashlib
 import io
+import itertools
 import json
 import multiprocessing
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from tqdm import tqdm
 
-PAD_ID, MASK_ID, SEPARATOR_ID = 0, 1, 2
-FIRST_TOKEN_ID = 4  # tokenizer id i is stored as FIRST_TOKEN_ID + i
+from train.tokens import (FIRST_TOKEN_ID, MASK_ID, PAD_ID, SEPARATOR_ID, Tokenizer,
+                          TokenizerSpec)
+
 FORMAT = "flax-encoder windows 1"
 BUILTIN = "builtin:pydoc_data.topics"
 _CHUNK_CHARS = 1 << 20  # characters of text per unit of work; bytes read at once
@@ -60,68 +63,8 @@ class PrepareError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------
-# Tokenizers: (kind, file) -> encode(list[str]) -> list[list[int]], the tokenizer's own ids.
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenizerSpec:
-  kind: str  # "bytes", "sentencepiece" or "huggingface"
-  path: str | None = None  # the model file, for the last two
-
-  def load(self):
-    if self.kind == "bytes":
-      return None
-    if self.kind == "sentencepiece":
-      import sentencepiece as spm
-      return spm.SentencePieceProcessor(model_file=self.path)
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(self.path)
-
-  def vocab_size(self) -> int:
-    tokenizer = self.load()
-    if tokenizer is None:
-      return 256
-    if self.kind == "sentencepiece":
-      return tokenizer.get_piece_size()
-    return tokenizer.get_vocab_size()
-
-
-_tokenizer = None  # this worker's, loaded once
-
-
-def _init_worker(spec: TokenizerSpec) -> None:
-  global _tokenizer
-  _tokenizer = (spec, spec.load())
-
-
-def _encode(unit: tuple[list[str], list[bool]]) -> np.ndarray:
-  """The ids of a unit of texts, a separator after each that ends a document, as one array."""
-  texts, ends = unit
-  spec, tokenizer = _tokenizer
-  if spec.kind == "bytes":
-    ids = [np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts]
-  elif spec.kind == "sentencepiece":
-    ids = tokenizer.encode(texts)
-  else:
-    ids = [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
-  separator = np.array([SEPARATOR_ID], np.int32)
-  pieces = []
-  for piece, end in zip(ids, ends):
-    pieces.append(np.asarray(piece, np.int32) + FIRST_TOKEN_ID)
-    if end:
-      pieces.append(separator)
-  return np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading: units of (texts, ends) where ends[i] says text i closes a document.
-
-
-@dataclasses.dataclass
-class Input:
-  path: str
-  bytes: int = 0
-  sha256: str = ""
+# Reading: each input is a Source that hashes its bytes as they are read; its documents come
+# as (text, ends a document) pairs, a long plain-text file in several blocks.
 
 
 def expand(patterns: list[str]) -> list[str]:
@@ -140,67 +83,35 @@ def expand(patterns: list[str]) -> list[str]:
   return paths
 
 
-def _lines(path: str, digest) -> Iterator[tuple[int, str]]:
-  """(line number, text) of a UTF-8 file, hashing its bytes as they are read."""
-  offset = 0
-  with open(path, "rb") as f:
-    for number, raw in enumerate(f, 1):
-      digest.update(raw)
-      try:
-        yield number, raw.decode("utf-8")
-      except UnicodeDecodeError as e:
-        _invalid_utf8(path, offset + e.start, e.reason)
-      offset += len(raw)
-
-
-def _blocks(path: str, digest) -> Iterator[str]:
-  """The text of a UTF-8 file in blocks of about _CHUNK_CHARS, hashing its bytes."""
-  decoder = codecs.getincrementaldecoder("utf-8")()
-  offset = 0
-  with open(path, "rb") as f:
-    while True:
-      block = f.read(_CHUNK_CHARS)
-      digest.update(block)
-      held = len(decoder.getstate()[0])  # the start of a character split by the last block
-      try:
-        text = decoder.decode(block, final=not block)
-      except UnicodeDecodeError as e:
-        _invalid_utf8(path, offset - held + e.start, e.reason)
-      offset += len(block)
-      if text:
-        yield text
-      if not block:
-        return
-
-
-def _invalid_utf8(path: str, at: int, reason: str):
-  with open(path, "rb") as f:
-    line = f.read(at).count(b"\n") + 1
-  raise PrepareError(f"{path}:{line}: invalid UTF-8 at byte {at} of the file ({reason})")
-
-
 def _builtin_topics() -> list[str]:
   from pydoc_data.topics import topics
   return [topics[name] for name in sorted(topics)]
 
 
-def _size(path: str) -> int:
-  if path == BUILTIN:
-    return sum(len(t.encode("utf-8")) for t in _builtin_topics())
-  return os.path.getsize(path)
+class Source:
+  """One input: reads its documents, hashing the bytes read; `record()` describes it after."""
 
+  def __init__(self, path: str):
+    self.path = path
+    self._digest = hashlib.sha256()
 
-def _documents(inputs: list[Input], text_field: str) -> Iterator[tuple[str, bool]]:
-  """(text, ends a document) over every input, in order."""
-  for record in inputs:
-    digest = hashlib.sha256()
-    record.bytes = _size(record.path)
-    if record.path == BUILTIN:
+  def size(self) -> int:
+    if self.path == BUILTIN:
+      return sum(len(t.encode("utf-8")) for t in _builtin_topics())
+    return os.path.getsize(self.path)
+
+  def record(self) -> dict:
+    """{'path', 'bytes', 'sha256'}: what dataset.json records of it, once it has been read."""
+    return {"path": self.path, "bytes": self.size(), "sha256": self._digest.hexdigest()}
+
+  def documents(self, text_field: str) -> Iterator[tuple[str, bool]]:
+    """(text, whether it ends a document), in file order."""
+    if self.path == BUILTIN:
       for text in _builtin_topics():
-        digest.update(text.encode("utf-8"))
+        self._digest.update(text.encode("utf-8"))
         yield text, True
-    elif record.path.endswith((".jsonl", ".json")):
-      for number, line in _lines(record.path, digest):
+    elif self.path.endswith((".jsonl", ".json")):
+      for number, line in self._lines():
         if not line.strip():
           continue
         try:
@@ -208,21 +119,62 @@ def _documents(inputs: list[Input], text_field: str) -> Iterator[tuple[str, bool
         except (ValueError, KeyError, TypeError):
           text = None
         if not isinstance(text, str):
-          raise PrepareError(f"{record.path}:{number}: not a JSON object with a string field "
+          raise PrepareError(f"{self.path}:{number}: not a JSON object with a string field "
                              f"{text_field!r} (--text-field)")
         yield text, True
     else:
       previous = None
-      for block in _blocks(record.path, digest):
+      for block in self._blocks():
         if previous is not None:
           yield previous, False
         previous = block
       if previous is not None:
         yield previous, True
-    record.sha256 = digest.hexdigest()
+
+  def _lines(self) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a UTF-8 file."""
+    offset = 0
+    with open(self.path, "rb") as f:
+      for number, raw in enumerate(f, 1):
+        self._digest.update(raw)
+        try:
+          yield number, raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+          self._invalid_utf8(offset + e.start, e.reason)
+        offset += len(raw)
+
+  def _blocks(self) -> Iterator[str]:
+    """The text of a UTF-8 file in blocks of about _CHUNK_CHARS."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(self.path, "rb") as f:
+      while True:
+        block = f.read(_CHUNK_CHARS)
+        self._digest.update(block)
+        held = len(decoder.getstate()[0])  # the start of a character split by the last block
+        try:
+          text = decoder.decode(block, final=not block)
+        except UnicodeDecodeError as e:
+          self._invalid_utf8(offset - held + e.start, e.reason)
+        offset += len(block)
+        if text:
+          yield text
+        if not block:
+          return
+
+  def _invalid_utf8(self, at: int, reason: str):
+    with open(self.path, "rb") as f:
+      line = f.read(at).count(b"\n") + 1
+    raise PrepareError(f"{self.path}:{line}: invalid UTF-8 at byte {at} of the file ({reason})")
+
+
+def _documents(sources: list[Source], text_field: str) -> Iterator[tuple[str, bool]]:
+  for source in sources:
+    yield from source.documents(text_field)
 
 
 def _units(documents: Iterator[tuple[str, bool]]) -> Iterator[tuple[list[str], list[bool]]]:
+  """Documents grouped into units of work of about _CHUNK_CHARS characters."""
   texts, ends, size = [], [], 0
   for text, end in documents:
     texts.append(text)
@@ -236,20 +188,72 @@ def _units(documents: Iterator[tuple[str, bool]]) -> Iterator[tuple[list[str], l
 
 
 # ---------------------------------------------------------------------------------------------
-# SentencePiece training on a sample of the corpus.
+# Tokenizing, in this process or in a pool of workers.
 
 
-def train_sentencepiece(inputs: list[Input], text_field: str, vocab_size: int,
+def unit_ids(tokenizer: Tokenizer, unit: tuple[list[str], list[bool]]) -> np.ndarray:
+  """The ids of a unit of texts, a separator after each that ends a document, as one array."""
+  texts, ends = unit
+  separator = np.array([SEPARATOR_ID], np.int32)
+  pieces = []
+  for ids, end in zip(tokenizer.encode_batch(texts), ends):
+    pieces.append(ids)
+    if end:
+      pieces.append(separator)
+  return np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+
+
+# A pool worker's tokenizer, loaded once when the worker starts (Pool's initializer is the only
+# way to hand each worker process a state of its own).
+_worker_tokenizer: Tokenizer | None = None
+
+
+def _start_worker(spec: TokenizerSpec) -> None:
+  global _worker_tokenizer
+  _worker_tokenizer = spec.load()
+
+
+def _worker_unit_ids(unit) -> np.ndarray:
+  return unit_ids(_worker_tokenizer, unit)
+
+
+@contextlib.contextmanager
+def _encoder(spec: TokenizerSpec, workers: int):
+  """Yields a function: a list of units -> their ids, in order, computed by `workers`
+  processes (one: here, without a pool)."""
+  if workers == 1:
+    tokenizer = spec.load()
+    yield lambda units: [unit_ids(tokenizer, u) for u in units]
+    return
+  pool = multiprocessing.get_context("spawn").Pool(workers, _start_worker, (spec,))
+  try:
+    yield lambda units: pool.map(_worker_unit_ids, units)
+  finally:
+    pool.terminate()
+
+
+def _encoded(units: Iterator, encode: Callable, in_flight: int) -> Iterator[tuple[tuple, np.ndarray]]:
+  """(unit, its ids) in order, `in_flight` units at a time (bounding the memory held)."""
+  while batch := list(itertools.islice(units, in_flight)):
+    yield from zip(batch, encode(batch))
+
+
+# ---------------------------------------------------------------------------------------------
+# The tokenizer: given as a file, or a SentencePiece model trained on a sample of the corpus.
+
+
+def train_sentencepiece(sources: list[Source], text_field: str, vocab_size: int,
                         sample_mb: float) -> bytes:
   """A unigram SentencePiece model (its serialized bytes) trained on a sample of the lines:
   all of them up to `sample_mb` MB of text, else an evenly spread, deterministic subset.
   One thread: sentencepiece's multi-threaded training gives different models run to run."""
   import sentencepiece as spm
 
-  total = sum(_size(r.path) for r in inputs)
+  total = sum(s.size() for s in sources)
   keep = min(1.0, sample_mb * 1e6 / max(total, 1))
   rng = np.random.default_rng(0)
-  sample = [line for text, _ in _documents([Input(r.path) for r in inputs], text_field)
+  fresh = [Source(s.path) for s in sources]  # a first pass of its own: nothing is recorded
+  sample = [line for text, _ in _documents(fresh, text_field)
             for line in text.splitlines() if line.strip() and rng.random() < keep]
   if not sample:
     raise PrepareError("the inputs hold no text")
@@ -266,15 +270,47 @@ def train_sentencepiece(inputs: list[Input], text_field: str, vocab_size: int,
   return model.getvalue()
 
 
+def _tokenizer_in(directory, tokenizer, vocab_size, sources, text_field, sample_mb):
+  """(TokenizerSpec with its file in `directory`, that file's name or None)."""
+  if tokenizer == "bytes":
+    if vocab_size not in (None, 256):
+      raise PrepareError(f"--vocab-size {vocab_size}: the bytes tokenizer has 256 tokens")
+    return TokenizerSpec("bytes"), None
+  if tokenizer == "sentencepiece":
+    if vocab_size is None:
+      raise PrepareError("--tokenizer sentencepiece needs --vocab-size")
+    model = train_sentencepiece(sources, text_field, vocab_size, sample_mb)
+    path = os.path.join(directory, "tokenizer.model")
+    with open(path, "wb") as f:
+      f.write(model)
+    return TokenizerSpec("sentencepiece", path), "tokenizer.model"
+  if not os.path.isfile(tokenizer):
+    raise PrepareError(f"--tokenizer {tokenizer!r}: not 'bytes', 'sentencepiece' or a file")
+  kind, name = (("huggingface", "tokenizer.json") if tokenizer.endswith(".json")
+                else ("sentencepiece", "tokenizer.model"))
+  path = os.path.join(directory, name)
+  shutil.copyfile(tokenizer, path)
+  spec = TokenizerSpec(kind, path)
+  try:
+    size = spec.load().size
+  except Exception as e:  # noqa: BLE001 - whatever the library says, name the file
+    raise PrepareError(f"--tokenizer {tokenizer!r}: not a readable {kind} tokenizer "
+                       f"({type(e).__name__}: {e})") from None
+  if vocab_size not in (None, size):
+    raise PrepareError(f"--vocab-size {vocab_size}: {tokenizer!r} has {size} tokens")
+  return spec, name
+
+
 # ---------------------------------------------------------------------------------------------
 # Packing into windows.
 
 
 class _WindowWriter:
-  """Packs ids into seq_len windows and writes each to its split's file."""
+  """Packs ids into seq_len windows and writes each to its split's file: every
+  `held_out_every`-th window to eval.bin, the others to train.bin."""
 
-  def __init__(self, directory: str, seq_len: int, dtype, eval_every: int):
-    self.seq_len, self.dtype, self.eval_every = seq_len, dtype, eval_every
+  def __init__(self, directory: str, seq_len: int, dtype, held_out_every: int):
+    self.seq_len, self.dtype, self.held_out_every = seq_len, dtype, held_out_every
     self.files = {s: open(os.path.join(directory, f"{s}.bin"), "wb") for s in ("train", "eval")}
     self.counts = {"train": 0, "eval": 0}
     self.pending = np.zeros(0, np.int32)
@@ -297,10 +333,25 @@ class _WindowWriter:
 
   def _write(self, windows: np.ndarray) -> None:
     start = self.counts["train"] + self.counts["eval"]
-    held_out = np.arange(start, start + len(windows)) % self.eval_every == self.eval_every - 1
+    every = self.held_out_every
+    held_out = np.arange(start, start + len(windows)) % every == every - 1
     for split, rows in (("train", windows[~held_out]), ("eval", windows[held_out])):
       self.files[split].write(rows.astype(self.dtype).tobytes())
       self.counts[split] += len(rows)
+
+
+@contextlib.contextmanager
+def _temporary_directory(out: str):
+  """A fresh directory beside `out`, renamed to `out` if the block completes, else removed."""
+  tmp = f"{out.rstrip(os.sep)}.tmp-{os.getpid()}"
+  shutil.rmtree(tmp, ignore_errors=True)
+  os.makedirs(tmp)
+  try:
+    yield tmp
+    os.rename(tmp, out)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
 
 
 def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size: int | None = None,
@@ -315,40 +366,28 @@ def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size:
     raise PrepareError(f"--workers must be >= 1, got {workers}")
   if os.path.exists(out):
     raise PrepareError(f"--out {out!r} already exists; remove it or choose another directory")
-  inputs = [Input(p) for p in expand(patterns)]
-  tmp = f"{out.rstrip(os.sep)}.tmp-{os.getpid()}"
-  shutil.rmtree(tmp, ignore_errors=True)
-  os.makedirs(tmp)
-  try:
-    spec, tokenizer_file = _tokenizer_in(tmp, tokenizer, vocab_size, inputs, text_field,
+  sources = [Source(p) for p in expand(patterns)]
+  held_out_every = round(1 / eval_fraction)
+  with _temporary_directory(out) as tmp:
+    spec, tokenizer_file = _tokenizer_in(tmp, tokenizer, vocab_size, sources, text_field,
                                          sample_mb)
-    tokenizer_vocab = spec.vocab_size()
+    tokenizer_vocab = spec.load().size
     vocab = FIRST_TOKEN_ID + tokenizer_vocab
     dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
-    windows = _WindowWriter(tmp, seq_len, dtype, eval_every=round(1 / eval_fraction))
-    total = sum(_size(r.path) for r in inputs)
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not progress)
-    pool = (multiprocessing.get_context("spawn").Pool(workers, _init_worker, (spec,))
-            if workers > 1 else None)
-    if pool is None:
-      _init_worker(spec)
-    encode = pool.map if pool else lambda f, units: [f(u) for u in units]
-    try:
-      units = _units(_documents(inputs, text_field))
-      while batch := [u for _, u in zip(range(workers * _UNITS_IN_FLIGHT), units)]:
-        for (texts, _), ids in zip(batch, encode(_encode, batch)):
-          windows.add(ids)
-          bar.update(sum(len(t.encode("utf-8")) for t in texts))
-    finally:
-      bar.close()
-      if pool:
-        pool.terminate()
+    windows = _WindowWriter(tmp, seq_len, dtype, held_out_every)
+    total = sum(s.size() for s in sources)
+    with (tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not progress)
+          as bar, _encoder(spec, workers) as encode):
+      units = _units(_documents(sources, text_field))
+      for (texts, _), ids in _encoded(units, encode, workers * _UNITS_IN_FLIGHT):
+        windows.add(ids)
+        bar.update(sum(len(t.encode("utf-8")) for t in texts))
     windows.close()
     if not windows.text_tokens:
       raise PrepareError("the inputs hold no text")
     if not windows.counts["eval"]:
       raise PrepareError(f"{windows.counts['train']} window(s) of {seq_len} tokens are too few "
-                         f"to hold out one in {round(1 / eval_fraction)} (--eval-fraction "
+                         f"to hold out one in {held_out_every} (--eval-fraction "
                          f"{eval_fraction})")
     meta = {
         "format": FORMAT,
@@ -359,48 +398,13 @@ def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size:
         "seq_len": seq_len,
         "dtype": np.dtype(dtype).name,
         "windows": windows.counts,
-        "eval_every": round(1 / eval_fraction),
+        "held_out_every": held_out_every,
         "tokens": windows.text_tokens,
-        "inputs": [dataclasses.asdict(r) for r in inputs],
+        "inputs": [s.record() for s in sources],
     }
     with open(os.path.join(tmp, "dataset.json"), "w") as f:
       json.dump(meta, f, indent=1)
-    os.rename(tmp, out)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
   return meta
-
-
-def _tokenizer_in(directory, tokenizer, vocab_size, inputs, text_field, sample_mb):
-  """(TokenizerSpec with its file in `directory`, that file's name or None)."""
-  if tokenizer == "bytes":
-    if vocab_size not in (None, 256):
-      raise PrepareError(f"--vocab-size {vocab_size}: the bytes tokenizer has 256 tokens")
-    return TokenizerSpec("bytes"), None
-  if tokenizer == "sentencepiece":
-    if vocab_size is None:
-      raise PrepareError("--tokenizer sentencepiece needs --vocab-size")
-    model = train_sentencepiece(inputs, text_field, vocab_size, sample_mb)
-    path = os.path.join(directory, "tokenizer.model")
-    with open(path, "wb") as f:
-      f.write(model)
-    return TokenizerSpec("sentencepiece", path), "tokenizer.model"
-  if not os.path.isfile(tokenizer):
-    raise PrepareError(f"--tokenizer {tokenizer!r}: not 'bytes', 'sentencepiece' or a file")
-  kind, name = (("huggingface", "tokenizer.json") if tokenizer.endswith(".json")
-                else ("sentencepiece", "tokenizer.model"))
-  path = os.path.join(directory, name)
-  shutil.copyfile(tokenizer, path)
-  spec = TokenizerSpec(kind, path)
-  try:
-    size = spec.vocab_size()
-  except Exception as e:  # noqa: BLE001 - whatever the library says, name the file
-    raise PrepareError(f"--tokenizer {tokenizer!r}: not a readable {kind} tokenizer "
-                       f"({type(e).__name__}: {e})") from None
-  if vocab_size not in (None, size):
-    raise PrepareError(f"--vocab-size {vocab_size}: {tokenizer!r} has {size} tokens")
-  return spec, name
 
 
 def main(argv=None) -> int:

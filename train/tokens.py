@@ -1,0 +1,104 @@
+"""Token ids: the special ids, the byte codec, and the tokenizers that turn text into ids.
+
+The one place these facts live; `train.prepare` (offline), the jitted masking in
+`train.masked_lm`, fine-tuning and the tools that encode a text (`draw_attention`, `predict`)
+all import them from here.
+
+Ids: 0 pad, 1 mask, 2 the separator between documents (and between the two texts of a pair),
+3 unused, then each of the tokenizer's own ids plus FIRST_TOKEN_ID (so byte b is 4 + b).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+PAD_ID, MASK_ID, SEPARATOR_ID = 0, 1, 2
+FIRST_TOKEN_ID = 4  # tokenizer id i is stored as FIRST_TOKEN_ID + i; ids below are never targets
+BYTE_VOCAB_SIZE = FIRST_TOKEN_ID + 256
+KINDS = ("bytes", "sentencepiece", "huggingface")
+
+
+def encode_bytes(text: str) -> np.ndarray:
+  """The UTF-8 bytes of `text` as ids (int32)."""
+  return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32) + FIRST_TOKEN_ID
+
+
+def decode_bytes(ids) -> str:
+  """Ids of the byte tokenizer back to text; special ids are left out."""
+  data = bytes(int(i) - FIRST_TOKEN_ID for i in np.asarray(ids).ravel() if i >= FIRST_TOKEN_ID)
+  return data.decode("utf-8", errors="replace")
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSpec:
+  """Which tokenizer: its kind and, for the two with a model, the model file."""
+
+  kind: str  # one of KINDS
+  path: str | None = None  # the .model (sentencepiece) or tokenizer.json (huggingface)
+
+  def load(self) -> Tokenizer:
+    return Tokenizer(self)
+
+
+class Tokenizer:
+  """Text -> ids in this project's numbering (the tokenizer's own ids + FIRST_TOKEN_ID)."""
+
+  def __init__(self, spec: TokenizerSpec):
+    if spec.kind not in KINDS:
+      raise ValueError(f"tokenizer kind must be one of {KINDS}, got {spec.kind!r}")
+    self.spec = spec
+    self._model = None
+    if spec.kind == "sentencepiece":
+      import sentencepiece as spm
+      self._model = spm.SentencePieceProcessor(model_file=spec.path)
+    elif spec.kind == "huggingface":
+      from tokenizers import Tokenizer as HFTokenizer
+      self._model = HFTokenizer.from_file(spec.path)
+
+  @property
+  def size(self) -> int:
+    """The tokenizer's own vocabulary (without the special ids)."""
+    if self.spec.kind == "bytes":
+      return 256
+    if self.spec.kind == "sentencepiece":
+      return self._model.get_piece_size()
+    return self._model.get_vocab_size()
+
+  @property
+  def vocab_size(self) -> int:
+    """Ids in this project's numbering: FIRST_TOKEN_ID + size."""
+    return FIRST_TOKEN_ID + self.size
+
+  def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+    """Each text's ids (int32), special ids not added."""
+    if self.spec.kind == "bytes":
+      return [encode_bytes(t) for t in texts]
+    if self.spec.kind == "sentencepiece":
+      ids = self._model.encode(texts)
+    else:
+      ids = [e.ids for e in self._model.encode_batch(texts, add_special_tokens=False)]
+    return [np.asarray(i, np.int32) + FIRST_TOKEN_ID for i in ids]
+
+  def pieces(self, ids) -> list[str]:
+    """A readable label for each id (a byte, a piece), for plots."""
+    labels = []
+    for i in np.asarray(ids).ravel().tolist():
+      if i < FIRST_TOKEN_ID:
+        labels.append({PAD_ID: "<pad>", MASK_ID: "<mask>", SEPARATOR_ID: "<sep>"}.get(i, "<?>"))
+      elif self.spec.kind == "bytes":
+        labels.append(bytes([i - FIRST_TOKEN_ID]).decode("latin-1"))
+      elif self.spec.kind == "sentencepiece":
+        labels.append(self._model.id_to_piece(i - FIRST_TOKEN_ID))
+      else:
+        labels.append(self._model.id_to_token(i - FIRST_TOKEN_ID))
+    return labels
+
+
+def spec_of_dataset(directory: str, meta: dict) -> TokenizerSpec:
+  """The tokenizer a prepared dataset (its dataset.json `meta`) was encoded with."""
+  recorded = meta["tokenizer"]
+  path = os.path.join(directory, recorded["file"]) if recorded.get("file") else None
+  return TokenizerSpec(recorded["kind"], path)
