@@ -24,14 +24,13 @@ import time
 import jax
 import numpy as np
 
-from benchmarks.workload import optim_config, paper_base
+from benchmarks.workload import paper_base, paper_config, paper_task
 from flax_encoder import sharding
 from train import data
 from train.checkpoint import Checkpointer
 from train.host import keep_freed_memory
-from train.loop import abstract_state, init_state
 from train.optim import make_optimizer
-from train.task import MaskedLM
+from train.step import abstract_state, init_state
 
 
 def main(argv=None) -> int:
@@ -42,10 +41,10 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   keep_freed_memory()
   cfg = paper_base()
-  model = MaskedLM(cfg)
-  tx, _ = make_optimizer(optim_config(), cfg.d_model)
-  state = init_state(model, tx, 0, 1, 128)
-  target = abstract_state(model, tx, 128, sharding.make_mesh())
+  task = paper_task(cfg, 128)
+  tx, _ = make_optimizer(paper_config().optim, cfg.d_model)
+  state = init_state(task, tx, 0, 128)
+  target = abstract_state(task, tx, 128, sharding.make_mesh())
   size = sum(x.nbytes for x in jax.tree.leaves(state))
   tokens = np.random.default_rng(0).integers(4, 260, (64, 128)).astype(np.uint16)
   iterator = data.TrainBatches(tokens, 8, 0)
@@ -57,7 +56,7 @@ def main(argv=None) -> int:
   blocked, commit, restore = [], [], []
   for step in range(1, args.saves + 1):
     start = time.perf_counter()
-    checkpointer.save(step, state, iterator, "{}")
+    checkpointer.save(step, state, iterator, {})
     saved = time.perf_counter()
     checkpointer.wait()
     blocked.append(saved - start)

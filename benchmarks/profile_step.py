@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
 import glob
 import gzip
 import json
@@ -26,13 +25,11 @@ import jax
 import numpy as np
 
 from benchmarks.bench import matmul_peak
-from benchmarks.workload import (MASK_RATE, flops_per_token, optim_config, paper_base,
-                                 predictions)
+from benchmarks.workload import flops_per_token, paper_base, paper_config, paper_task, predictions
 from train.host import keep_freed_memory
-from train.loop import init_state, train_step
 from train.optim import make_optimizer
-from train.prepare import FIRST_TOKEN_ID
-from train.task import MaskedLM, mask_tokens
+from train.step import init_state, make_train_step
+from train.tokens import FIRST_TOKEN_ID
 
 
 def main(argv=None) -> int:
@@ -49,16 +46,12 @@ def main(argv=None) -> int:
   batch, seq = (int(x) for x in args.size.split("x"))
 
   cfg = paper_base(attention_impl=args.attention, dropout=args.dropout)
-  model, optim = MaskedLM(cfg), optim_config()
-  tx, schedule = make_optimizer(optim, cfg.d_model)
-  state = init_state(model, tx, 0, 1, seq)
+  task = paper_task(cfg, seq)
+  tx, schedule = make_optimizer(paper_config().optim, cfg.d_model)
+  state = init_state(task, tx, 0, seq)
   tokens = np.random.default_rng(0).integers(FIRST_TOKEN_ID, cfg.vocab_size, (batch, seq))
   device_batch = jax.device_put(tokens.astype(np.uint16))
-  masking = functools.partial(mask_tokens, mask_rate=MASK_RATE, vocab_size=cfg.vocab_size,
-                              predictions=predictions(seq))
-  step = functools.partial(train_step, model=model, tx=tx, schedule=schedule, masking=masking,
-                           label_smoothing=optim.label_smoothing)
-  compiled = jax.jit(step).lower(state, device_batch).compile()
+  compiled = jax.jit(make_train_step(task, tx, schedule)).lower(state, device_batch).compile()
   jax.block_until_ready(compiled(state, device_batch))
   if args.hlo:
     with open(args.hlo, "w") as f:

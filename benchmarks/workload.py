@@ -1,43 +1,47 @@
 """What the benchmarks run: the training step of `python -m train`, and the same on PyTorch.
 
-The JAX side is `train`'s own: `MaskedLM` (encoder + output layer at the masked positions),
-`init_state`, `train_step` (which masks the batch's token ids, as `train.task.mask_tokens`
-draws them) with the paper's Adam and warm-up schedule and label smoothing. The PyTorch side is
-the tutorial port (`flax_encoder.pytorch.reference`) with the same weights, the same masked
-batches, output layer, loss, optimizer and schedule.
+The JAX side is `train`'s own, built from configs/base.py: the masked-token task
+(`train.masked_lm`: encoder + output layer at the masked positions, label smoothing),
+`init_state` and the step of `train.step.make_train_step` (which masks the batch's token ids)
+with the paper's Adam and warm-up schedule. The PyTorch side is the tutorial port
+(`flax_encoder.pytorch.reference`) with the same weights, the same masked batches, output
+layer, loss, optimizer and schedule.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
-from configs import default
+from configs import base
 from flax_encoder import Encoder, EncoderConfig
-from train.loop import init_state, step_keys, train_step
+from train import masked_lm, settings
 from train.optim import make_optimizer
-from train.prepare import FIRST_TOKEN_ID
-from train.task import MaskedLM, mask_tokens, predictions_per_row
+from train.step import init_state, make_train_step, step_keys
+from train.tokens import FIRST_TOKEN_ID
 
 VOCAB_SIZE = 8192  # the output layer's width; byte-level training uses 260
-MASK_RATE = 0.15  # configs/default.py's
+
+
+def paper_config() -> ml_collections.ConfigDict:
+  """configs/base.py: the paper's base model, optimizer (4000 warm-up steps) and task."""
+  return base.get_config()
 
 
 def paper_base(**overrides) -> EncoderConfig:
-  """The paper's base encoder (d_model 512, 8 heads, d_ff 2048, 6 layers, dropout 0.1)."""
-  return EncoderConfig.base(VOCAB_SIZE, max_len=512, **overrides)
-
-
-def optim_config():
-  """The training program's optimizer settings with the paper's 4000 warm-up steps."""
-  optim = default.get_config().optim
-  optim.warmup_steps = 4000
-  optim.lr_scale = 1.0
-  return optim
+  """configs/base.py's encoder (d_model 512, 8 heads, d_ff 2048, 6 layers, dropout 0.1) with
+  the benchmark's vocabulary; float32 with the reference attention unless `overrides` say
+  otherwise (the config's bfloat16 and "xla" are its choices for accelerators)."""
+  config = paper_config()
+  cfg = settings.encoder_config(config.model, VOCAB_SIZE, "the benchmark", config.train.seq_len)
+  return dataclasses.replace(cfg, **{"dtype": "float32", "attention_impl": "reference",
+                                     **overrides})
 
 
 def flops_per_token(cfg: EncoderConfig, seq: int, train: bool,
@@ -52,35 +56,41 @@ def flops_per_token(cfg: EncoderConfig, seq: int, train: bool,
   return 2 * n_matmul + 4 * attention
 
 
+def paper_task(cfg: EncoderConfig, seq: int, **model_options) -> masked_lm.MaskedLMTask:
+  """configs/base.py's masked-token task at windows of `seq`, for the encoder `cfg`."""
+  config = paper_config()
+  config.train.seq_len = seq
+  task = masked_lm.task(config, cfg, baseline_token=FIRST_TOKEN_ID)
+  return dataclasses.replace(task, model=masked_lm.MaskedLM(cfg, **model_options))
+
+
 def predictions(seq: int) -> int:
-  """Positions the output layer runs on per row, as training has it at mask_rate 0.15."""
-  return predictions_per_row(MASK_RATE, seq)
+  """Positions the output layer runs on per row, as training has it (configs/base.py)."""
+  config = paper_config()
+  return masked_lm.predictions_per_row(config.task.mask_rate, seq,
+                                       config.task.max_predictions_per_seq)
 
 
 def jax_side(cfg: EncoderConfig, batch: int, seq: int, seed: int = 0, steps_masked: int = 8,
              head_at_every_position: bool = False):
   """(forward runner, train runner, params, host batches) on the JAX side.
 
-  The train runner returns the step's loss; it calls `train.loop.train_step` jitted with the
-  state donated, as the training loop does, on one batch of random token ids (masked in the
-  step); the forward runner the encoder alone, as inference does. The host batches are the
-  first `steps_masked` steps' masked batches, for the PyTorch side.
+  The train runner returns the step's loss; it calls the training step `python -m train`
+  runs (`train.step.make_train_step` of the masked-token task, configs/base.py's optimizer),
+  jitted with the state donated, on one batch of random token ids (masked in the step); the
+  forward runner the encoder alone, as inference does. The host batches are the first
+  `steps_masked` steps' masked batches, for the PyTorch side.
   """
   rng = np.random.default_rng(seed)
   tokens = rng.integers(FIRST_TOKEN_ID, cfg.vocab_size, (batch, seq))
   tokens = jnp.asarray(tokens.astype(np.min_scalar_type(cfg.vocab_size - 1)))
-  model = MaskedLM(cfg, head_at_every_position=head_at_every_position)
-  optim = optim_config()
-  tx, schedule = make_optimizer(optim, cfg.d_model)
-  masking = functools.partial(mask_tokens, mask_rate=MASK_RATE, vocab_size=cfg.vocab_size,
-                              predictions=predictions(seq))
-  state = [init_state(model, tx, seed, 1, seq)]
+  task = paper_task(cfg, seq, head_at_every_position=head_at_every_position)
+  tx, schedule = make_optimizer(paper_config().optim, cfg.d_model)
+  state = [init_state(task, tx, seed, seq)]
   params = jax.tree.map(np.asarray, state[0].params)  # a host copy: the state is donated
-  mask_at = jax.jit(lambda rng, step: masking(tokens, step_keys(rng, step)[1]))
+  mask_at = jax.jit(lambda rng, step: task.batch(tokens, step_keys(rng, step)[1]))
   host_batches = [jax.device_get(mask_at(state[0].rng, i)) for i in range(steps_masked)]
-  step = jax.jit(functools.partial(train_step, model=model, tx=tx, schedule=schedule,
-                                   masking=masking, label_smoothing=optim.label_smoothing),
-                 donate_argnums=0)
+  step = jax.jit(make_train_step(task, tx, schedule), donate_argnums=0)
   forward = jax.jit(lambda p, t: Encoder(cfg).apply({"params": p}, t))
   encoder_params = jax.device_put(params["encoder"])
 
@@ -135,7 +145,7 @@ def torch_side(cfg: EncoderConfig, params, host_batches: list[dict], compile_: b
   if compile_:
     train_model = torch.compile(model)
     eval_encoder = torch.compile(model.encoder)
-  optim = optim_config()
+  optim = paper_config().optim
   _, schedule = make_optimizer(optim, cfg.d_model)
   optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(optim.b1, optim.b2),
                                eps=optim.eps)

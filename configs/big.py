@@ -3,7 +3,7 @@ r"""The paper's big model (d_model 1024, 16 heads, d_ff 4096, 6 layers, dropout 
   python -m train --config=configs/big.py --workdir=runs/big
 
 bfloat16 compute, float32 parameters; needs an accelerator with tens of GiB. As for base.py,
-bring your own text through config.data.paths.
+prepare your corpus with python -m train.prepare and pass --config.data.prepared.
 """
 
 from configs import base

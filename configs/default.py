@@ -26,7 +26,6 @@ def get_config() -> ml_collections.ConfigDict:
   model.dropout = 0.0
   model.attention_dropout = 0.0
   model.max_len = 512  # positions in the sinusoid table; >= train.seq_len
-  model.pad_id = 0
   model.norm_position = "post"  # the paper's Add & Norm
   model.final_norm = True
   model.layer_norm_eps = 1e-5  # PyTorch's default
@@ -42,24 +41,21 @@ def get_config() -> ml_collections.ConfigDict:
   # are cut from config.data.paths, small UTF-8 files, or the built-in corpus (pydoc topics).
   config.data.prepared = config_dict.placeholder(str)
   config.data.paths = ()
-  # Fraction of each window's tokens to predict (of them 80% masked, 10% random, 10% kept),
-  # drawn on the device at every step, as BERT; padding and separators are never predicted.
-  config.data.mask_rate = 0.15
   config.data.eval_fraction = 0.05  # held-out fraction of the windows (of config.data.paths)
   config.data.max_eval_windows = 4096  # each evaluation reads the first ones of those
   # grain worker processes reading batches (0: a thread of the training process, which keeps up
   # with an accelerator: BENCHMARKS.md, "Input pipeline").
   config.data.workers = 0
 
-  # Masked-token prediction (train.task): the output layer and the positions it runs on.
+  # Masked-token prediction (train.masked_lm): what is predicted and the output layer.
   config.task = ml_collections.ConfigDict()
+  # Fraction of each window's tokens to predict (of them 80% masked, 10% random, 10% kept),
+  # drawn on the device at every step, as BERT; padding and separators are never predicted.
+  config.task.mask_rate = 0.15
   # Positions predicted per window, as BERT's max_predictions_per_seq; unset: enough for
   # mask_rate of a full window, ceil(mask_rate * seq_len).
   config.task.max_predictions_per_seq = config_dict.placeholder(int)
   config.task.tie_embeddings = False  # True: logits from the embedding table, as BERT
-  # True: the output layer at every position, then the masked ones selected (what
-  # selecting first saves; for comparison).
-  config.task.head_at_every_position = False
 
   config.optim = ml_collections.ConfigDict()
   config.optim.warmup_steps = 200  # steps of linear warm-up (the paper: 4000 at 100k steps)
@@ -70,8 +66,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.optim.b2 = 0.98  # paper
   config.optim.eps = 1e-9  # paper
   config.optim.label_smoothing = 0.1  # paper; the eval loss is reported without it
-  config.optim.clip_norm = None  # global-norm clipping threshold; None = off
-  config.optim = ml_collections.ConfigDict(config.optim.to_dict(), type_safe=False)
+  config.optim.clip_norm = config_dict.placeholder(float)  # global-norm clipping; unset = off
 
   # Device mesh (flax_encoder.sharding): batch rows split over data x fsdp; fsdp also splits
   # parameters and optimizer state. -1 = all devices left over. One CPU: a 1 x 1 mesh.

@@ -20,25 +20,25 @@ from train.checkpoint import Checkpointer
 
 def main(directory):
   assert jax.device_count() == 8, jax.devices()
-  config, model, tx, schedule = tiny.setup()
+  config, task, tx, schedule = tiny.setup()
   mesh8 = sharding.make_mesh(data=1, fsdp=8)
-  state = tiny.state(model, tx, config, mesh=mesh8)
+  state = tiny.state(task, tx, config, mesh=mesh8)
   batches = tiny.batches(config)
-  step = tiny.jitted_step(model, tx, schedule, config)
+  step = tiny.jitted_step(task, tx, schedule)
   for _ in range(2):
     state, _ = step(state, data.to_devices(next(batches), mesh8))
   kernel = state.params["encoder"]["layers_0"]["feed_forward"]["w_1"]["kernel"]
   assert len(kernel.sharding.device_set) == 8 and kernel.addressable_shards[0].data.shape[0] == 2
 
   checkpointer = Checkpointer(os.path.join(directory, "checkpoints"), keep=1)
-  checkpointer.save(2, state, batches, "{}")
+  checkpointer.save(2, state, batches, {})
   checkpointer.wait()
   saved = jax.tree.leaves(jax.device_get(state))
   np.savez(os.path.join(directory, "saved.npz"), *saved)
 
   for n in (4, 1):
     mesh = sharding.make_mesh(data=1, fsdp=n, devices=jax.devices()[:n])
-    target = tiny.state(model, tx, config, mesh=mesh)  # restored arrays take its layout
+    target = tiny.state(task, tx, config, mesh=mesh)  # restored arrays take its layout
     restored, meta = checkpointer.restore_newest(target)
     for a, b in zip(saved, jax.tree.leaves(restored), strict=True):
       np.testing.assert_array_equal(a, np.asarray(b))

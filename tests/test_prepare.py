@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests import runs
-from train import data, prepare
+from train import data, prepare, tokens
 
 DOCS = ["first document\nwith two lines\n", "zweites Dokument: äöü\n", "a third"]
 
@@ -39,7 +39,7 @@ def _all_windows(out):
   with open(os.path.join(out, "dataset.json")) as f:
     meta = json.load(f)
   w = data.load_prepared(out, meta["seq_len"])
-  every, rows, train, held_out = meta["eval_every"], [], iter(w.train), iter(w.eval)
+  every, rows, train, held_out = meta["held_out_every"], [], iter(w.train), iter(w.eval)
   for i in range(len(w.train) + len(w.eval)):
     rows.append(next(held_out) if i % every == every - 1 else next(train))
   return meta, np.concatenate(rows)
@@ -54,7 +54,7 @@ def test_bytes_windows_hold_the_documents_back_to_back_with_separators(corpus, t
   _, ids = _all_windows(out)
   padding = -len(expected) % 8
   np.testing.assert_array_equal(ids, expected + [prepare.PAD_ID] * padding)
-  assert meta["vocab_size"] == data.VOCAB_SIZE and meta["dtype"] == "uint16"
+  assert meta["vocab_size"] == tokens.BYTE_VOCAB_SIZE and meta["dtype"] == "uint16"
   assert meta["windows"]["eval"] == len(ids) // 8 // 4  # every 4th window
   assert [os.path.basename(i["path"]) for i in meta["inputs"]] == ["a.txt", "b.txt", "c.jsonl"]
   assert meta["inputs"][0]["bytes"] == len(DOCS[0].encode())
@@ -151,8 +151,12 @@ def test_training_reads_prepared_windows_and_refuses_what_does_not_match(topics,
                   eval_fraction=0.05, progress=False)
   workdir = str(tmp_path / "run")
   runs.train(workdir, f"--config.data.prepared={prepared}", "--config.train.num_steps=4")
-  from train.load import load_config
-  assert load_config(workdir).model.vocab_size == 404
+  from train.load import load_encoder
+  assert load_encoder(workdir)[0].vocab_size == 404
+  from train.draw_attention import main as attention_main  # the run's own pieces
+  out = tmp_path / "attention.png"
+  assert attention_main(["--workdir", workdir, "--text", "def f(x):", "--out", str(out)]) == 0
+  assert out.stat().st_size > 5000
 
   refused = {
       "--config.model.vocab_size=260": "config.model.vocab_size=260 disagrees with the data",
@@ -177,10 +181,10 @@ def test_config_data_paths_are_prepared_into_the_workdir_as_bytes(tmp_path):
   config = tiny.get_config()
   config.data.paths = (str(tmp_path / "mine.txt"),)
   windows = data.windows(config, str(tmp_path / "run"))
-  assert windows.vocab_size == data.VOCAB_SIZE and windows.train.shape[1] == 32
+  assert windows.vocab_size == tokens.BYTE_VOCAB_SIZE and windows.train.shape[1] == 32
   assert os.path.isfile(tmp_path / "run" / "data" / "dataset.json")
   _, ids = _all_windows(str(tmp_path / "run" / "data"))
-  assert data.decode(ids[:12]) == "my own text "
+  assert tokens.decode_bytes(ids[:12]) == "my own text "
   config.data.paths = (str(tmp_path / "missing.txt"),)
   with pytest.raises(ValueError, match=r"config.data.paths=\('.*missing.txt',\): --input "
                      r"'.*missing.txt': no such file"):

@@ -85,8 +85,8 @@ def test_checkpoint_saved_on_8_devices_restores_on_4_and_on_1(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert "onto 4 devices: equal" in result.stdout and "onto 1 devices: equal" in result.stdout
   # And in this process, which has its own device count.
-  config, model, tx, _ = tiny.setup()
-  target = tiny.state(model, tx, config, seed=1, mesh=sharding.make_mesh())
+  config, task, tx, _ = tiny.setup()
+  target = tiny.state(task, tx, config, seed=1, mesh=sharding.make_mesh())
   checkpointer = Checkpointer(str(tmp_path / "checkpoints"), keep=1)
   restored, _ = checkpointer.restore_newest(target)
   checkpointer.close()

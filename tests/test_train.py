@@ -4,7 +4,6 @@ import json
 import os
 import shutil
 import signal
-import time
 import warnings
 
 import chex
@@ -14,9 +13,8 @@ import numpy as np
 import pytest
 
 from tests import runs, tiny
-from train import data
+from train import data, settings, tokens
 from train.checkpoint import MANIFEST, Checkpointer, checkpoint_files, verify_share
-from train.loop import encoder_config, use_data_vocab_size
 from train.metrics import read_metrics
 from train.optim import paper_schedule
 
@@ -34,15 +32,15 @@ def test_schedule_matches_the_paper_formula_counting_from_one():
 
 
 def test_byte_tokenizer_round_trips_utf8():
-  assert data.decode(data.encode("héllo")) == "héllo"
+  assert tokens.decode_bytes(tokens.encode_bytes("héllo")) == "héllo"
 
 
 def test_one_train_step():
-  config, model, tx, schedule = tiny.setup()
-  state = tiny.state(model, tx, config)
+  config, task, tx, schedule = tiny.setup()
+  state = tiny.state(task, tx, config)
   batch = next(tiny.batches(config))
   chex.assert_shape(batch, (config.train.batch_size, config.train.seq_len))
-  step = tiny.jitted_step(model, tx, schedule, config)
+  step = tiny.jitted_step(task, tx, schedule)
   new_state, metrics = step(state, batch)
   assert int(new_state.step) == 1
   assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
@@ -54,18 +52,18 @@ def test_one_train_step():
 
 
 def test_checkpoint_round_trip_is_bitwise(tmp_path):
-  config, model, tx, schedule = tiny.setup()
-  state = tiny.state(model, tx, config)
+  config, task, tx, schedule = tiny.setup()
+  state = tiny.state(task, tx, config)
   iterator = tiny.batches(config)
-  step = tiny.jitted_step(model, tx, schedule, config)
+  step = tiny.jitted_step(task, tx, schedule)
   for _ in range(3):  # Adam's moments are non-zero after a few updates
     state, _ = step(state, next(iterator))
   checkpointer = Checkpointer(str(tmp_path / "checkpoints"), keep=2)
-  checkpointer.save(3, state, iterator, "{}")
+  checkpointer.save(3, state, iterator, {})
   checkpointer.wait()
   expected_next = next(iterator)
 
-  fresh = tiny.state(model, tx, config, seed=1)
+  fresh = tiny.state(task, tx, config, seed=1)
   fresh_iterator = tiny.batches(config)  # the same pipeline, at its start
   restored, meta = Checkpointer(str(tmp_path / "checkpoints"), keep=2).restore_newest(
       fresh, fresh_iterator)
@@ -107,7 +105,7 @@ def test_uninterrupted_run_learns_and_writes_its_outputs(reference_run):
 def test_kill_9_and_restart_gives_the_same_losses_bit_for_bit(reference_run, tmp_path):
   workdir = str(tmp_path)
   proc = runs.train(workdir, popen=True)
-  _wait_for_step(workdir, 19)
+  runs.wait_for_step(workdir, 19)
   proc.kill()  # SIGKILL: no handler runs
   proc.wait()
   assert proc.returncode == -signal.SIGKILL
@@ -118,25 +116,12 @@ def test_kill_9_and_restart_gives_the_same_losses_bit_for_bit(reference_run, tmp
   assert runs.losses(workdir) == runs.losses(reference_run)  # exact float equality, every step
 
 
-def _wait_for_step(workdir, step, timeout=300):
-  """Polls metrics.jsonl until the run in `workdir` has logged `step`."""
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    try:
-      if max(runs.losses(workdir), default=0) >= step:
-        return
-    except FileNotFoundError:
-      pass
-    time.sleep(0.05)
-  raise TimeoutError(f"the run in {workdir} did not reach step {step} in {timeout}s")
-
-
 def test_sigterm_saves_at_the_step_reached_then_resumes_with_other_data_workers(
     reference_run, tmp_path):
   # Two grain worker processes, then one after the restart; the reference run read in-process.
   workdir = str(tmp_path)
   proc = runs.train(workdir, "--config.data.workers=2", popen=True)
-  _wait_for_step(workdir, 3)
+  runs.wait_for_step(workdir, 3)
   proc.send_signal(signal.SIGTERM)
   _, stderr = proc.communicate(timeout=120)
   assert proc.returncode == 143, stderr[-2000:]
@@ -169,8 +154,8 @@ def test_corrupt_newest_checkpoint_falls_back_to_an_older_one(reference_run, tmp
   workdir = str(tmp_path / "run")
   shutil.copytree(reference_run, workdir)
   _corrupt_one_file(os.path.join(workdir, "checkpoints", "30", "state"))
-  config, model, tx, _ = tiny.setup()
-  abstract = tiny.state(model, tx, config)
+  config, task, tx, _ = tiny.setup()
+  abstract = tiny.state(task, tx, config)
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=5)
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -239,19 +224,23 @@ def test_trained_encoder_loads_in_three_lines_exports_and_draws_attention(
 
   from flax_encoder import Encoder
   from flax_encoder.pytorch import load_torch_checkpoint, reference
+  from flax_encoder.weights import load_weights
   from train.draw_attention import main as attention_main
   from train.load import load_encoder
   from train.export import export
 
   cfg, variables = load_encoder(reference_run)
-  tokens = jnp.asarray(data.encode("def f(x): return x")[None])
-  hidden = Encoder(cfg).apply(variables, tokens)
-  chex.assert_shape(hidden, (1, tokens.shape[1], cfg.d_model))
+  ids = jnp.asarray(tokens.encode_bytes("def f(x): return x")[None])
+  hidden = Encoder(cfg).apply(variables, ids)
+  chex.assert_shape(hidden, (1, ids.shape[1], cfg.d_model))
 
   path = export(reference_run, str(tmp_path / "encoder.safetensors"))
+  umask = os.umask(0)
+  os.umask(umask)
+  assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask  # not safetensors' 0600
   model = reference.Encoder(cfg)
   model.load_state_dict({k: torch.from_numpy(v) for k, v in load_torch_checkpoint(path).items()})
-  expected = model.eval()(torch.tensor(np.asarray(tokens))).detach().numpy()
+  expected = model.eval()(torch.tensor(np.asarray(ids))).detach().numpy()
   with jax.default_matmul_precision("highest"):
     np.testing.assert_allclose(hidden, expected, atol=1e-5)
 
@@ -259,8 +248,14 @@ def test_trained_encoder_loads_in_three_lines_exports_and_draws_attention(
   path = export(reference_run, str(tmp_path / "encoder.jaxexport"))
   with open(path, "rb") as f:
     exported = jax.export.deserialize(f.read())
-  padded = jnp.zeros((2, 32), jnp.int32).at[0, :tokens.shape[1]].set(tokens[0])
-  np.testing.assert_allclose(exported.call(padded)[:1, :tokens.shape[1]], hidden, atol=1e-5)
+  padded = jnp.zeros((2, 32), jnp.int32).at[0, :ids.shape[1]].set(ids[0])
+  np.testing.assert_allclose(exported.call(padded)[:1, :ids.shape[1]], hidden, atol=1e-5)
+
+  # The weights file a JAX program outside this checkout loads with the library alone.
+  path = export(reference_run, str(tmp_path / "encoder.msgpack"))
+  loaded_cfg, loaded = load_weights(path)
+  assert loaded_cfg == cfg
+  chex.assert_trees_all_equal(loaded, jax.device_get(variables))
 
   out = tmp_path / "attention.png"
   assert attention_main(["--workdir", reference_run, "--text", "hello world", "--out",
@@ -271,17 +266,14 @@ def test_trained_encoder_loads_in_three_lines_exports_and_draws_attention(
 
 
 def test_the_vocab_size_comes_from_the_data_and_an_explicit_one_must_agree():
-  windows = data.Windows(np.zeros((4, 8), np.uint16), np.zeros((1, 8), np.uint16), 2004,
-                         "data/corpus (sentencepiece)")
   config = tiny.get_config()
-  with pytest.raises(ValueError, match="config.model.vocab_size is unset"):
-    encoder_config(config)
-  use_data_vocab_size(config, windows)
-  assert encoder_config(config).vocab_size == 2004
+  source = "data/corpus (sentencepiece)"
+  assert settings.encoder_config(config.model, 2004, source, 32).vocab_size == 2004
   config.model.vocab_size = 260
   with pytest.raises(ValueError, match=r"vocab_size=260 disagrees .* data/corpus "
                      r"\(sentencepiece\) has a vocabulary of 2004"):
-    use_data_vocab_size(config, windows)
+    settings.encoder_config(config.model, 2004, source, 32)
+  assert config.model.vocab_size == 260  # read, never written
 
 
 @pytest.mark.parametrize("name", ["default", "base", "big", "small", "subword"])
@@ -290,9 +282,24 @@ def test_every_config_builds_a_valid_encoder_config(name, tmp_path):
   config = importlib.import_module(f"configs.{name}").get_config()
   assert config.model.vocab_size is None  # taken from the data
   config.data.prepared = None  # subword.py's, prepared by a command of its own
-  use_data_vocab_size(config, data.windows(config, str(tmp_path)))
-  cfg = encoder_config(config)
-  assert cfg.vocab_size == data.VOCAB_SIZE and config.train.seq_len <= cfg.max_len
+  windows = data.windows(config, str(tmp_path))
+  cfg = settings.encoder_config(config.model, windows.vocab_size, windows.source,
+                                config.train.seq_len)
+  assert cfg.vocab_size == tokens.BYTE_VOCAB_SIZE and config.train.seq_len <= cfg.max_len
   if name == "small":
     assert (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.n_layers, cfg.max_len) == (312, 6, 1248, 3, 80)
     assert cfg.dropout == 0.05
+
+
+def test_exporting_pytorch_weights_without_torch_is_one_line(reference_run, tmp_path):
+  import subprocess
+  import sys
+  code = ("import sys; sys.modules['torch'] = None\n"  # as if torch were not installed
+          "from train.export import main\n"
+          f"sys.exit(main(['--workdir', {reference_run!r}, '--out', "
+          f"{str(tmp_path / 'encoder.safetensors')!r}]))")
+  result = subprocess.run([sys.executable, "-c", code], cwd=runs.ROOT, capture_output=True,
+                          text=True, check=False)
+  assert result.returncode == 2
+  assert result.stderr.startswith("export: error: --out ") and "the torch extra" in result.stderr
+  assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1

@@ -1,8 +1,7 @@
 """The tiny training setup the tests share: a config that trains in seconds on 2 CPU cores
-(also a config file for `python -m train --config=tests/tiny.py`), and its model, optimizer,
+(also a config file for `python -m train --config=tests/tiny.py`), and its task, optimizer,
 batches and jitted step."""
 
-import functools
 import tempfile
 
 import jax
@@ -22,21 +21,21 @@ def get_config():
 
 
 def setup(config=None):
-  """(config, model, tx, schedule) of the tiny config."""
-  from train import data
-  from train.loop import masked_lm
+  """(config, task, tx, schedule) of the tiny config on the byte corpus."""
+  from train import masked_lm, settings
   from train.optim import make_optimizer
+  from train.tokens import BYTE_VOCAB_SIZE, FIRST_TOKEN_ID
 
   config = config or get_config()
-  if config.model.vocab_size is None:  # as training sets it for the byte corpus
-    config.model.vocab_size = data.VOCAB_SIZE
-  tx, schedule = make_optimizer(config.optim, config.model.d_model)
-  return config, masked_lm(config), tx, schedule
+  cfg = settings.encoder_config(config.model, BYTE_VOCAB_SIZE, "bytes", config.train.seq_len)
+  task = masked_lm.task(config, cfg, baseline_token=FIRST_TOKEN_ID + ord(" "))
+  tx, schedule = make_optimizer(config.optim, cfg.d_model)
+  return config, task, tx, schedule
 
 
-def state(model, tx, config, seed=0, mesh=None):
-  from train.loop import init_state
-  return init_state(model, tx, seed, config.train.batch_size, config.train.seq_len, mesh)
+def state(task, tx, config, seed=0, mesh=None):
+  from train.step import init_state
+  return init_state(task, tx, seed, config.train.seq_len, mesh)
 
 
 def batches(config, seed=0, rows=None):
@@ -50,8 +49,6 @@ def batches(config, seed=0, rows=None):
   return data.TrainBatches(train, config.train.batch_size, seed, rows=rows)
 
 
-def jitted_step(model, tx, schedule, config):
-  from train.loop import masking, train_step
-  return jax.jit(functools.partial(train_step, model=model, tx=tx, schedule=schedule,
-                                   masking=masking(config),
-                                   label_smoothing=config.optim.label_smoothing))
+def jitted_step(task, tx, schedule):
+  from train.step import make_train_step
+  return jax.jit(make_train_step(task, tx, schedule))

@@ -92,7 +92,10 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, enable_async_checkpointing=True,
         async_options=ocp.AsyncOptions(post_finalization_callback=self._record_digests))
-    self.manager = ocp.CheckpointManager(self.directory, options=options)
+    # PyTree handlers: they read a part of a saved tree (partial_restore), as loading the
+    # encoder alone does.
+    handlers = {"state": ocp.PyTreeCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+    self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
   def _record_digests(self) -> None:
     """Runs in orbax's commit thread on the primary process, after every file is written and
@@ -106,29 +109,32 @@ class Checkpointer:
                          f"{step} under {self.directory}: {candidates}")
     write_manifest(candidates[0])
 
-  def save(self, step: int, state, data_iterator, config_json: str) -> None:
-    """Starts saving; returns once the state is copied off the devices."""
+  def save(self, step: int, state, data_iterator, record: dict) -> None:
+    """Starts saving; returns once the state is copied off the devices. `record` (JSON) goes
+    into the checkpoint's meta beside the step and the data position."""
     self.manager.wait_until_finished()  # the previous save's manifest callback has run
     self._saving = step
-    meta = {"step": step, "config": config_json, "data": data_iterator.get_state()}
-    args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+    meta = {"step": step, **record, "data": data_iterator.get_state()}
+    args = ocp.args.Composite(state=ocp.args.PyTreeSave(state), meta=ocp.args.JsonSave(meta))
     self.manager.save(step, args=args, force=True)
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 
   def read_meta(self, step: int) -> dict:
-    """The JSON record of the checkpoint at `step`: {'step', 'config', 'data'}."""
+    """The JSON record of the checkpoint at `step`: {'step', 'config', 'data', ...}."""
     args = ocp.args.Composite(meta=ocp.args.JsonRestore())
     return self.manager.restore(step, args=args)["meta"]
 
-  def restore_newest(self, abstract_state, data_iterator=None, move_aside: bool = True):
+  def restore_newest(self, target, data_iterator=None, move_aside: bool = True):
     """The newest checkpoint that verifies and restores: (state, meta), or None if none does.
 
-    `abstract_state` gives the tree structure, shapes, dtypes and shardings (those of the
-    devices restored onto, whatever mesh saved it). With `data_iterator`, its position is
-    restored too. A checkpoint that fails is reported, and moved aside if `move_aside`.
-    Every process must call it (the verdict on each checkpoint is agreed collectively).
+    `target` gives the tree structure, shapes, dtypes and shardings (those of the devices
+    restored onto, whatever mesh saved it), or is a function of the checkpoint's meta that
+    returns them. It may be a part of the saved tree (the encoder's parameters, say): only that
+    part is read. With `data_iterator`, its position is restored too. A checkpoint that fails
+    is reported, and moved aside if `move_aside`. Every process must call it (the verdict on
+    each checkpoint is agreed collectively).
     """
     for step in reversed(self.steps()):
       problem = verify_share(os.path.join(self.directory, str(step)), jax.process_index(),
@@ -137,15 +143,19 @@ class Checkpointer:
       if problems:
         self._skip(step, problems[0], move_aside)
         continue
-      items = {"state": ocp.args.StandardRestore(abstract_state), "meta": ocp.args.JsonRestore()}
       try:
-        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        meta = self.read_meta(step)
+        abstract = target(meta) if callable(target) else target
+        restore = ocp.args.PyTreeRestore(
+            abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+            partial_restore=True)
+        state = self.manager.restore(step, args=ocp.args.Composite(state=restore))["state"]
       except Exception as e:  # noqa: BLE001 - any failure to read means: try an older one
         self._skip(step, f"is unreadable ({type(e).__name__}: {e})", move_aside)
         continue
       if data_iterator is not None:  # verified files: a position it cannot take is an error
-        data_iterator.set_state(restored["meta"]["data"])
-      return restored["state"], restored["meta"]
+        data_iterator.set_state(meta["data"])
+      return state, meta
     return None
 
   def _skip(self, step: int, why: str, move_aside: bool) -> None:

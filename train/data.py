@@ -1,11 +1,10 @@
-"""Training data: the windows of token ids, the byte tokenizer, and the grain pipeline that
-hands each process its rows of every batch (masking happens in the step: train.task).
+"""Training data: the windows of token ids and the grain pipeline that hands each process its
+rows of every batch (masking happens in the step: train.masked_lm).
 
 The windows come from a directory `python -m train.prepare` wrote (`config.data.prepared`), or
 are prepared at start, as bytes, from small UTF-8 files (`config.data.paths`) or the built-in
 corpus, the standard library's pydoc_data.topics (~460 KB of English documentation that ships
-with every CPython), so the default run needs no data files. Token ids: 0 = pad, 1 = mask,
-2 = the separator between documents, 3 unused, then the tokenizer's ids + 4 (4 + b for byte b).
+with every CPython), so the default run needs no data files. Token ids: `train.tokens`.
 """
 
 from __future__ import annotations
@@ -22,11 +21,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from flax_encoder.sharding import batch_sharding
-from train import prepare
-
-PAD_ID = prepare.PAD_ID
-NUM_SPECIAL = prepare.FIRST_TOKEN_ID  # ids below it are never targets
-VOCAB_SIZE = 256 + NUM_SPECIAL  # of the byte tokenizer
+from train import prepare, tokens
+from train.tokens import FIRST_TOKEN_ID, TokenizerSpec
 
 
 @dataclasses.dataclass
@@ -36,7 +32,7 @@ class Windows:
   eval: np.ndarray
   vocab_size: int
   source: str  # where they come from, for messages
-  tokenizer: str = "bytes"  # the kind train.prepare records: bytes, sentencepiece, huggingface
+  tokenizer: TokenizerSpec  # what encoded them (its file in the prepared directory)
 
 
 def windows(config, workdir: str) -> Windows:
@@ -59,8 +55,18 @@ def windows(config, workdir: str) -> Windows:
   return load_prepared(directory, seq_len)
 
 
-def load_prepared(directory: str, seq_len: int) -> Windows:
-  """The windows of a directory `python -m train.prepare` completed, memory-mapped."""
+def dataset_directory(config, workdir: str) -> str:
+  """The prepared directory the run in `workdir` trains on."""
+  return config.data.prepared or os.path.join(workdir, "data")
+
+
+def run_tokenizer(config, workdir: str) -> TokenizerSpec:
+  """The tokenizer the data of the run in `workdir` was encoded with."""
+  directory = dataset_directory(config, workdir)
+  return tokens.spec_of_dataset(directory, _read_dataset_json(directory))
+
+
+def _read_dataset_json(directory: str) -> dict:
   path = os.path.join(directory, "dataset.json")
   if not os.path.isfile(path):
     raise ValueError(f"config.data.prepared={directory!r} is not a prepared dataset: it holds "
@@ -70,6 +76,12 @@ def load_prepared(directory: str, seq_len: int) -> Windows:
     meta = json.load(f)
   if meta.get("format") != prepare.FORMAT:
     raise ValueError(f"{path}: format {meta.get('format')!r}, expected {prepare.FORMAT!r}")
+  return meta
+
+
+def load_prepared(directory: str, seq_len: int) -> Windows:
+  """The windows of a directory `python -m train.prepare` completed, memory-mapped."""
+  meta = _read_dataset_json(directory)
   if meta["seq_len"] != seq_len:
     raise ValueError(f"config.train.seq_len={seq_len} differs from the windows of "
                      f"{directory!r}, prepared with --seq-len {meta['seq_len']}")
@@ -83,19 +95,9 @@ def load_prepared(directory: str, seq_len: int) -> Windows:
       raise ValueError(f"{file} holds {size} bytes, but dataset.json records {rows} windows "
                        f"of {seq_len} {dtype.name} ids: truncated, or not this dataset's")
     arrays[name] = np.memmap(file, dtype, "r", shape=(rows, seq_len))
-  kind = meta["tokenizer"]["kind"]
-  return Windows(arrays["train"], arrays["eval"], meta["vocab_size"], f"{directory} ({kind})",
-                 kind)
-
-
-def encode(text: str) -> np.ndarray:
-  """UTF-8 bytes of `text` as token ids (int32)."""
-  return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32) + NUM_SPECIAL
-
-
-def decode(ids) -> str:
-  data = bytes(int(i) - NUM_SPECIAL for i in np.asarray(ids).ravel() if i >= NUM_SPECIAL)
-  return data.decode("utf-8", errors="replace")
+  spec = tokens.spec_of_dataset(directory, meta)
+  return Windows(arrays["train"], arrays["eval"], meta["vocab_size"],
+                 f"{directory} ({spec.kind})", spec)
 
 
 class _ReadRows(grain.transforms.Map):
@@ -205,7 +207,7 @@ def most_frequent_token(examples: np.ndarray, sample: int = 100_000) -> int:
   """The commonest token (not a special id) in the first `sample` windows: the guess of the
   baseline that always guesses one token."""
   head = np.asarray(examples[:sample])
-  return int(np.argmax(np.bincount(head[head >= NUM_SPECIAL].astype(np.int64))))
+  return int(np.argmax(np.bincount(head[head >= FIRST_TOKEN_ID].astype(np.int64))))
 
 
 def to_devices(rows, mesh: jax.sharding.Mesh):

@@ -2,6 +2,10 @@
 
     cfg, variables = load_encoder("runs/demo")
     hidden = Encoder(cfg).apply(variables, tokens)
+
+Only the encoder's parameters are read, not the optimizer's state, from the newest checkpoint
+that verifies. A JAX pipeline outside this checkout loads a run's encoder from the file
+`python -m train.export --out encoder.msgpack` writes (`flax_encoder.weights.load_weights`).
 """
 
 from __future__ import annotations
@@ -9,13 +13,14 @@ from __future__ import annotations
 import json
 import os
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh
 
-from flax_encoder import EncoderConfig, sharding
+from flax_encoder import Encoder, EncoderConfig, sharding
 from train.checkpoint import Checkpointer
-from train.loop import abstract_state, encoder_config, masked_lm
-from train.optim import make_optimizer
 
 
 def _open_checkpoints(workdir: str) -> Checkpointer:
@@ -36,6 +41,23 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(json.loads(meta["config"]))
 
 
+def recorded_encoder_config(meta: dict) -> EncoderConfig:
+  """The EncoderConfig a checkpoint's meta records."""
+  if "encoder" in meta:
+    return EncoderConfig(**meta["encoder"])
+  # Checkpoints written before the record had its own entry: the config, with the data's
+  # vocabulary written into it.
+  return EncoderConfig(**json.loads(meta["config"])["model"])
+
+
+def abstract_encoder(cfg: EncoderConfig, mesh: Mesh):
+  """Shapes, dtypes and shardings on `mesh` of the encoder's parameters."""
+  boxed = jax.eval_shape(lambda: Encoder(cfg).init(jax.random.PRNGKey(0),
+                                                   jnp.ones((1, 1), jnp.int32))["params"])
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      nn.unbox(boxed), sharding.logical_shardings(boxed, mesh))
+
+
 def load_encoder(workdir: str, mesh: Mesh | None = None) -> tuple[EncoderConfig, dict]:
   """(EncoderConfig, encoder variables) of the newest verified checkpoint in `workdir`.
 
@@ -43,17 +65,17 @@ def load_encoder(workdir: str, mesh: Mesh | None = None) -> tuple[EncoderConfig,
   processes wrote the checkpoint; by default replicated over all devices. Inference then takes
   `Encoder(cfg).apply(variables, tokens)`.
   """
-  config = load_config(workdir)
-  cfg = encoder_config(config)
-  tx, _ = make_optimizer(config.optim, cfg.d_model)
   mesh = mesh or sharding.make_mesh()
-  abstract = abstract_state(masked_lm(config), tx, config.train.seq_len, mesh)
+  target = lambda meta: {"params": {"encoder": abstract_encoder(recorded_encoder_config(meta),
+                                                                mesh)}}
+
   checkpointer = _open_checkpoints(workdir)
   try:
     # A reader leaves the workdir as it found it: nothing is moved aside.
-    restored = checkpointer.restore_newest(abstract, move_aside=False)
+    restored = checkpointer.restore_newest(target, move_aside=False)
   finally:
     checkpointer.close()
   if restored is None:
     raise ValueError(f"no checkpoint under {checkpointer.directory!r} restores and verifies")
-  return cfg, {"params": restored[0].params["encoder"]}
+  state, meta = restored
+  return recorded_encoder_config(meta), {"params": state["params"]["encoder"]}

@@ -1,0 +1,108 @@
+"""The train state and the jitted steps, bound once from a task and an optimizer.
+
+`make_train_step` is the one place the training step is assembled: the loop, the benchmarks
+and the tests all call it, for pretraining (`train.masked_lm.MaskedLMTask`) and fine-tuning
+(`train.classify.ClassifyTask`) alike. A task says what differs between them (see `Task`);
+the step does the rest: the step's keys, gradients (accumulated over microbatches when asked),
+the optimizer update and the metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from flax_encoder import sharding
+
+
+class Task(Protocol):
+  """What a training task supplies to the step. Every method is pure and runs under jit."""
+
+  def init(self, rng: jax.Array, seq_len: int) -> Any:
+    """The model's parameters, boxed with their logical axes."""
+
+  def batch(self, rows: Any, key: jax.Array) -> dict:
+    """The host's rows of a batch -> the step's batch (a dict of arrays whose leading axis is
+    the batch); random choices (masking) are drawn from `key`."""
+
+  def loss_count(self, batch: dict) -> jax.Array:
+    """What the training loss of `batch` is averaged over (masked positions, examples)."""
+
+  def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
+    """The training loss summed over `batch` (dropout on)."""
+
+  def eval_sums(self, params, batch: dict) -> dict:
+    """Sums over `batch` that evaluation adds up over batches (dropout off)."""
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # updates done so far
+  params: Any
+  opt_state: Any
+  rng: jax.Array  # base key; step k's dropout and task keys are split from fold_in(rng, k)
+
+
+def step_keys(rng: jax.Array, step) -> tuple[jax.Array, jax.Array]:
+  """(dropout key, task key) of step `step` (counting from 0) of the run with base key `rng`."""
+  dropout_rng, task_rng = jax.random.split(jax.random.fold_in(rng, step))
+  return dropout_rng, task_rng
+
+
+def _boxed_init(task: Task, tx, seed: int, seq_len: int):
+  """A function returning a fresh TrainState whose parameters carry their logical axes."""
+
+  def init():
+    params_rng, run_rng = jax.random.split(jax.random.PRNGKey(seed))
+    params = task.init(params_rng, seq_len)
+    return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
+                      rng=run_rng)
+
+  return init
+
+
+def init_state(task: Task, tx, seed: int, seq_len: int,
+               mesh: jax.sharding.Mesh | None = None) -> TrainState:
+  """A fresh train state. On `mesh` each array is created in place, split by the logical rules
+  of flax_encoder.sharding (with fsdp > 1, parameters and Adam's moments along "embed")."""
+  init = _boxed_init(task, tx, seed, seq_len)
+  if mesh is None:
+    return nn.unbox(init())
+  shardings = sharding.logical_shardings(jax.eval_shape(init), mesh)
+  return jax.jit(lambda: nn.unbox(init()), out_shardings=shardings)()
+
+
+def abstract_state(task: Task, tx, seq_len: int, mesh: jax.sharding.Mesh) -> TrainState:
+  """Shapes, dtypes and shardings on `mesh` of a train state, allocating nothing: the target
+  that restores a checkpoint onto `mesh`."""
+  boxed = jax.eval_shape(_boxed_init(task, tx, 0, seq_len))
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      nn.unbox(boxed), sharding.logical_shardings(boxed, mesh))
+
+
+def make_train_step(task: Task, tx: optax.GradientTransformation, schedule: optax.Schedule):
+  """train_step(state, rows) -> (state, metrics): one optimizer update on one batch.
+
+  Pure: everything it depends on is in its arguments or bound here, so jit it once (donating
+  the state) and resume exactly from any step.
+  """
+
+  def train_step(state: TrainState, rows) -> tuple[TrainState, dict]:
+    dropout_rng, task_rng = step_keys(state.rng, state.step)
+    batch = task.batch(rows, task_rng)
+    count = jnp.maximum(task.loss_count(batch), 1.0)
+    loss_fn = lambda params: task.loss_sum(params, batch, dropout_rng) / count
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    new_state = state.replace(step=state.step + 1,
+                              params=optax.apply_updates(state.params, updates),
+                              opt_state=opt_state)
+    metrics = {"loss": loss, "lr": schedule(state.step), "grad_norm": optax.tree.norm(grads)}
+    return new_state, metrics
+
+  return train_step
