@@ -17,7 +17,7 @@ def tiny_config():
 
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory):
-  """The workdir of one uninterrupted run of tests/tiny_train_config.py on one device."""
+  """The workdir of one uninterrupted run of tests/tiny.py's config on one device."""
   from tests import runs
   workdir = str(tmp_path_factory.mktemp("reference"))
   runs.train(workdir)

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 
 from train.metrics import read_metrics
 
@@ -42,3 +43,16 @@ def losses(workdir) -> dict:
   """{step: training loss} of the run in `workdir`."""
   records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
   return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
+
+
+def wait_for_step(workdir, step, timeout=300):
+  """Polls metrics.jsonl until the run in `workdir` has logged `step`."""
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    try:
+      if max(losses(workdir), default=0) >= step:
+        return
+    except FileNotFoundError:
+      pass
+    time.sleep(0.05)
+  raise TimeoutError(f"the run in {workdir} did not reach step {step} in {timeout}s")

@@ -36,14 +36,6 @@ def _launch(workdir, *overrides, popen=False):
   return subprocess.run(cmd, capture_output=True, timeout=600, check=False, **kwargs)
 
 
-def _wait_for_step(workdir, step, timeout=300):
-  deadline = time.time() + timeout
-  while not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or max(
-      runs.losses(workdir), default=0) < step:
-    assert time.time() < deadline, f"the run in {workdir} did not reach step {step}"
-    time.sleep(0.05)
-
-
 def _train_process(workdir, process_id):
   """The pid of `python -m train` process `process_id` of the run in `workdir`."""
   for entry in os.listdir("/proc"):
@@ -111,7 +103,7 @@ def test_sigterm_to_one_process_then_kill_9_of_another_then_an_exact_restart(tmp
   workdir = str(tmp_path / "run")
   # SIGTERM to process 1 only: process 0, never signalled, must stop and save at its step.
   launcher = _launch(workdir, popen=True)
-  _wait_for_step(workdir, 3)
+  runs.wait_for_step(workdir, 3)
   os.kill(_train_process(workdir, 1), signal.SIGTERM)
   out, _ = launcher.communicate(timeout=300)
   assert launcher.returncode == 143, out[-3000:]
@@ -132,7 +124,7 @@ def test_sigterm_to_one_process_then_kill_9_of_another_then_an_exact_restart(tmp
       text=True) for cmd in launch.commands(
           2, [f"--config={runs.TINY}", f"--workdir={workdir}", *MESH,
               "--heartbeat_timeout_s=5"], port)]
-  _wait_for_step(workdir, step + 3)
+  runs.wait_for_step(workdir, step + 3)
   procs[1].kill()
   killed = time.time()
   _, err = procs[0].communicate(timeout=120)
