@@ -13,6 +13,7 @@ import pytest
 
 from flax_encoder import Encoder
 from flax_encoder.inference import BucketedEncoder, export_encoder
+from flax_encoder.weights import load_weights, save_weights
 
 
 @pytest.fixture
@@ -78,3 +79,15 @@ def test_exported_encoder_runs_in_a_fresh_process_without_the_model_code(
   np.testing.assert_allclose(out[good], Encoder(tiny_config).apply(variables, tokens[good]),
                              atol=2e-6)
   assert np.isnan(out[3]).all() and not np.isnan(out[good]).any()
+
+
+def test_weights_file_round_trips_config_and_parameters(tiny_config, variables, tmp_path):
+  import dataclasses
+  cfg = dataclasses.replace(tiny_config, dtype="bfloat16", norm_position="pre")
+  save_weights(tmp_path / "encoder.msgpack", cfg, variables)
+  loaded_cfg, loaded = load_weights(tmp_path / "encoder.msgpack")
+  assert loaded_cfg == cfg
+  chex.assert_trees_all_equal(loaded, jax.device_get(variables))
+  (tmp_path / "other.msgpack").write_bytes(b"not msgpack at all")
+  with pytest.raises(ValueError, match="other.msgpack' is not an encoder weights file"):
+    load_weights(tmp_path / "other.msgpack")

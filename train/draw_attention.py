@@ -1,6 +1,9 @@
 """Draws every head's attention weights of every layer for one text, as a PNG grid.
 
   python -m train.draw_attention --workdir runs/demo --text "The quick brown fox"
+
+The text is encoded with the run's own tokenizer (bytes, or the subword vocabulary its
+prepared data records); the axes are labelled with its bytes or pieces.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import numpy as np
 
 from flax_encoder import Encoder
 from train import data
+from train.tokens import Tokenizer
 
 
-def attention_weights(cfg, variables, text: str) -> tuple[np.ndarray, list[str]]:
-  """Sown attention weights [layers, heads, seq, seq] of `text`, and its byte labels."""
-  tokens = data.encode(text)[None, :cfg.max_len]
+def attention_weights(cfg, variables, tokenizer: Tokenizer,
+                      text: str) -> tuple[np.ndarray, list[str]]:
+  """Sown attention weights [layers, heads, seq, seq] of `text`, and its tokens' labels."""
+  tokens = tokenizer.encode_batch([text])[0][None, :cfg.max_len]
   _, state = Encoder(cfg).apply(variables, jnp.asarray(tokens), mutable=["intermediates"])
   inter = state["intermediates"]
   if cfg.scan_layers:
@@ -26,8 +31,7 @@ def attention_weights(cfg, variables, text: str) -> tuple[np.ndarray, list[str]]
   else:
     weights = np.stack([np.asarray(inter[f"layers_{i}"]["self_attn"]["attention_weights"][0][0])
                         for i in range(cfg.n_layers)])
-  labels = [bytes([t - data.NUM_SPECIAL]).decode("latin-1") for t in tokens[0]]
-  return weights, labels
+  return weights, tokenizer.pieces(tokens[0])
 
 
 def draw(weights: np.ndarray, labels: list[str], path: str, title: str) -> None:
@@ -37,8 +41,9 @@ def draw(weights: np.ndarray, labels: list[str], path: str, title: str) -> None:
 
   n_layers, n_heads, seq, _ = weights.shape
   size = max(2.0, 0.12 * seq + 1)
+  # A constrained layout keeps the figure's title clear of the first row's titles.
   fig, axes = plt.subplots(n_layers, n_heads, figsize=(size * n_heads, size * n_layers),
-                           squeeze=False)
+                           squeeze=False, layout="constrained")
   shown = ["␣" if c == " " else c for c in labels] if seq <= 64 else None  # ticks if legible
   for layer in range(n_layers):
     for head in range(n_heads):
@@ -51,7 +56,6 @@ def draw(weights: np.ndarray, labels: list[str], path: str, title: str) -> None:
       else:
         ax.set_xticks([]), ax.set_yticks([])
   fig.suptitle(title + "  (rows: queries, columns: keys)")
-  fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
 
@@ -66,14 +70,9 @@ def main(argv=None) -> int:
   if not args.text:
     parser.error("--text must not be empty")
   from train.load import load_config, load_encoder
-  config = load_config(args.workdir)
-  if config.data.get("prepared"):
-    windows = data.load_prepared(config.data.prepared, config.train.seq_len)
-    if windows.tokenizer != "bytes":
-      parser.error(f"--workdir {args.workdir} was trained on {windows.source}; this command "
-                   f"encodes --text as bytes only")
+  tokenizer = data.run_tokenizer(load_config(args.workdir), args.workdir).load()
   cfg, variables = load_encoder(args.workdir)
-  weights, labels = attention_weights(cfg, variables, args.text)
+  weights, labels = attention_weights(cfg, variables, tokenizer, args.text)
   out = args.out or os.path.join(args.workdir, "plots", "attention.png")
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   draw(weights, labels, out, f"attention weights for {args.text[:60]!r}")

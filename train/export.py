@@ -1,19 +1,33 @@
-"""Exports a run's encoder: PyTorch weights (.safetensors or .pt) or a jax.export program.
+"""Exports a run's encoder: a weights file for JAX, PyTorch weights, or a jax.export program.
 
+  python -m train.export --workdir runs/demo --out encoder.msgpack
   python -m train.export --workdir runs/demo --out encoder.safetensors [--layout torch_nn]
   python -m train.export --workdir runs/demo --out encoder.jaxexport [--seq-len 64]
 
-A .jaxexport file is the compiled encoder with its weights (StableHLO for CPU and CUDA), taking
-int32 ids [batch, seq_len]; it runs with `jax.export.deserialize(data).call(tokens)` and no
-code of this package.
+A .msgpack file holds the encoder's config and parameters; any JAX program with the library
+installed loads it with `flax_encoder.weights.load_weights` (no checkout, no orbax). PyTorch
+weights (.safetensors, .pt, .pth, .bin) need the `torch` extra. A .jaxexport file is the
+compiled encoder with its weights (StableHLO for CPU and CUDA), taking int32 ids
+[batch, seq_len]; it runs with `jax.export.deserialize(data).call(tokens)` and no code of this
+package.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from flax_encoder.pytorch import LAYOUTS, to_torch_state_dict
+from flax_encoder.inference import export_encoder
+from flax_encoder.weights import save_weights
+from train.load import load_config, load_encoder
+
+_TORCH = (".safetensors", ".pt", ".pth", ".bin")
+SUFFIXES = (".msgpack", ".jaxexport", *_TORCH)
+
+
+class ExportError(Exception):
+  """A request this command cannot carry out: reported as one line."""
 
 
 def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None = None) -> str:
@@ -21,24 +35,38 @@ def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None
 
   For a .jaxexport file, `seq_len` defaults to the run's config.train.seq_len.
   """
-  from train.load import load_config, load_encoder
+  if not out.endswith(SUFFIXES):
+    raise ExportError(f"--out must end in {', '.join(SUFFIXES)}, got {out!r}")
+  if out.endswith(_TORCH):
+    try:
+      from flax_encoder.pytorch import LAYOUTS, to_torch_state_dict
+    except ImportError as e:
+      raise ExportError(f"--out {out}: PyTorch weights need the torch extra "
+                        f"(pip install -e '.[torch]'): {e}") from None
+    if layout not in LAYOUTS:
+      raise ExportError(f"--layout must be one of {LAYOUTS}, got {layout!r}")
   cfg, variables = load_encoder(workdir)
-  if out.endswith(".jaxexport"):
-    from flax_encoder.inference import export_encoder
+  if out.endswith(".msgpack"):
+    save_weights(out, cfg, variables)
+  elif out.endswith(".jaxexport"):
     export_encoder(cfg, variables, out, seq_len or load_config(workdir).train.seq_len)
-    return out
-  import torch
-
-  state = to_torch_state_dict(variables, cfg, layout)
-  if out.endswith(".safetensors"):
-    from safetensors.torch import save_file
-    save_file({k: v.contiguous() for k, v in state.items()}, out)
-  elif out.endswith((".pt", ".pth", ".bin")):
-    torch.save(state, out)
   else:
-    raise ValueError(f"--out must end in .safetensors, .pt, .pth, .bin or .jaxexport, got "
-                     f"{out!r}")
+    state = to_torch_state_dict(variables, cfg, layout)
+    if out.endswith(".safetensors"):
+      import safetensors.torch
+      safetensors.torch.save_file({k: v.contiguous() for k, v in state.items()}, out)
+    else:
+      import torch
+      torch.save(state, out)
+  _readable_as_umask_allows(out)
   return out
+
+
+def _readable_as_umask_allows(path: str) -> None:
+  """safetensors writes its files 0600; give the export the mode a new file gets here."""
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(path, 0o666 & ~umask)
 
 
 def main(argv=None) -> int:
@@ -46,11 +74,16 @@ def main(argv=None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--out", required=True)
-  parser.add_argument("--layout", default="tutorial", choices=LAYOUTS)
+  parser.add_argument("--layout", default="tutorial",
+                      help="PyTorch weights: tutorial (the tutorial port's names) or torch_nn")
   parser.add_argument("--seq-len", type=int, default=None,
                       help=".jaxexport: input length (default: the run's train.seq_len)")
   args = parser.parse_args(argv)
-  print(export(args.workdir, args.out, args.layout, args.seq_len))
+  try:
+    print(export(args.workdir, args.out, args.layout, args.seq_len))
+  except ExportError as e:
+    print(f"export: error: {e}", file=sys.stderr)
+    return 2
   return 0
 
 
