@@ -49,6 +49,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Masked-token prediction (train.masked_lm): what is predicted and the output layer.
   config.task = ml_collections.ConfigDict()
+  config.task.name = "masked_lm"  # the task: "masked_lm" (pretraining) or "classify"
   # Fraction of each window's tokens to predict (of them 80% masked, 10% random, 10% kept),
   # drawn on the device at every step, as BERT; padding and separators are never predicted.
   config.task.mask_rate = 0.15

@@ -1,17 +1,61 @@
-"""python -m train --workdir runs/demo [--config configs/base.py] [--config.train.num_steps=100]"""
+"""python -m train --workdir runs/demo [--config configs/base.py] [--config.train.num_steps=100]
 
+A mistake in the config, the data or the workdir is one line, `error: <field or file>: <what
+came>, <what is expected>`, and exit code 2; a resource that fails during the run (a full
+disk) is one line and exit code 1. A traceback means a bug.
+"""
+
+import logging
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 import configs
+from train import launch
+from train.errors import RunError
 from train.host import keep_freed_memory
 
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(configs.__file__), "default.py")
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", _DEFAULT_CONFIG, "A configs/*.py file; override fields as --config.train.seed=1.")
+
+def _no_such_field(error: BaseException) -> None:
+  """ml_collections' error for a --config.x.y that names no field, as one line; exits 2."""
+  while error.args and isinstance(error.args[0], BaseException):  # a KeyError inside
+    error = error.args[0]
+  lines = str(error.args[0] if error.args else error).splitlines()
+  missing = lines[0].strip("'\"") if lines else "?"
+  given = next((a.split("=")[0] for a in sys.argv[1:]
+                if a.startswith("--config.") and missing in a.split("=")[0].split(".")),
+               "--config")
+  hint = f" ({lines[1]})" if len(lines) > 1 else ""
+  print(f"error: {given}: no such field in the config{hint}", file=sys.stderr)
+  sys.exit(2)
+
+
+def _config_flag():
+  """--config, with the file's fields as --config.x.y flags (the default file's fields are
+  read, and a wrong one fails, while the flag is defined)."""
+  default = os.path.join(os.path.dirname(configs.__file__), "default.py")
+  try:
+    return config_flags.DEFINE_config_file(
+        "config", default, "A configs/*.py file; override fields as --config.train.seed=1.")
+  except (AttributeError, KeyError) as e:
+    _no_such_field(e)
+
+
+def _parse_flags(argv):
+  """absl's parsing, with a wrong field or value as one line (exit 2)."""
+  try:
+    return flags.FLAGS(argv)
+  except (AttributeError, KeyError) as e:
+    _no_such_field(e)
+  except flags.Error as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+_CONFIG = _config_flag()
 _MULTIHOST = flags.DEFINE_bool(
     "multihost", False, "Start with jax.distributed.initialize(), one process per host. On "
     "Cloud TPU, SLURM, Open MPI and the like the cluster is detected; elsewhere pass "
@@ -25,21 +69,42 @@ _HEARTBEAT = flags.DEFINE_integer(
     "collective).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, plots. "
                                "A workdir with checkpoints resumes.", required=True)
+_ALLOW_CHANGES = flags.DEFINE_bool(
+    "allow_changes", False, "Resume even though settings that change what the run computes "
+    "(batch size, seq_len, optimizer, seed, data, ...) differ from its checkpoint's config.")
+
+
+class _NotOrbaxErrors(logging.Filter):
+  """Orbax logs each failed save with pages of tracebacks (and asyncio those of its tasks); the
+  program reports the failure in one line."""
+
+  def filter(self, record):
+    return not (record.levelno >= logging.ERROR and (
+        "orbax" in record.pathname or "orbax" in record.getMessage()))
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
+  absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file it writes at INFO
+  absl_logging.get_absl_handler().addFilter(_NotOrbaxErrors())
   keep_freed_memory()  # before JAX starts its threads; see train/host.py
+  why = launch.follow_launcher()
+  if why:  # it died before this process could ask to be stopped with it
+    print(f"error: {why} before this process started", file=sys.stderr)
+    sys.exit(143)
   if _MULTIHOST.value:
     import jax
     jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
                                num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
                                heartbeat_timeout_seconds=_HEARTBEAT.value)
   from train.loop import run
-  sys.exit(run(_CONFIG.value, _WORKDIR.value))
+  try:
+    sys.exit(run(_CONFIG.value, _WORKDIR.value, _ALLOW_CHANGES.value))
+  except RunError as e:
+    print(f"\nerror: {e}", file=sys.stderr)
+    sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)
