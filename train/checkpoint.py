@@ -14,23 +14,29 @@ the training loop does not wait for it). Orbax's own `_CHECKPOINT_METADATA`, whi
 at the rename, is left out. On restore, the processes split the files between them, each
 checking its share, so verifying costs each the bytes of its share, whatever mesh or number of
 processes wrote the checkpoint; a single flipped bit in any recorded file fails it. A
-checkpoint that cannot be read or fails verification is reported, moved aside to
-`checkpoints_corrupt/` (kept, never deleted) and the next older one is tried.
+checkpoint that fails verification is reported, moved aside to `checkpoints_corrupt/` (kept,
+never deleted) and the next older one is tried; one that verifies but does not fit the run
+restoring it is an error, and stays where it is.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import glob
 import hashlib
 import json
 import os
 import shutil
+import sys
 import warnings
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
+
+from train.errors import RunError
 
 MANIFEST = "sha256sums.json"
 # Orbax rewrites _CHECKPOINT_METADATA at the commit, after the manifest is written.
@@ -83,7 +89,14 @@ def verify_share(directory: str, index: int, count: int) -> str | None:
 
 
 class Checkpointer:
-  """The newest `keep` checkpoints of a run under `directory`, saved asynchronously."""
+  """The newest `keep` checkpoints of a run under `directory`, saved asynchronously.
+
+  A checkpoint whose files fail verification is corrupt: it is moved aside and an older one
+  used. A checkpoint that verifies but does not fit what restores it (another model, another
+  program) is an error (RunError); nothing is moved. A save that cannot be written (a full
+  disk) is an error naming the cause; the checkpoints before it stay as they were, and the
+  next start removes what it left half-written.
+  """
 
   def __init__(self, directory: str, keep: int):
     self.directory = os.path.abspath(directory)
@@ -91,11 +104,13 @@ class Checkpointer:
     self._saving = None  # the step whose save is in flight, for the manifest callback
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, enable_async_checkpointing=True,
+        cleanup_tmp_directories=True,  # what a save cut short left behind
         async_options=ocp.AsyncOptions(post_finalization_callback=self._record_digests))
     # PyTree handlers: they read a part of a saved tree (partial_restore), as loading the
     # encoder alone does.
     handlers = {"state": ocp.PyTreeCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    _quiet_event_loop_errors()
 
   def _record_digests(self) -> None:
     """Runs in orbax's commit thread on the primary process, after every file is written and
@@ -112,11 +127,32 @@ class Checkpointer:
   def save(self, step: int, state, data_iterator, record: dict) -> None:
     """Starts saving; returns once the state is copied off the devices. `record` (JSON) goes
     into the checkpoint's meta beside the step and the data position."""
-    self.manager.wait_until_finished()  # the previous save's manifest callback has run
+    self.wait()  # the previous save's manifest callback has run
     self._saving = step
     meta = {"step": step, **record, "data": data_iterator.get_state()}
     args = ocp.args.Composite(state=ocp.args.PyTreeSave(state), meta=ocp.args.JsonSave(meta))
-    self.manager.save(step, args=args, force=True)
+    with self._writing(step):
+      self.manager.save(step, args=args, force=True)
+
+  def wait(self) -> None:
+    """Blocks until every asynchronous save is on disk, its manifest included."""
+    with self._writing(self._saving):
+      self.manager.wait_until_finished()
+
+  @contextlib.contextmanager
+  def _writing(self, step):
+    """Turns a save that the file system refused into one RunError naming the cause."""
+    try:
+      yield
+    except Exception as e:  # noqa: BLE001 - orbax wraps the OSError in its own errors
+      cause = _write_failure(e)
+      if cause is None:
+        raise
+      kept = [s for s in self.steps() if s != step]
+      newest = f"the newest complete checkpoint, step {kept[-1]}, is kept" if kept else (
+          "no checkpoint was written before it")
+      raise RunError(f"checkpoint at step {step}: cannot write under {self.directory}: "
+                     f"{cause}; {newest}", exit_code=1) from None
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -126,37 +162,50 @@ class Checkpointer:
     args = ocp.args.Composite(meta=ocp.args.JsonRestore())
     return self.manager.restore(step, args=args)["meta"]
 
-  def restore_newest(self, target, data_iterator=None, move_aside: bool = True):
-    """The newest checkpoint that verifies and restores: (state, meta), or None if none does.
-
-    `target` gives the tree structure, shapes, dtypes and shardings (those of the devices
-    restored onto, whatever mesh saved it), or is a function of the checkpoint's meta that
-    returns them. It may be a part of the saved tree (the encoder's parameters, say): only that
-    part is read. With `data_iterator`, its position is restored too. A checkpoint that fails
-    is reported, and moved aside if `move_aside`. Every process must call it (the verdict on
-    each checkpoint is agreed collectively).
-    """
+  def newest(self, move_aside: bool = True) -> tuple[int, dict] | None:
+    """(step, meta) of the newest checkpoint that verifies, or None. Checkpoints that fail
+    are reported, and moved aside if `move_aside`. Every process must call it (the verdict on
+    each checkpoint is agreed collectively)."""
     for step in reversed(self.steps()):
       problem = verify_share(os.path.join(self.directory, str(step)), jax.process_index(),
                              jax.process_count())
+      if problem is None:
+        try:
+          return step, self.read_meta(step)
+        except Exception as e:  # noqa: BLE001 - verified files that orbax cannot read
+          problem = f"has an unreadable record ({type(e).__name__}: {e})"
       problems = _gather_problems(problem)
       if problems:
         self._skip(step, problems[0], move_aside)
-        continue
-      try:
-        meta = self.read_meta(step)
-        abstract = target(meta) if callable(target) else target
-        restore = ocp.args.PyTreeRestore(
-            abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
-            partial_restore=True)
-        state = self.manager.restore(step, args=ocp.args.Composite(state=restore))["state"]
-      except Exception as e:  # noqa: BLE001 - any failure to read means: try an older one
-        self._skip(step, f"is unreadable ({type(e).__name__}: {e})", move_aside)
-        continue
-      if data_iterator is not None:  # verified files: a position it cannot take is an error
-        data_iterator.set_state(meta["data"])
-      return state, meta
     return None
+
+  def restore(self, step: int, target, data_iterator=None):
+    """The state of the (verified) checkpoint at `step`, in the shapes, dtypes and shardings
+    of `target`, which may be a part of the saved tree (the encoder's parameters, say): only
+    that part is read. With `data_iterator`, its position is restored too. A checkpoint that
+    does not fit `target` is a RunError."""
+    restore = ocp.args.PyTreeRestore(
+        target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        partial_restore=True)
+    try:
+      state = self.manager.restore(step, args=ocp.args.Composite(state=restore))["state"]
+    except (ValueError, KeyError, TypeError) as e:
+      first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      raise RunError(f"checkpoint at step {step} under {self.directory}: does not fit this "
+                     f"run's state ({first}); it was written by another model or program",
+                     ) from None
+    if data_iterator is not None:  # verified files: a position it cannot take is an error
+      data_iterator.set_state(self.read_meta(step)["data"])
+    return state
+
+  def restore_newest(self, target, data_iterator=None, move_aside: bool = True):
+    """(state, meta) of the newest checkpoint that verifies, or None if none does. `target`
+    is as in `restore`, or a function of the checkpoint's meta that returns it."""
+    newest = self.newest(move_aside)
+    if newest is None:
+      return None
+    step, meta = newest
+    return self.restore(step, target(meta) if callable(target) else target, data_iterator), meta
 
   def _skip(self, step: int, why: str, move_aside: bool) -> None:
     where = "left it in place"
@@ -176,12 +225,45 @@ class Checkpointer:
     warnings.warn(f"checkpoint at step {step} {why}; skipped it and {where}; trying the next "
                   f"older checkpoint", stacklevel=3)
 
-  def wait(self) -> None:
-    """Blocks until every asynchronous save is on disk, its manifest included."""
-    self.manager.wait_until_finished()
-
   def close(self) -> None:
     self.manager.close()
+
+
+# What a refused write says (os.strerror), in orbax's and tensorstore's wrapped errors too.
+_WRITE_ERRORS = tuple(os.strerror(code) for code in (
+    errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EIO))
+
+
+def _quiet_event_loop_errors() -> None:
+  """When a save fails, tensorstore's writes still in flight complete into the event loop
+  orbax has closed, each reporting 'Event loop is closed' with a traceback, in whatever
+  thread: noise beside the one line that reports the failure (`Checkpointer._writing`)."""
+  previous = sys.unraisablehook
+  if getattr(previous, "quiets_event_loop_errors", False):
+    return
+
+  def hook(unraisable):
+    if not (isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "Event loop is closed"):
+      previous(unraisable)
+
+  hook.quiets_event_loop_errors = True
+  sys.unraisablehook = hook
+
+
+def _write_failure(error: BaseException) -> str | None:
+  """The file system's reason in `error` or the errors it came from, or None if it is not a
+  refused write."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.strerror in _WRITE_ERRORS:
+      return error.strerror
+    for reason in _WRITE_ERRORS:
+      if reason in str(error):
+        return reason
+    error = error.__cause__ or error.__context__
+  return None
 
 
 def _gather_problems(problem: str | None) -> list[str]:
