@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from train import data
+from train.errors import RunError
 
 
 def _windows(n=40, seq=4):
@@ -45,9 +46,9 @@ def test_each_process_reads_its_rows_and_the_state_resumes_anywhere(tmp_path):
 
 
 def test_pipeline_errors_name_the_setting():
-  with pytest.raises(ValueError, match="config.train.batch_size=64 exceeds the 40 training"):
+  with pytest.raises(RunError, match="config.train.batch_size: 64, expected at most the 40 "):
     data.TrainBatches(_windows(), 64, seed=0)
-  with pytest.raises(ValueError, match="config.data.workers must be >= 0, got -1"):
+  with pytest.raises(RunError, match="config.data.workers: -1, expected an integer >= 0"):
     data.TrainBatches(_windows(), 8, seed=0, workers=-1)
-  with pytest.raises(ValueError, match=r"data position \{'next_index': 3\} is not a count"):
+  with pytest.raises(RunError, match=r"data position \{'next_index': 3\} is not a count"):
     data.TrainBatches(_windows(), 8, seed=0).set_state({"next_index": 3})

@@ -10,6 +10,7 @@ import pytest
 
 from tests import runs
 from train import data, prepare, tokens
+from train.errors import RunError
 
 DOCS = ["first document\nwith two lines\n", "zweites Dokument: äöü\n", "a third"]
 
@@ -159,8 +160,8 @@ def test_training_reads_prepared_windows_and_refuses_what_does_not_match(topics,
   assert out.stat().st_size > 5000
 
   refused = {
-      "--config.model.vocab_size=260": "config.model.vocab_size=260 disagrees with the data",
-      "--config.train.seq_len=16": "config.train.seq_len=16 differs from the windows",
+      "--config.model.vocab_size=260": "config.model.vocab_size: 260, expected the data's 404",
+      "--config.train.seq_len=16": "config.train.seq_len: 16, expected the windows' length 32",
   }
   for override, message in refused.items():
     result = runs.train(str(tmp_path / "refused"), f"--config.data.prepared={prepared}",
@@ -169,9 +170,9 @@ def test_training_reads_prepared_windows_and_refuses_what_does_not_match(topics,
   interrupted = str(tmp_path / "interrupted")  # what a killed prepare leaves under its name
   os.makedirs(interrupted)
   os.rename(os.path.join(prepared, "train.bin"), os.path.join(interrupted, "train.bin"))
-  with pytest.raises(ValueError, match="is not a prepared dataset: it holds no dataset.json"):
+  with pytest.raises(RunError, match="expected a prepared dataset: it holds no dataset.json"):
     data.load_prepared(interrupted, 32)
-  with pytest.raises(ValueError, match="train.bin holds None bytes"):
+  with pytest.raises(RunError, match="train.bin: None bytes, expected"):
     data.load_prepared(prepared, 32)
 
 
@@ -186,7 +187,7 @@ def test_config_data_paths_are_prepared_into_the_workdir_as_bytes(tmp_path):
   _, ids = _all_windows(str(tmp_path / "run" / "data"))
   assert tokens.decode_bytes(ids[:12]) == "my own text "
   config.data.paths = (str(tmp_path / "missing.txt"),)
-  with pytest.raises(ValueError, match=r"config.data.paths=\('.*missing.txt',\): --input "
+  with pytest.raises(RunError, match=r"config.data.paths=\('.*missing.txt',\): --input "
                      r"'.*missing.txt': no such file"):
     data.windows(config, str(tmp_path / "run"))
 

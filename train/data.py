@@ -10,6 +10,7 @@ with every CPython), so the default run needs no data files. Token ids: `train.t
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import mmap
 import os
@@ -22,6 +23,7 @@ from jax.experimental import multihost_utils
 
 from flax_encoder.sharding import batch_sharding
 from train import prepare, tokens
+from train.errors import RunError
 from train.tokens import FIRST_TOKEN_ID, TokenizerSpec
 
 
@@ -33,26 +35,60 @@ class Windows:
   vocab_size: int
   source: str  # where they come from, for messages
   tokenizer: TokenizerSpec  # what encoded them (its file in the prepared directory)
+  identity: str = ""  # SHA-256 of the dataset.json: changes whenever the data is prepared again
 
 
-def windows(config, workdir: str) -> Windows:
+def windows(config, workdir: str, resuming: bool = False, allow_changes: bool = False) -> Windows:
   """The windows `config.data` names, at `config.train.seq_len`: the prepared directory, or
-  config.data.paths (else the built-in corpus) prepared here into `workdir`/data, bytes."""
+  config.data.paths (else the built-in corpus) prepared here into `workdir`/data, as bytes.
+
+  A workdir's data is prepared once and kept. When `resuming`, files that changed since then
+  are an error unless `allow_changes` (then the data is prepared again).
+  """
   seq_len = config.train.seq_len
   if config.data.prepared:
     return load_prepared(config.data.prepared, seq_len)
   directory = os.path.join(workdir, "data")
-  if jax.process_index() == 0:  # the same bytes every time, so a resumed run reads the same
-    shutil.rmtree(directory, ignore_errors=True)
+  error = None
+  if jax.process_index() == 0:
     try:
-      prepare.prepare(list(config.data.paths) or [prepare.BUILTIN], directory, "bytes",
-                      seq_len=seq_len, eval_fraction=config.data.eval_fraction, workers=1,
-                      progress=False)
-    except prepare.PrepareError as e:
-      raise ValueError(f"config.data.paths={tuple(config.data.paths)}: {e}") from None
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices("training data prepared")
+      _prepare_paths(config, directory, resuming, allow_changes)
+    except RunError as e:
+      error = e
+  if jax.process_count() > 1:  # the verdict of process 0, for all
+    failed = multihost_utils.process_allgather(np.int32(error is not None)).any()
+    if failed and error is None:
+      error = RunError("process 0 could not prepare the training data: see its output")
+  if error is not None:
+    raise error
   return load_prepared(directory, seq_len)
+
+
+def _prepare_paths(config, directory: str, resuming: bool, allow_changes: bool) -> None:
+  """Prepares config.data.paths into `directory` as bytes, unless it holds them already."""
+  paths = list(config.data.paths) or [prepare.BUILTIN]
+  held_out_every = round(1 / config.data.eval_fraction)
+  field = f"config.data.paths={tuple(config.data.paths)}"
+  try:
+    expanded = prepare.expand(paths)
+    meta = _read_dataset_json(directory) if os.path.isfile(
+        os.path.join(directory, "dataset.json")) else None
+    if meta is not None and meta["seq_len"] == config.train.seq_len and meta.get(
+        "held_out_every") == held_out_every and [i["path"] for i in meta["inputs"]] == expanded:
+      changed = next(((i["path"], why) for i in meta["inputs"]
+                      if (why := prepare.Source(i["path"]).differs_from(i))), None)
+      if changed is None:
+        return  # the workdir's data is these files, as they are now
+      if resuming and not allow_changes:
+        raise RunError(f"config.data.paths: {changed[0]} changed since this run prepared it "
+                       f"into {directory} ({changed[1]}); its checkpoints were trained on the "
+                       f"old contents: restore the file, train in a new workdir, or pass "
+                       f"--allow_changes to prepare it again and resume")
+    shutil.rmtree(directory, ignore_errors=True)
+    prepare.prepare(paths, directory, "bytes", seq_len=config.train.seq_len,
+                    eval_fraction=config.data.eval_fraction, workers=1, progress=False)
+  except prepare.PrepareError as e:
+    raise RunError(f"{field}: {e}") from None
 
 
 def dataset_directory(config, workdir: str) -> str:
@@ -69,22 +105,28 @@ def run_tokenizer(config, workdir: str) -> TokenizerSpec:
 def _read_dataset_json(directory: str) -> dict:
   path = os.path.join(directory, "dataset.json")
   if not os.path.isfile(path):
-    raise ValueError(f"config.data.prepared={directory!r} is not a prepared dataset: it holds "
-                     f"no dataset.json, which python -m train.prepare writes last (an "
-                     f"interrupted prepare leaves {directory.rstrip(os.sep)}.tmp-PID instead)")
-  with open(path) as f:
-    meta = json.load(f)
-  if meta.get("format") != prepare.FORMAT:
-    raise ValueError(f"{path}: format {meta.get('format')!r}, expected {prepare.FORMAT!r}")
+    raise RunError(f"config.data.prepared: {directory!r}, expected a prepared dataset: it "
+                   f"holds no dataset.json, which python -m train.prepare writes last (an "
+                   f"interrupted prepare leaves {directory.rstrip(os.sep)}.tmp-PID instead)")
+  try:
+    with open(path) as f:
+      meta = json.load(f)
+  except ValueError as e:
+    raise RunError(f"{path}: not valid JSON ({e}); prepare the dataset again") from None
+  if not isinstance(meta, dict) or meta.get("format") != prepare.FORMAT:
+    found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+    raise RunError(f"{path}: format {found!r}, expected {prepare.FORMAT!r}")
   return meta
 
 
 def load_prepared(directory: str, seq_len: int) -> Windows:
-  """The windows of a directory `python -m train.prepare` completed, memory-mapped."""
+  """The windows of a directory `python -m train.prepare` completed, memory-mapped, their
+  sizes and ids checked against its dataset.json."""
   meta = _read_dataset_json(directory)
   if meta["seq_len"] != seq_len:
-    raise ValueError(f"config.train.seq_len={seq_len} differs from the windows of "
-                     f"{directory!r}, prepared with --seq-len {meta['seq_len']}")
+    raise RunError(f"config.train.seq_len: {seq_len}, expected the windows' length "
+                   f"{meta['seq_len']} ({directory} was prepared with --seq-len "
+                   f"{meta['seq_len']})")
   dtype = np.dtype(meta["dtype"])
   arrays = {}
   for name in ("train", "eval"):
@@ -92,12 +134,33 @@ def load_prepared(directory: str, seq_len: int) -> Windows:
     rows = meta["windows"][name]
     size = os.path.getsize(file) if os.path.exists(file) else None
     if size != rows * seq_len * dtype.itemsize:
-      raise ValueError(f"{file} holds {size} bytes, but dataset.json records {rows} windows "
-                       f"of {seq_len} {dtype.name} ids: truncated, or not this dataset's")
+      raise RunError(f"{file}: {size} bytes, expected {rows} windows of {seq_len} "
+                     f"{dtype.name} ids as dataset.json records: truncated, or not this "
+                     f"dataset's")
     arrays[name] = np.memmap(file, dtype, "r", shape=(rows, seq_len))
+    check_ids(file, arrays[name], meta["vocab_size"])
   spec = tokens.spec_of_dataset(directory, meta)
+  with open(os.path.join(directory, "dataset.json"), "rb") as f:
+    identity = hashlib.sha256(f.read()).hexdigest()
   return Windows(arrays["train"], arrays["eval"], meta["vocab_size"],
-                 f"{directory} ({spec.kind})", spec)
+                 f"{directory} ({spec.kind})", spec, identity)
+
+
+_CHECK_BYTES = 64 << 20  # read at a time by check_ids
+
+
+def check_ids(file: str, ids: np.ndarray, vocab_size: int) -> None:
+  """Raises RunError at the first id of `ids` [n, seq_len] outside [0, vocab_size): one pass
+  over the file, `_CHECK_BYTES` at a time."""
+  rows = max(1, _CHECK_BYTES // max(1, ids[:1].nbytes))
+  for start in range(0, len(ids), rows):
+    chunk = np.asarray(ids[start:start + rows])
+    if chunk.size and chunk.max() >= vocab_size:
+      row, position = (int(i) for i in np.argwhere(chunk >= vocab_size)[0])
+      raise RunError(f"{file}: id {int(chunk[row, position])} at window {start + row}, "
+                     f"position {position}, outside the vocabulary of {vocab_size} that "
+                     f"dataset.json records: the file is corrupt or not this dataset's; "
+                     f"prepare it again")
 
 
 class _ReadRows(grain.transforms.Map):
@@ -143,10 +206,10 @@ class TrainBatches:
   def __init__(self, windows: np.ndarray, batch_size: int, seed: int, workers: int = 0,
                rows: slice | None = None):
     if len(windows) < batch_size:
-      raise ValueError(f"config.train.batch_size={batch_size} exceeds the {len(windows)} "
-                       f"training windows")
+      raise RunError(f"config.train.batch_size: {batch_size}, expected at most the "
+                     f"{len(windows)} training windows")
     if workers < 0:
-      raise ValueError(f"config.data.workers must be >= 0, got {workers}")
+      raise RunError(f"config.data.workers: {workers}, expected an integer >= 0")
     self.workers = workers
     rows = process_rows(batch_size) if rows is None else rows
     self._dataset = (grain.MapDataset.range(len(windows))
@@ -182,7 +245,7 @@ class TrainBatches:
 
   def set_state(self, state: dict) -> None:
     if set(state) != {"batches"}:
-      raise ValueError(f"the checkpoint's data position {state} is not a count of batches: it "
+      raise RunError(f"the checkpoint's data position {state} is not a count of batches: it "
                        f"was written by another version of train.data; train in a new workdir")
     self._start(state["batches"])
 

@@ -104,6 +104,23 @@ class Source:
     """{'path', 'bytes', 'sha256'}: what dataset.json records of it, once it has been read."""
     return {"path": self.path, "bytes": self.size(), "sha256": self._digest.hexdigest()}
 
+  def differs_from(self, record: dict) -> str | None:
+    """How this input differs from what `record` describes (the size first, then the SHA-256
+    when the size matches), or None."""
+    if self.path != BUILTIN and not os.path.isfile(self.path):
+      return "it is gone"
+    if self.size() != record["bytes"]:
+      return f"{record['bytes']} bytes then, {self.size()} now"
+    digest = hashlib.sha256()
+    if self.path == BUILTIN:
+      for text in _builtin_topics():
+        digest.update(text.encode("utf-8"))
+    else:
+      with open(self.path, "rb") as f:
+        while block := f.read(_CHUNK_CHARS):
+          digest.update(block)
+    return None if digest.hexdigest() == record["sha256"] else "same size, other SHA-256"
+
   def documents(self, text_field: str) -> Iterator[tuple[str, bool]]:
     """(text, whether it ends a document), in file order."""
     if self.path == BUILTIN:
