@@ -14,6 +14,7 @@ import pytest
 
 from tests import runs, tiny
 from train import data, settings, tokens
+from train.errors import RunError
 from train.checkpoint import MANIFEST, Checkpointer, checkpoint_files, verify_share
 from train.metrics import read_metrics
 from train.optim import paper_schedule
@@ -209,10 +210,10 @@ def test_non_finite_loss_halts_and_leaves_the_last_checkpoint(tmp_path):
   meta_before = open(meta_path).read()
   # A rate of 1e30 sends the weights to overflow within a few steps.
   result = runs.train(workdir, "--config.train.num_steps=30", "--config.optim.lr_scale=1e30",
-                  check=False)
+                      "--allow_changes", check=False)
   assert result.returncode == 1
   assert "non-finite training loss" in result.stderr
-  assert "step 8) is left untouched" in result.stderr
+  assert "the newest checkpoint, step 8, is kept" in result.stderr
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
   assert open(meta_path).read() == meta_before
   assert json.loads(meta_before)["step"] == 8
@@ -270,8 +271,8 @@ def test_the_vocab_size_comes_from_the_data_and_an_explicit_one_must_agree():
   source = "data/corpus (sentencepiece)"
   assert settings.encoder_config(config.model, 2004, source, 32).vocab_size == 2004
   config.model.vocab_size = 260
-  with pytest.raises(ValueError, match=r"vocab_size=260 disagrees .* data/corpus "
-                     r"\(sentencepiece\) has a vocabulary of 2004"):
+  with pytest.raises(RunError, match=r"config.model.vocab_size: 260, expected the data's 2004 "
+                     r"\(data/corpus \(sentencepiece\)\)"):
     settings.encoder_config(config.model, 2004, source, 32)
   assert config.model.vocab_size == 260  # read, never written
 

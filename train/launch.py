@@ -9,7 +9,9 @@ coordinator's address (a free local port), its process id and the process count.
 process gets `--devices-per-process` devices (XLA_FLAGS); on a GPU node each gets its own
 `--gpus-per-process` GPUs (CUDA_VISIBLE_DEVICES). Output lines carry a `[i]` prefix. SIGTERM
 and SIGINT are forwarded to every process. The exit code is the first non-zero one a process
-ends with (the others are then stopped), or 0.
+ends with (the others are then stopped), or 0. If the launcher itself dies (kill -9), its
+processes get SIGTERM from the kernel (PR_SET_PDEATHSIG): they stop together at their next
+log step, save, and say why on the launcher's standard error.
 
 On a cluster (SLURM, TPU pods, Kubernetes) run `python -m train --multihost` once per host
 instead: jax.distributed finds its settings there (README, "Scaling out").
@@ -18,6 +20,7 @@ instead: jax.distributed finds its settings there (README, "Scaling out").
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import socket
@@ -29,6 +32,37 @@ import time
 # After a process fails, how long the others get to stop before SIGKILL. They cannot save
 # without it (saving is collective), and may be stuck in a collective waiting for it.
 _GRACE_S = 10
+# In each process: "PID:FD", the launcher's pid and a descriptor of the launcher's standard
+# error, where the process writes once the launcher, and with it its own pipes, is gone.
+LAUNCHER_ENV = "TRAIN_LAUNCHER"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def follow_launcher() -> str | None:
+  """In a process the launcher started, first thing: asks the kernel for SIGTERM when the
+  launcher dies, then returns `orphaned()`, in case it died before the request."""
+  if LAUNCHER_ENV not in os.environ:
+    return None
+  ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+  return orphaned()
+
+
+def orphaned() -> str | None:
+  """In a process the launcher started: if the launcher has died, points this process's output
+  at the launcher's standard error (its own pipes to the launcher are broken) and says why;
+  None while the launcher lives, or in a process it did not start."""
+  launcher = os.environ.get(LAUNCHER_ENV)
+  if not launcher:
+    return None
+  pid, fd = (int(x) for x in launcher.split(":"))
+  if os.getppid() == pid:
+    return None
+  try:
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+  except OSError:
+    pass  # nowhere to write: stop all the same
+  return f"the launcher (pid {pid}) died"
 
 
 def free_port() -> int:
@@ -68,8 +102,13 @@ def _exit_code(returncode: int) -> int:
 
 def launch(cmds: list[list[str]], envs: list[dict], out=sys.stdout) -> int:
   """Runs the processes to the end; returns the launcher's exit code."""
-  procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1) for cmd, env in zip(cmds, envs)]
+  error_fd = os.dup(2)
+  launcher = {LAUNCHER_ENV: f"{os.getpid()}:{error_fd}"}
+  procs = [subprocess.Popen(cmd, env={**env, **launcher}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            pass_fds=(error_fd,))
+           for cmd, env in zip(cmds, envs)]
+  os.close(error_fd)
   lock = threading.Lock()
 
   def stream(i, proc):

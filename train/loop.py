@@ -16,12 +16,14 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from flax_encoder import sharding
-from train import data, masked_lm, settings
+from train import data, launch, masked_lm, settings
 from train.checkpoint import Checkpointer
+from train.errors import RunError
 from train.metrics import MetricWriter, read_metrics
 from train.optim import make_optimizer
 from train.plots import plot_run
-from train.step import init_state, make_train_step
+from train.step import abstract_state, init_state, make_train_step
+from train.workdir import WorkdirLock, check_workdir
 
 # The held-out batches are masked once, with keys of their own (fold_in(PRNGKey(seed +
 # _EVAL_SEED_OFFSET), i) for batch i) that no training step draws, so that evaluations compare
@@ -52,6 +54,10 @@ class StopRequest:
 
   def _handle(self, signum, frame):
     self.signum = signum
+    why = launch.orphaned()
+    if why:
+      print(f"[{jax.process_index()}] {why}; stopping at the next step all processes agree on",
+            file=sys.stderr, flush=True)
 
   def stopping(self, step: int, log_every: int, after) -> bool:
     """Whether to stop after `step`. Several processes must stop (and save) at the same step:
@@ -114,47 +120,56 @@ class _Progress:
     return None
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> int:
-  """Trains (or resumes) the run in `workdir`; returns the process exit code."""
-  os.makedirs(workdir, exist_ok=True)
+def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = False) -> int:
+  """Trains (or resumes) the run in `workdir`; returns the process exit code.
+
+  Mistakes in the config, the data or the workdir raise RunError before the first step; a
+  resumed run must have its checkpoint's config, but for the fields settings.MAY_CHANGE
+  names, unless `allow_changes`.
+  """
+  settings.check(config)
   train_config = config.train
-  windows = data.windows(config, workdir)
-  cfg = settings.encoder_config(config.model, windows.vocab_size, windows.source,
-                                train_config.seq_len)
-  task = masked_lm.task(config, cfg, data.most_frequent_token(windows.train))
-  tx, schedule = make_optimizer(config.optim, cfg.d_model)
-  mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
-  sharding.check_batch_divisible(train_config.batch_size, mesh, "config.train.batch_size")
-  if mesh.size > 1:
-    print(f"mesh: data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']} over {mesh.size} "
-          f"{jax.default_backend()} devices in {jax.process_count()} process(es)", file=sys.stderr)
   primary = jax.process_index() == 0  # the one process that writes metrics and plots
-  record = {"config": config.to_json(), "encoder": settings.encoder_record(cfg)}
+  if primary:
+    check_workdir(workdir)
 
   with contextlib.ExitStack() as stack:
-    train_iter = data.TrainBatches(windows.train, train_config.batch_size, train_config.seed,
-                                   config.data.workers)
-    stack.callback(train_iter.close)
+    if primary:
+      stack.callback(WorkdirLock(workdir).release)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
                                 train_config.keep_checkpoints)
     stack.callback(checkpointer.close)
     stack.callback(checkpointer.wait)  # runs before close: the last save is on disk
+    resume = _resume_point(checkpointer, config, allow_changes)
+    windows = data.windows(config, workdir, resume is not None, allow_changes)
+    if resume is not None:
+      _check_same_data(resume, windows, config, allow_changes)
+    cfg = settings.encoder_config(config.model, windows.vocab_size, windows.source,
+                                  train_config.seq_len)
+    task = masked_lm.task(config, cfg, data.most_frequent_token(windows.train))
+    tx, schedule = make_optimizer(config.optim, cfg.d_model)
+    mesh = _mesh(config)
+    record = {"config": config.to_json(), "encoder": settings.encoder_record(cfg),
+              "dataset": windows.identity}
+
+    train_iter = data.TrainBatches(windows.train, train_config.batch_size, train_config.seed,
+                                   config.data.workers)
+    stack.callback(train_iter.close)
     writer = MetricWriter(workdir) if primary else None
     if writer:
       stack.callback(writer.close)
-
+      writer.truncate_after(resume[0] if resume else 0)  # records past the checkpoint go
     eval_key = jax.random.PRNGKey(train_config.seed + _EVAL_SEED_OFFSET)
     eval_batch = jax.jit(task.batch)
     eval_data = [eval_batch(data.to_devices(rows, mesh), jax.random.fold_in(eval_key, i))
                  for i, rows in enumerate(data.eval_batches(
                      windows.eval[:config.data.max_eval_windows], train_config.batch_size))]
-    state = init_state(task, tx, train_config.seed, train_config.seq_len, mesh)
-    restored = checkpointer.restore_newest(state, train_iter)
-    if restored is not None:
-      state = restored[0]
-      if writer:
-        writer.truncate_after(int(state.step))
-      print(f"resumed from the checkpoint at step {int(state.step)}", file=sys.stderr)
+    if resume is None:
+      state = init_state(task, tx, train_config.seed, train_config.seq_len, mesh)
+    else:
+      target = abstract_state(task, tx, train_config.seq_len, mesh)
+      state = checkpointer.restore(resume[0], target, train_iter)
+      print(f"resumed from the checkpoint at step {resume[0]}", file=sys.stderr)
 
     # The mesh and the rules in context let the encoder constrain its activations' layout.
     stack.enter_context(jax.set_mesh(mesh))
@@ -184,17 +199,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
       if step % train_config.log_every == 0 or save_now:
         bad = progress.flush(step)
         if bad is not None:
-          steps = checkpointer.steps()
-          kept = f"the newest checkpoint (step {steps[-1]})" if steps else "no checkpoint"
-          print(f"\nerror: non-finite training loss {bad[1]} at step {bad[0]}. Stopping; {kept} "
-                f"is left untouched. Lower config.optim.lr_scale or set config.optim.clip_norm.",
-                file=sys.stderr)
-          exit_code = 1
-          break
+          raise _non_finite("training", *bad, checkpointer, early=bad[0] <= _EARLY_STEPS)
       if step % train_config.eval_every == 0 or is_last:
-        sums = evaluate(eval_step, state.params, eval_data)
+        eval_metrics = task.eval_metrics(evaluate(eval_step, state.params, eval_data))
+        if not np.isfinite(eval_metrics["loss"]):
+          raise _non_finite("eval", step, eval_metrics["loss"], checkpointer, early=False)
         if writer:
-          writer.write(step, "eval", task.eval_metrics(sums))
+          writer.write(step, "eval", eval_metrics)
       if save_now:
         checkpointer.save(step, state, train_iter, record)
       if stopping:
@@ -211,3 +222,60 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
           f"{final['baseline_accuracy']:.3f}), eval loss {final['loss']:.3f}; plots in "
           f"{os.path.join(workdir, 'plots')}")
   return exit_code
+
+
+def _resume_point(checkpointer: Checkpointer, config, allow_changes: bool):
+  """(step, meta) of the checkpoint to resume from, or None; RunError if the config differs
+  from the one it records in a way that needs --allow_changes or cannot resume at all."""
+  newest = checkpointer.newest()
+  if newest is None:
+    return None
+  step, meta = newest
+  changed = settings.check_resume(meta["config"], config, step, allow_changes)
+  if changed and jax.process_index() == 0:
+    print(f"resuming with changed settings: {'; '.join(map(str, changed))}", file=sys.stderr)
+  return newest
+
+
+def _check_same_data(resume, windows: data.Windows, config, allow_changes: bool) -> None:
+  """RunError if the prepared data is not what the checkpoint was trained on."""
+  step, meta = resume
+  recorded = meta.get("dataset")
+  if recorded and recorded != windows.identity and not allow_changes:
+    raise RunError(f"config.data.prepared: {config.data.prepared or windows.source} is not the "
+                   f"data the checkpoint (step {step}) was trained on: it was prepared again "
+                   f"since (its dataset.json differs); point at the run's data, train in a new "
+                   f"workdir, or pass --allow_changes to resume on it")
+
+
+def _mesh(config) -> jax.sharding.Mesh:
+  """The device mesh config.mesh describes, which must split config.train.batch_size."""
+  try:
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
+    sharding.check_batch_divisible(config.train.batch_size, mesh, "config.train.batch_size")
+  except ValueError as e:
+    raise RunError(str(e) if str(e).startswith("config.") else f"config.mesh: {e}") from None
+  if mesh.size > 1:
+    print(f"mesh: data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']} over {mesh.size} "
+          f"{jax.default_backend()} devices in {jax.process_count()} process(es)", file=sys.stderr)
+  return mesh
+
+
+# A loss that is not finite within this many steps of the start points at the data as much as
+# at the learning rate.
+_EARLY_STEPS = 10
+
+
+def _non_finite(split: str, step: int, loss, checkpointer: Checkpointer, early: bool) -> RunError:
+  steps = checkpointer.steps()
+  kept = (f"the newest checkpoint, step {steps[-1]}, is kept" if steps else
+          "no checkpoint was written")
+  if split == "eval":
+    advice = "check the held-out windows of the data"
+  elif early:
+    advice = ("this early, suspect the data (ids it should not hold) as much as too high a "
+              "learning rate (config.optim.lr_scale, config.optim.clip_norm)")
+  else:
+    advice = "lower config.optim.lr_scale or set config.optim.clip_norm"
+  return RunError(f"non-finite {split} loss {loss} at step {step}; stopped before it could reach "
+                  f"a checkpoint: {kept}; {advice}", exit_code=1)
