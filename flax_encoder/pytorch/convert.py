@@ -238,6 +238,12 @@ def load_torch_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
       raise ValueError(f"checkpoint {path!r} is not a readable safetensors file (truncated or "
                        f"corrupt?): {e}") from e
   elif suffix in _TORCH_SUFFIXES:
+    with open(path, "rb") as f:
+      magic = f.read(4)
+    # torch.save writes a zip archive; before PyTorch 1.6 a pickle (protocol >= 2: 0x80).
+    if magic != b"PK\x03\x04" and magic[:1] != b"\x80":
+      raise ValueError(f"checkpoint {path!r} is not a PyTorch checkpoint: neither a zip archive "
+                       f"nor a pickle (it starts with {magic!r})")
     try:
       state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -245,9 +251,9 @@ def load_torch_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
           f"checkpoint {path!r} needs more than tensors to be unpickled, and loading it that way "
           f"could run arbitrary code; it was refused (torch.load weights_only=True). Save a "
           f"plain state_dict or a .safetensors file instead. Details: {e}") from e
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError) as e:
       raise ValueError(f"checkpoint {path!r} could not be read (truncated or corrupt?): "
-                       f"{e}") from e
+                       f"{type(e).__name__}: {e}") from e
   else:
     raise ValueError(f"checkpoint {path!r} has suffix {suffix!r}; expected .safetensors, "
                      f"{', '.join(_TORCH_SUFFIXES)}")
