@@ -19,10 +19,11 @@ from flax_encoder.feed_forward import PositionwiseFeedForward
 from flax_encoder.inputs import check_token_shape, check_token_values, checked_apply
 from flax_encoder.layer import EncoderLayer
 from flax_encoder.masks import padding_mask
+from flax_encoder.packing import segment_mask, segment_positions
 
 __all__ = [
     "MASK_FILL", "Dropout", "Encoder", "EncoderConfig", "EncoderLayer", "MultiHeadAttention",
     "PositionalEncoding", "PositionwiseFeedForward", "check_token_shape", "check_token_values",
-    "checked_apply", "padding_mask", "scaled_dot_product_attention", "sinusoidal_positions",
-    "stack_layers", "unstack_layers",
+    "checked_apply", "padding_mask", "scaled_dot_product_attention", "segment_mask",
+    "segment_positions", "sinusoidal_positions", "stack_layers", "unstack_layers",
 ]

@@ -35,9 +35,15 @@ class PositionalEncoding(nn.Module):
   max_len: int
   d_model: int
 
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, positions: jax.Array | None = None) -> jax.Array:
+    """`positions`: int [batch, seq], the row of the table each token gets (default: its index,
+    0 … seq - 1); each must lie in [0, max_len)."""
     seq = x.shape[1]
     if seq > self.max_len:
       raise ValueError(f"sequence length {seq} exceeds max_len={self.max_len}")
-    table = sinusoidal_positions(seq, self.d_model, np.float64)
-    return x + jnp.asarray(table, dtype=x.dtype)[None]
+    if positions is None:
+      table = sinusoidal_positions(seq, self.d_model, np.float64)
+      return x + jnp.asarray(table, dtype=x.dtype)[None]
+    table = jnp.asarray(sinusoidal_positions(self.max_len, self.d_model, np.float64), x.dtype)
+    # An index past the table reads NaN (mode="fill"), never a clamped, plausible row.
+    return x + jnp.take(table, positions, axis=0, mode="fill", fill_value=jnp.nan)

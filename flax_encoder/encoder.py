@@ -13,9 +13,10 @@ import numpy as np
 from flax_encoder.config import EncoderConfig
 from flax_encoder.dropout import Dropout
 from flax_encoder.embedding import PositionalEncoding
-from flax_encoder.inputs import check_token_shape, check_token_values
+from flax_encoder.inputs import check_packing, check_token_shape, check_token_values
 from flax_encoder.layer import EncoderLayer, layer_norm
 from flax_encoder.masks import check_mask, padding_mask
+from flax_encoder.packing import segment_mask
 from flax_encoder.sharding import ACTIVATION_AXES
 
 # What each EncoderConfig.remat option keeps from the forward pass for the backward pass.
@@ -56,6 +57,7 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: jax.Array, mask: jax.Array | None = None, *,
+               segment_ids: jax.Array | None = None, positions: jax.Array | None = None,
                deterministic: bool = True) -> jax.Array:
     """Encodes token ids.
 
@@ -64,6 +66,11 @@ class Encoder(nn.Module):
       mask: bool, True = attend, broadcastable to [batch, heads, seq, seq]
         ([batch, 1, 1, seq] or [batch, 1, seq, seq]); defaults to the padding mask
         `tokens != pad_id`.
+      segment_ids: int [batch, seq], for rows that pack several sequences: a token attends
+        only to tokens of its own segment; 0 marks padding (`flax_encoder.packing`). Combined
+        with `mask` when both are given.
+      positions: int [batch, seq], each token's row of the sinusoid table, in [0, max_len);
+        defaults to 0 … seq - 1. For packed rows, `packing.segment_positions(segment_ids)`.
       deterministic: no dropout when True; otherwise dropout draws from the 'dropout' rng.
 
     Returns:
@@ -72,12 +79,16 @@ class Encoder(nn.Module):
     cfg = self.config
     check_token_shape(tokens, cfg.max_len)
     check_token_values(tokens, cfg.vocab_size, traced=self.check_traced_ids)
+    check_packing(segment_ids, positions, tokens.shape, cfg.max_len)
     batch, seq = tokens.shape
 
-    if mask is None:
-      mask = padding_mask(tokens, cfg.pad_id)
-    else:
+    if mask is not None:
       check_mask(mask, batch, cfg.n_heads, seq, seq)
+    if segment_ids is not None:
+      packed = segment_mask(segment_ids) & padding_mask(tokens, cfg.pad_id)
+      mask = packed if mask is None else mask & packed
+    elif mask is None:
+      mask = padding_mask(tokens, cfg.pad_id)
 
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                      # std d_model^-0.5: after the sqrt(d_model) scale the embeddings have unit
@@ -86,7 +97,7 @@ class Encoder(nn.Module):
                          nn.initializers.normal(stddev=cfg.d_model**-0.5), ("vocab", "embed")),
                      name="embedding")
     x = embed(tokens) * math.sqrt(cfg.d_model)
-    x = PositionalEncoding(cfg.max_len, cfg.d_model, name="pos_encoder")(x)
+    x = PositionalEncoding(cfg.max_len, cfg.d_model, name="pos_encoder")(x, positions)
     x = Dropout(cfg.dropout)(x, deterministic=deterministic)
     x = nn.with_logical_constraint(x, ACTIVATION_AXES)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from flax_encoder.config import EncoderConfig
 from flax_encoder.encoder import Encoder
-from flax_encoder.inputs import check_token_shape, check_token_values
+from flax_encoder.inputs import check_packing, check_token_shape, check_token_values
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
 
@@ -53,8 +53,9 @@ class BucketedEncoder:
     self.variables = jax.device_put(variables)
     self._jitted = jax.jit(self._forward)
 
-  def _forward(self, variables, tokens):
-    return Encoder(self.config).apply(variables, tokens)
+  def _forward(self, variables, tokens, segment_ids, positions):
+    return Encoder(self.config).apply(variables, tokens, segment_ids=segment_ids,
+                                      positions=positions)
 
   def bucket(self, seq: int) -> int:
     """The padded length for inputs of length `seq`."""
@@ -65,25 +66,37 @@ class BucketedEncoder:
                      f"{self.buckets[-1]}; truncate the input or add a bucket <= max_len="
                      f"{self.config.max_len}")
 
-  def __call__(self, tokens) -> jax.Array:
-    """int ids [batch, seq] -> [batch, seq, d_model] in config.dtype."""
+  def __call__(self, tokens, segment_ids=None, positions=None) -> jax.Array:
+    """int ids [batch, seq] -> [batch, seq, d_model] in config.dtype. `segment_ids` and
+    `positions` ([batch, seq] each, optional) as in `Encoder`: for packed rows."""
     tokens = np.asarray(tokens)
     check_token_shape(tokens, self.config.max_len)
     check_token_values(tokens, self.config.vocab_size)
+    check_packing(segment_ids, positions, tokens.shape, self.config.max_len)
     batch, seq = tokens.shape
     padded_batch = -(-batch // self.batch_multiple) * self.batch_multiple
-    padded = np.full((padded_batch, self.bucket(seq)), self.config.pad_id, np.int32)
-    padded[:batch, :seq] = tokens
-    return self._jitted(self.variables, padded)[:batch, :seq]
+
+    def pad(x, fill):  # padding is segment 0 at position 0
+      if x is None:
+        return None
+      padded = np.full((padded_batch, self.bucket(seq)), fill, np.int32)
+      padded[:batch, :seq] = x
+      return padded
+
+    return self._jitted(self.variables, pad(tokens, self.config.pad_id), pad(segment_ids, 0),
+                        pad(positions, 0))[:batch, :seq]
 
 
 def export_encoder(config: EncoderConfig, variables, path: str, seq_len: int,
-                   platforms: Sequence[str] = ("cpu", "cuda")) -> jax.export.Exported:
+                   platforms: Sequence[str] = ("cpu", "cuda"),
+                   packed: bool = False) -> jax.export.Exported:
   """Serializes the encoder with its weights to `path` via `jax.export`.
 
   The file holds StableHLO for `platforms` and the weights as constants: it takes int32 ids
   [batch, seq_len] for any batch and returns [batch, seq_len, d_model]. Pad shorter inputs with
-  `pad_id`. Loading needs only jax: `jax.export.deserialize(data).call(tokens)`.
+  `pad_id`. Loading needs only jax: `jax.export.deserialize(data).call(tokens)`. With
+  `packed`, it takes `(tokens, segment_ids, positions)`, int32 [batch, seq_len] each, as
+  `Encoder` does for rows that pack several sequences.
 
   An exported function cannot raise, so a row holding an id outside [0, vocab_size) comes
   back as all NaN rather than as a plausible but wrong encoding; check ids before the call.
@@ -92,15 +105,17 @@ def export_encoder(config: EncoderConfig, variables, path: str, seq_len: int,
     raise ValueError(f"seq_len must lie in [1, max_len={config.max_len}], got {seq_len}")
   variables = jax.tree.map(jnp.asarray, variables)
 
-  def apply(tokens):
+  def apply(tokens, segment_ids=None, positions=None):
     # The ids are guarded below instead: an exported program cannot raise.
-    hidden = Encoder(config, check_traced_ids=False).apply(variables, tokens)
+    hidden = Encoder(config, check_traced_ids=False).apply(
+        variables, tokens, segment_ids=segment_ids, positions=positions)
     row_ok = jnp.all((tokens >= 0) & (tokens < config.vocab_size), axis=1)
     return jnp.where(row_ok[:, None, None], hidden, jnp.nan).astype(hidden.dtype)
 
   batch = jax.export.symbolic_shape("batch")[0]
   spec = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
-  exported = jax.export.export(jax.jit(apply), platforms=tuple(platforms))(spec)
+  specs = (spec, spec, spec) if packed else (spec,)
+  exported = jax.export.export(jax.jit(apply), platforms=tuple(platforms))(*specs)
   with open(path, "wb") as f:
     f.write(exported.serialize())
   return exported

@@ -72,3 +72,23 @@ def checked_apply(apply_fn: Callable, **jit_kwargs) -> Callable:
     return out
 
   return run
+
+
+def check_packing(segment_ids: Any, positions: Any, shape: tuple[int, int], max_len: int) -> None:
+  """Raises unless `segment_ids` and `positions` (each optional) are integer arrays of the
+  tokens' `shape`, and concrete positions lie in [0, max_len)."""
+  for name, value in (("segment_ids", segment_ids), ("positions", positions)):
+    if value is None:
+      continue
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
+      raise TypeError(f"{name} must be an integer array of the tokens' shape {list(shape)}, got "
+                      f"{type(value).__name__} of dtype {dtype}")
+    if tuple(value.shape) != tuple(shape):
+      raise ValueError(f"{name} has shape {list(value.shape)}, expected the tokens' "
+                       f"{list(shape)}")
+  if positions is not None and not isinstance(positions, jax.core.Tracer):
+    values = np.asarray(positions)
+    if values.size and (values.min() < 0 or values.max() >= max_len):
+      raise ValueError(f"positions must lie in [0, max_len={max_len}), got min "
+                       f"{int(values.min())}, max {int(values.max())}")

@@ -1,0 +1,32 @@
+"""Packed rows: several sequences in one row of tokens, told apart by segment ids.
+
+Segment ids are ints [batch, seq]: the tokens of one sequence share an id, 0 marks padding.
+`Encoder(config)(tokens, segment_ids=..., positions=...)` then encodes each sequence as if it
+were alone in its row: a token attends only to tokens of its own segment, and its position in
+the sinusoid table counts from its sequence's first token (`segment_positions`).
+
+Shapes: b = batch, q = query positions, k = key positions.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def segment_mask(segment_ids: jax.Array) -> jax.Array:
+  """bool [batch, 1, q, k]: True where query and key belong to the same segment and the key is
+  not padding (segment 0)."""
+  same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+  return same & (segment_ids != 0)[:, None, None, :]
+
+
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+  """int32 [batch, seq]: each token's index within the run of equal segment ids it belongs to
+  (0 at every change of id), the `positions` that encode each packed sequence as if alone."""
+  batch, seq = segment_ids.shape
+  index = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
+  starts = jnp.concatenate([jnp.ones((batch, 1), bool),
+                            segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+  first = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+  return index - first

@@ -1,0 +1,97 @@
+"""Packed rows: a sequence packed with others (segment ids, per-sequence positions) is encoded as
+if it were alone, with every attention implementation that runs here, scanned or not."""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flax_encoder import Encoder, EncoderConfig, segment_mask, segment_positions
+from flax_encoder.inference import BucketedEncoder, export_encoder
+
+# Two rows of 16: three sequences and a pad, then two sequences and three pads.
+LENGTHS = [(5, 7, 3), (9, 4)]
+
+
+def _packed(rng, vocab_size):
+  """(tokens, segment_ids, the sequences alone) of the rows LENGTHS describes."""
+  tokens, segments, alone = np.zeros((2, 16), np.int32), np.zeros((2, 16), np.int32), []
+  for row, lengths in enumerate(LENGTHS):
+    start = 0
+    for i, n in enumerate(lengths):
+      ids = rng.integers(1, vocab_size, n)
+      tokens[row, start:start + n], segments[row, start:start + n] = ids, i + 1
+      alone.append((row, start, ids))
+      start += n
+  return tokens, segments, alone
+
+
+def test_segment_positions_count_from_each_sequence_start():
+  segments = jnp.asarray([[1, 1, 1, 2, 2, 3, 0, 0], [4, 4, 4, 4, 4, 4, 4, 4]])
+  np.testing.assert_array_equal(segment_positions(segments),
+                                [[0, 1, 2, 0, 1, 0, 0, 1], [0, 1, 2, 3, 4, 5, 6, 7]])
+  mask = np.asarray(segment_mask(segments))[0, 0]
+  assert mask[0, :3].all() and not mask[0, 3:].any() and not mask[:, 6:].any()
+
+
+@pytest.mark.parametrize("impl, dtype, scan, remat", [
+    ("reference", "float32", False, "none"),
+    ("xla", "float32", False, "none"),
+    ("reference", "float32", True, "full"),
+    ("xla", "float32", True, "save_dots"),
+    ("reference", "float64", False, "none"),
+    ("xla", "float64", False, "none"),
+])
+def test_a_packed_sequence_is_encoded_as_if_alone(impl, dtype, scan, remat):
+  cfg = EncoderConfig(vocab_size=50, d_model=16, n_heads=4, d_ff=32, max_len=16, dropout=0.1,
+                      n_layers=2 if dtype == "float32" else 1, attention_impl=impl, dtype=dtype,
+                      param_dtype=dtype, scan_layers=scan, remat=remat)
+  with jax.enable_x64(dtype == "float64"):
+    tokens, segments, alone = _packed(np.random.default_rng(0), cfg.vocab_size)
+    model = Encoder(cfg)
+    variables = nn.unbox(model.init(jax.random.key(0), jnp.asarray(tokens)))
+    packed = model.apply(variables, tokens, segment_ids=segments,
+                         positions=segment_positions(jnp.asarray(segments)))
+    tolerance = 1e-5 if dtype == "float32" else 1e-12
+    for row, start, ids in alone:
+      by_itself = model.apply(variables, ids[None])[0]
+      np.testing.assert_allclose(packed[row, start:start + len(ids)], by_itself,
+                                 atol=tolerance, rtol=tolerance)
+    # Without segment ids the sequences see each other: the outputs differ.
+    row, start, ids = alone[1]
+    crossed = np.asarray(model.apply(variables, tokens)[row, start:start + len(ids)])
+    assert np.abs(crossed - np.asarray(model.apply(variables, ids[None])[0])).max() > 1e-3
+
+
+def test_packing_inputs_are_checked(tiny_config):
+  model = Encoder(tiny_config)
+  tokens = jnp.ones((2, 8), jnp.int32)
+  variables = model.init(jax.random.key(0), tokens)
+  with pytest.raises(ValueError,
+                     match=r"segment_ids has shape \[2, 4\], expected the tokens' "):
+    model.apply(variables, tokens, segment_ids=jnp.ones((2, 4), jnp.int32))
+  with pytest.raises(ValueError,
+                     match=r"positions must lie in \[0, max_len=24\), got min 0, max 30"):
+    model.apply(variables, tokens, positions=jnp.asarray([[0] * 7 + [30]] * 2))
+  with pytest.raises(TypeError, match="positions must be an integer array"):
+    model.apply(variables, tokens, positions=jnp.zeros((2, 8)))
+
+
+def test_bucketed_and_exported_encoders_take_packed_rows(tiny_config, tmp_path):
+  cfg = dataclasses.replace(tiny_config, dropout=0.0)
+  tokens, segments, alone = _packed(np.random.default_rng(1), cfg.vocab_size)
+  model = Encoder(cfg)
+  variables = nn.unbox(model.init(jax.random.key(0), jnp.asarray(tokens)))
+  positions = np.asarray(segment_positions(jnp.asarray(segments)))
+  expected = model.apply(variables, tokens, segment_ids=segments, positions=positions)
+  real = segments > 0  # a padding position attends to nothing: its output means nothing
+  encode = BucketedEncoder(cfg, variables, buckets=(8, 24))
+  got = encode(tokens, segment_ids=segments, positions=positions)
+  np.testing.assert_allclose(np.asarray(got)[real], np.asarray(expected)[real], atol=2e-6)
+  exported = export_encoder(cfg, variables, str(tmp_path / "packed.jaxexport"), seq_len=16,
+                            packed=True)
+  got = exported.call(tokens, segments, positions.astype(np.int32))
+  np.testing.assert_allclose(np.asarray(got)[real], np.asarray(expected)[real], atol=2e-6)
