@@ -131,6 +131,23 @@ def _attention_bwd(rate, residuals, cotangents):
 _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 
 
+def fused_attention(query: jax.Array, key: jax.Array, value: jax.Array,
+                    mask: jax.Array | None, implementation: str) -> jax.Array:
+  """softmax(q k^T / sqrt(d) masked) v through `jax.nn.dot_product_attention`: "xla", or
+  "cudnn" (cuDNN's fused flash attention, NVIDIA GPUs, bfloat16/float16). Shapes as in
+  `scaled_dot_product_attention`; returns the output only (no weights, no dropout)."""
+  if implementation == "cudnn" and jax.default_backend() != "gpu":
+    raise ValueError(
+        f"attention_impl='cudnn' is cuDNN flash attention and needs an NVIDIA GPU; the default "
+        f"backend here is {jax.default_backend()!r}. Use attention_impl='xla' (same numbers) "
+        f"or 'reference'")
+  batch, q_len, heads, _ = query.shape
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, (batch, heads, q_len, key.shape[1]))
+  return jax.nn.dot_product_attention(query, key, value, mask=mask,
+                                      implementation=implementation)
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention with separate w_q, w_k, w_v, w_o projections (the tutorial port's).
 
@@ -161,7 +178,6 @@ class MultiHeadAttention(nn.Module):
     key = query if key is None else key
     value = key if value is None else value
     batch, q_len, _ = query.shape
-    k_len = key.shape[1]
     # [batch, seq, d_model] -> [batch, seq, heads, head_dim]
     project = lambda name, x: dense(cfg, cfg.d_model, ("embed", "joined_kv"), name)(x).reshape(
         batch, x.shape[1], cfg.n_heads, cfg.head_dim)
@@ -173,16 +189,8 @@ class MultiHeadAttention(nn.Module):
       context, weights = scaled_dot_product_attention(q, k, v, mask, dropout_rate=rate,
                                                       dropout_rng=rng)
       self.sow("intermediates", "attention_weights", weights)
-    elif cfg.attention_impl == "cudnn" and jax.default_backend() != "gpu":
-      raise ValueError(
-          f"attention_impl='cudnn' is cuDNN flash attention and needs an NVIDIA GPU; the default "
-          f"backend here is {jax.default_backend()!r}. Use attention_impl='xla' (same numbers) "
-          f"or 'reference'")
     else:
-      if mask is not None:
-        mask = jnp.broadcast_to(mask, (batch, cfg.n_heads, q_len, k_len))
-      context = jax.nn.dot_product_attention(q, k, v, mask=mask,
-                                             implementation=cfg.attention_impl)
+      context = fused_attention(q, k, v, mask, cfg.attention_impl)
 
     # [batch, q, heads, head_dim] -> [batch, q, d_model]
     context = context.reshape(batch, q_len, cfg.d_model)
