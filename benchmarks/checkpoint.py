@@ -24,12 +24,11 @@ import time
 import jax
 import numpy as np
 
-from benchmarks.workload import paper_base, paper_config, paper_task
+from benchmarks.workload import paper_base, paper_optimizer, paper_task
 from flax_encoder import sharding
 from train import data
 from train.checkpoint import Checkpointer
 from train.host import keep_freed_memory
-from train.optim import make_optimizer
 from train.step import abstract_state, init_state
 
 
@@ -42,7 +41,7 @@ def main(argv=None) -> int:
   keep_freed_memory()
   cfg = paper_base()
   task = paper_task(cfg, 128)
-  tx, _ = make_optimizer(paper_config().optim, cfg.d_model)
+  tx, _ = paper_optimizer(cfg)
   state = init_state(task, tx, 0, 128)
   target = abstract_state(task, tx, 128, sharding.make_mesh())
   size = sum(x.nbytes for x in jax.tree.leaves(state))

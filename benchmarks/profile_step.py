@@ -25,9 +25,9 @@ import jax
 import numpy as np
 
 from benchmarks.bench import matmul_peak
-from benchmarks.workload import flops_per_token, paper_base, paper_config, paper_task, predictions
+from benchmarks.workload import (flops_per_token, paper_base, paper_optimizer, paper_task,
+                                 predictions)
 from train.host import keep_freed_memory
-from train.optim import make_optimizer
 from train.step import init_state, make_train_step
 from train.tokens import FIRST_TOKEN_ID
 
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
 
   cfg = paper_base(attention_impl=args.attention, dropout=args.dropout)
   task = paper_task(cfg, seq)
-  tx, schedule = make_optimizer(paper_config().optim, cfg.d_model)
+  tx, schedule = paper_optimizer(cfg)
   state = init_state(task, tx, 0, seq)
   tokens = np.random.default_rng(0).integers(FIRST_TOKEN_ID, cfg.vocab_size, (batch, seq))
   device_batch = jax.device_put(tokens.astype(np.uint16))

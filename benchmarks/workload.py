@@ -34,6 +34,12 @@ def paper_config() -> ml_collections.ConfigDict:
   return base.get_config()
 
 
+def paper_optimizer(cfg: EncoderConfig):
+  """(tx, schedule): configs/base.py's optimizer for the encoder `cfg`."""
+  config = paper_config()
+  return make_optimizer(config.optim, cfg.d_model, config.train.num_steps)
+
+
 def paper_base(**overrides) -> EncoderConfig:
   """configs/base.py's encoder (d_model 512, 8 heads, d_ff 2048, 6 layers, dropout 0.1) with
   the benchmark's vocabulary; float32 with the reference attention unless `overrides` say
@@ -56,12 +62,28 @@ def flops_per_token(cfg: EncoderConfig, seq: int, train: bool,
   return 2 * n_matmul + 4 * attention
 
 
-def paper_task(cfg: EncoderConfig, seq: int, **model_options) -> masked_lm.MaskedLMTask:
-  """configs/base.py's masked-token task at windows of `seq`, for the encoder `cfg`."""
+def paper_task(cfg: EncoderConfig, seq: int, cross_document_attention: bool | None = None,
+               **model_options) -> masked_lm.MaskedLMTask:
+  """configs/base.py's masked-token task at windows of `seq`, for the encoder `cfg`
+  (`cross_document_attention`: the config's unless given)."""
   config = paper_config()
   config.train.seq_len = seq
+  if cross_document_attention is not None:
+    config.task.cross_document_attention = cross_document_attention
   task = masked_lm.task(config, cfg, baseline_token=FIRST_TOKEN_ID)
   return dataclasses.replace(task, model=masked_lm.MaskedLM(cfg, **model_options))
+
+
+def compiled_train_step(cfg: EncoderConfig, batch: int, seq: int, grad_accum_steps: int = 1,
+                        cross_document_attention: bool | None = None):
+  """The training step of `jax_side`, compiled for one device without allocating its state
+  (for `compiled.memory_analysis()`)."""
+  task = paper_task(cfg, seq, cross_document_attention)
+  tx, schedule = paper_optimizer(cfg)
+  state = jax.eval_shape(lambda: init_state(task, tx, 0, seq))
+  tokens = jax.ShapeDtypeStruct((batch, seq), np.min_scalar_type(cfg.vocab_size - 1))
+  step = jax.jit(make_train_step(task, tx, schedule, grad_accum_steps), donate_argnums=0)
+  return step.lower(state, tokens).compile()
 
 
 def predictions(seq: int) -> int:
@@ -72,7 +94,8 @@ def predictions(seq: int) -> int:
 
 
 def jax_side(cfg: EncoderConfig, batch: int, seq: int, seed: int = 0, steps_masked: int = 8,
-             head_at_every_position: bool = False):
+             head_at_every_position: bool = False, cross_document_attention: bool | None = None,
+             grad_accum_steps: int = 1):
   """(forward runner, train runner, params, host batches) on the JAX side.
 
   The train runner returns the step's loss; it calls the training step `python -m train`
@@ -84,13 +107,14 @@ def jax_side(cfg: EncoderConfig, batch: int, seq: int, seed: int = 0, steps_mask
   rng = np.random.default_rng(seed)
   tokens = rng.integers(FIRST_TOKEN_ID, cfg.vocab_size, (batch, seq))
   tokens = jnp.asarray(tokens.astype(np.min_scalar_type(cfg.vocab_size - 1)))
-  task = paper_task(cfg, seq, head_at_every_position=head_at_every_position)
-  tx, schedule = make_optimizer(paper_config().optim, cfg.d_model)
+  task = paper_task(cfg, seq, cross_document_attention,
+                    head_at_every_position=head_at_every_position)
+  tx, schedule = paper_optimizer(cfg)
   state = [init_state(task, tx, seed, seq)]
   params = jax.tree.map(np.asarray, state[0].params)  # a host copy: the state is donated
   mask_at = jax.jit(lambda rng, step: task.batch(tokens, step_keys(rng, step)[1]))
   host_batches = [jax.device_get(mask_at(state[0].rng, i)) for i in range(steps_masked)]
-  step = jax.jit(make_train_step(task, tx, schedule), donate_argnums=0)
+  step = jax.jit(make_train_step(task, tx, schedule, grad_accum_steps), donate_argnums=0)
   forward = jax.jit(lambda p, t: Encoder(cfg).apply({"params": p}, t))
   encoder_params = jax.device_put(params["encoder"])
 
@@ -122,9 +146,9 @@ def torch_side(cfg: EncoderConfig, params, host_batches: list[dict], compile_: b
       super().__init__()
       self.encoder, self.head = encoder, head
 
-    def forward(self, inputs, positions):
+    def forward(self, inputs, predict_at):
       hidden = self.encoder(inputs)
-      at = positions[..., None].expand(-1, -1, hidden.shape[-1])
+      at = predict_at[..., None].expand(-1, -1, hidden.shape[-1])
       return self.head(torch.gather(hidden, 1, at))
 
   dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype.name]
@@ -138,7 +162,7 @@ def torch_side(cfg: EncoderConfig, params, host_batches: list[dict], compile_: b
   batches = [{k: torch.from_numpy(np.array(v)).to(device) for k, v in b.items()}
              for b in host_batches]
   for b in batches:
-    b["inputs"], b["positions"] = b["inputs"].long(), b["positions"].long()
+    b["inputs"], b["predict_at"] = b["inputs"].long(), b["predict_at"].long()
     b["targets"], b["weights"] = b["targets"].long().flatten(), b["weights"].flatten()
   tokens = batches[0]["inputs"]
   eval_encoder, train_model = model.encoder, model
@@ -146,7 +170,7 @@ def torch_side(cfg: EncoderConfig, params, host_batches: list[dict], compile_: b
     train_model = torch.compile(model)
     eval_encoder = torch.compile(model.encoder)
   optim = paper_config().optim
-  _, schedule = make_optimizer(optim, cfg.d_model)
+  _, schedule = paper_optimizer(cfg)
   optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(optim.b1, optim.b2),
                                eps=optim.eps)
   lr = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda count: float(schedule(count)))
@@ -166,7 +190,7 @@ def torch_side(cfg: EncoderConfig, params, host_batches: list[dict], compile_: b
     model.train()
     optimizer.zero_grad(set_to_none=True)
     with autocast():
-      logits = train_model(b["inputs"], b["positions"])
+      logits = train_model(b["inputs"], b["predict_at"])
     losses = torch.nn.functional.cross_entropy(
         logits.float().flatten(0, 1), b["targets"], reduction="none",
         label_smoothing=optim.label_smoothing)

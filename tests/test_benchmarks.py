@@ -31,7 +31,7 @@ def test_the_jax_and_pytorch_steps_compute_the_same_losses():
   _, jax_train, params, host_batches = workload.jax_side(cfg, batch=4, seq=16, steps_masked=3)
   _, torch_train = workload.torch_side(cfg, params, host_batches, compile_=False)
   assert [b["weights"].sum() for b in host_batches] == [4 * 2] * 3  # round(0.15 * 16) a row
-  assert (host_batches[0]["positions"] != host_batches[1]["positions"]).any()
+  assert (host_batches[0]["predict_at"] != host_batches[1]["predict_at"]).any()
   for _ in range(3):  # the same loss, then the same update (Adam, schedule) three times over
     np.testing.assert_allclose(float(jax_train()), float(torch_train()), rtol=2e-5)
 

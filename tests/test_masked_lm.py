@@ -29,35 +29,35 @@ def test_masking_chooses_round_rate_n_tokens_per_row_never_specials_and_keeps_80
   lengths = rng.integers(0, 129, len(tokens))  # rows end in padding, some all padding
   tokens[np.arange(128) >= lengths[:, None]] = PAD_ID
   out = _mask(tokens)
-  assert predictions_per_row(0.15, 128) == out["positions"].shape[1] == 20
+  assert predictions_per_row(0.15, 128) == out["predict_at"].shape[1] == 20
   rows = np.arange(len(tokens))[:, None]
   chosen = out["weights"] > 0
   # Exactly round(0.15 n) of a row's n tokens (at least 1), at distinct positions.
   n = (tokens >= FIRST_TOKEN_ID).sum(1)
   expected = np.where(n > 0, np.maximum(1, np.round(0.15 * n)), 0)
   np.testing.assert_array_equal(chosen.sum(1), expected)
-  assert all(len(set(p)) == len(p) for p in out["positions"])
-  at = tokens[rows, out["positions"]]
+  assert all(len(set(p)) == len(p) for p in out["predict_at"])
+  at = tokens[rows, out["predict_at"]]
   np.testing.assert_array_equal(out["targets"], at)
   assert (at[chosen] >= FIRST_TOKEN_ID).all()  # never padding or a separator
   # Unchosen positions keep their ids; chosen ones: 80% mask, 10% random, 10% kept.
   unchanged = np.ones(tokens.shape, bool)
-  unchanged[np.repeat(rows, chosen.shape[1], 1)[chosen], out["positions"][chosen]] = False
+  unchanged[np.repeat(rows, chosen.shape[1], 1)[chosen], out["predict_at"][chosen]] = False
   np.testing.assert_array_equal(out["inputs"][unchanged], tokens[unchanged])
-  inputs = out["inputs"][rows, out["positions"]][chosen]
+  inputs = out["inputs"][rows, out["predict_at"]][chosen]
   assert abs((inputs == MASK_ID).mean() - 0.8) < 0.01
   assert abs((inputs == at[chosen]).mean() - 0.1 - 0.1 / 996) < 0.01
   assert inputs.max() < 1000 and (inputs[inputs != MASK_ID] >= FIRST_TOKEN_ID).all()
   # Uniform over a row's tokens: in full rows every column is chosen 19 / 128 of the time.
   full = _mask(rng.integers(FIRST_TOKEN_ID, 1000, (2000, 128)))
-  per_column = np.bincount(full["positions"][full["weights"] > 0], minlength=128) / 2000
+  per_column = np.bincount(full["predict_at"][full["weights"] > 0], minlength=128) / 2000
   assert np.abs(per_column - 19 / 128).max() < 0.04 and per_column.std() < 0.015
 
 
 def test_masking_follows_the_key_only():
   tokens = np.random.default_rng(0).integers(FIRST_TOKEN_ID, 300, (8, 64))
   chex.assert_trees_all_equal(_mask(tokens, seed=3), _mask(tokens, seed=3))
-  assert (_mask(tokens, seed=3)["positions"] != _mask(tokens, seed=4)["positions"]).any()
+  assert (_mask(tokens, seed=3)["predict_at"] != _mask(tokens, seed=4)["predict_at"]).any()
   capped = _mask(tokens, predictions=4)  # an explicit max_predictions_per_seq caps the count
   assert capped["weights"].sum(1).tolist() == [4] * 8
   with pytest.raises(ValueError, match="max_predictions_per_seq must be >= 1, got 0"):
@@ -68,16 +68,16 @@ def test_masking_follows_the_key_only():
 def test_the_head_at_masked_positions_equals_full_logits_there(tie):
   cfg = EncoderConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=1, max_len=16)
   tokens = jnp.asarray(np.random.default_rng(0).integers(FIRST_TOKEN_ID, 50, (3, 16)))
-  positions = jnp.asarray([[0, 5, 15], [2, 2, 9], [7, 1, 3]])
+  predict_at = jnp.asarray([[0, 5, 15], [2, 2, 9], [7, 1, 3]])
   selected = MaskedLM(cfg, tie_embeddings=tie)
-  params = nn.unbox(selected.init(jax.random.PRNGKey(0), tokens, positions))
+  params = nn.unbox(selected.init(jax.random.PRNGKey(0), tokens, predict_at))
   full = MaskedLM(cfg, tie_embeddings=tie, head_at_every_position=True)
   every = full.apply(params, tokens)
   chex.assert_shape(every, (3, 16, 50))
-  at = np.take_along_axis(np.asarray(every), np.asarray(positions)[..., None], axis=1)
-  np.testing.assert_allclose(selected.apply(params, tokens, positions), at, rtol=1e-5,
+  at = np.take_along_axis(np.asarray(every), np.asarray(predict_at)[..., None], axis=1)
+  np.testing.assert_allclose(selected.apply(params, tokens, predict_at), at, rtol=1e-5,
                              atol=1e-6)
-  np.testing.assert_allclose(full.apply(params, tokens, positions), at, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(full.apply(params, tokens, predict_at), at, rtol=1e-6, atol=1e-6)
   names = set(params["params"])
   if tie:  # the embedding table is the output layer's weight: no second [d_model, vocab]
     assert names == {"encoder", "head_bias"}

@@ -29,7 +29,7 @@ def setup(config=None):
   config = config or get_config()
   cfg = settings.encoder_config(config.model, BYTE_VOCAB_SIZE, "bytes", config.train.seq_len)
   task = masked_lm.task(config, cfg, baseline_token=FIRST_TOKEN_ID + ord(" "))
-  tx, schedule = make_optimizer(config.optim, cfg.d_model)
+  tx, schedule = make_optimizer(config.optim, cfg.d_model, config.train.num_steps)
   return config, task, tx, schedule
 
 

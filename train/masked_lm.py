@@ -15,9 +15,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from flax_encoder import Encoder, EncoderConfig
+from flax_encoder import Encoder, EncoderConfig, segment_positions
 from flax_encoder.dense import dense
-from train.tokens import FIRST_TOKEN_ID, MASK_ID
+from train import data, settings
+from train.step import Setup
+from train.tokens import FIRST_TOKEN_ID, MASK_ID, PAD_ID, SEPARATOR_ID
 
 
 def predictions_per_row(mask_rate: float, seq_len: int, given: int | None = None) -> int:
@@ -46,7 +48,7 @@ def mask_tokens(tokens: jax.Array, key: jax.Array, *, mask_rate: float, vocab_si
     key: the PRNG key of this batch.
 
   Returns:
-    {'inputs': int32 [batch, seq] corrupted ids, 'positions': int32 [batch, predictions]
+    {'inputs': int32 [batch, seq] corrupted ids, 'predict_at': int32 [batch, predictions]
     the chosen positions (then filler), 'targets': int32 [batch, predictions] the ids there,
     'weights': float32 [batch, predictions], 1 at chosen positions and 0 at filler}.
   """
@@ -56,17 +58,17 @@ def mask_tokens(tokens: jax.Array, key: jax.Array, *, mask_rate: float, vocab_si
   # The `predictions` real positions with the largest random scores, in random order, then
   # (in short rows) other positions as filler.
   scores = jnp.where(real, jax.random.uniform(choose_key, tokens.shape), -1.0)
-  _, positions = jax.lax.top_k(scores, predictions)
+  _, predict_at = jax.lax.top_k(scores, predictions)
   count = real.sum(-1, keepdims=True)
   chosen = jnp.where(count > 0, jnp.clip(jnp.round(mask_rate * count), 1, predictions), 0)
   weights = jnp.arange(predictions) < chosen
-  targets = jnp.take_along_axis(tokens, positions, axis=1)
-  action = jax.random.uniform(action_key, positions.shape)
-  random_tokens = jax.random.randint(random_key, positions.shape, FIRST_TOKEN_ID, vocab_size)
+  targets = jnp.take_along_axis(tokens, predict_at, axis=1)
+  action = jax.random.uniform(action_key, predict_at.shape)
+  random_tokens = jax.random.randint(random_key, predict_at.shape, FIRST_TOKEN_ID, vocab_size)
   replaced = jnp.where(action < 0.8, MASK_ID, jnp.where(action < 0.9, random_tokens, targets))
   replaced = jnp.where(weights, replaced, targets)  # filler keeps its token
-  inputs = jax.vmap(lambda row, at, values: row.at[at].set(values))(tokens, positions, replaced)
-  return {"inputs": inputs, "positions": positions, "targets": targets,
+  inputs = jax.vmap(lambda row, at, values: row.at[at].set(values))(tokens, predict_at, replaced)
+  return {"inputs": inputs, "predict_at": predict_at, "targets": targets,
           "weights": weights.astype(jnp.float32)}
 
 
@@ -77,7 +79,7 @@ class MaskedLM(nn.Module):
     config: the encoder's.
     tie_embeddings: the output layer is the transposed embedding table plus a bias (BERT's
       choice), instead of a dense layer of its own ('head').
-    head_at_every_position: with `positions`, compute the output layer at every position and
+    head_at_every_position: with `predict_at`, compute the output layer at every position and
       then select (the cost that selecting first saves; benchmarks/head.py compares them).
   """
 
@@ -86,15 +88,18 @@ class MaskedLM(nn.Module):
   head_at_every_position: bool = False
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, *,
+  def __call__(self, tokens: jax.Array, predict_at: jax.Array | None = None, *,
+               segment_ids: jax.Array | None = None, positions: jax.Array | None = None,
                deterministic: bool = True) -> jax.Array:
-    """int [batch, seq] -> logits [batch, seq, vocab], or at `positions` (int [batch, k]) only:
-    [batch, k, vocab]; in config.dtype."""
+    """int [batch, seq] -> logits [batch, seq, vocab], or at `predict_at` (int [batch, k])
+    only: [batch, k, vocab]; in config.dtype. `segment_ids` and `positions` go to the encoder
+    (packed rows)."""
     cfg = self.config
     encoder = Encoder(cfg, name="encoder")
-    hidden = encoder(tokens, deterministic=deterministic)
-    select = lambda x: jnp.take_along_axis(x, positions[..., None], axis=1)
-    if positions is not None and not self.head_at_every_position:
+    hidden = encoder(tokens, segment_ids=segment_ids, positions=positions,
+                     deterministic=deterministic)
+    select = lambda x: jnp.take_along_axis(x, predict_at[..., None], axis=1)
+    if predict_at is not None and not self.head_at_every_position:
       hidden = select(hidden)
     if self.tie_embeddings:
       table = nn.meta.unbox(encoder.variables["params"]["embedding"]["embedding"])
@@ -106,9 +111,16 @@ class MaskedLM(nn.Module):
     else:
       logits = dense(cfg, cfg.vocab_size, ("embed", "vocab"), "head",
                      kernel_init=nn.initializers.lecun_normal())(hidden)
-    if positions is not None and self.head_at_every_position:
+    if predict_at is not None and self.head_at_every_position:
       logits = select(logits)
     return logits
+
+
+def document_ids(tokens: jax.Array) -> jax.Array:
+  """int32 [batch, seq]: the segment id of each token's document in its window, 1 + the
+  separators before it (a separator ends its document and belongs to it); 0 at padding."""
+  separators = (tokens == SEPARATOR_ID).astype(jnp.int32)
+  return jnp.where(tokens == PAD_ID, 0, jnp.cumsum(separators, axis=1) - separators + 1)
 
 
 def smoothed_loss_sum(logits, targets, weights, label_smoothing: float) -> jax.Array:
@@ -138,6 +150,9 @@ class MaskedLMTask:
     predictions: positions the output layer runs on per row.
     label_smoothing: of the training loss (the eval loss has none).
     baseline_token: the commonest token of the training data, the guess of the baseline.
+    cross_document_attention: the documents packed into a window see each other, with
+      positions running on across them; False encodes each as if alone (segment ids and
+      per-document positions from the separators, in the step).
   """
 
   model: MaskedLM
@@ -145,6 +160,7 @@ class MaskedLMTask:
   predictions: int
   label_smoothing: float
   baseline_token: int
+  cross_document_attention: bool = True
 
   def init(self, rng: jax.Array, seq_len: int):
     """Parameters, boxed with their logical axes."""
@@ -161,20 +177,30 @@ class MaskedLMTask:
     return jnp.sum(batch["weights"])
 
   def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
-    logits = self.model.apply({"params": params}, batch["inputs"], batch["positions"],
-                              deterministic=False, rngs={"dropout": dropout_rng})
+    logits = self.model.apply({"params": params}, batch["inputs"], batch["predict_at"],
+                              **self._documents(batch["inputs"]), deterministic=False,
+                              rngs={"dropout": dropout_rng})
     return smoothed_loss_sum(logits, batch["targets"], batch["weights"], self.label_smoothing)
 
   def eval_sums(self, params, batch: dict) -> dict:
-    logits = self.model.apply({"params": params}, batch["inputs"], batch["positions"])
+    logits = self.model.apply({"params": params}, batch["inputs"], batch["predict_at"],
+                              **self._documents(batch["inputs"]))
     return eval_sums(logits, batch["targets"], batch["weights"], self.baseline_token)
+
+  def _documents(self, inputs: jax.Array) -> dict:
+    """The encoder's segment ids and positions that keep documents apart, unless they may
+    see each other. Masking never touches a separator, so they come from the inputs."""
+    if self.cross_document_attention:
+      return {}
+    segment_ids = document_ids(inputs)
+    return {"segment_ids": segment_ids, "positions": segment_positions(segment_ids)}
 
   @staticmethod
   def eval_metrics(sums: dict) -> dict:
     """Summed eval_sums -> the metrics an evaluation reports."""
-    count = max(sums["count"], 1.0)
-    return {"loss": sums["ce"] / count, "accuracy": sums["correct"] / count,
-            "baseline_accuracy": sums["baseline_correct"] / count}
+    count = max(float(sums["count"]), 1.0)
+    return {"loss": float(sums["ce"]) / count, "accuracy": float(sums["correct"]) / count,
+            "baseline_accuracy": float(sums["baseline_correct"]) / count}
 
 
 def task(config, cfg: EncoderConfig, baseline_token: int) -> MaskedLMTask:
@@ -184,4 +210,17 @@ def task(config, cfg: EncoderConfig, baseline_token: int) -> MaskedLMTask:
       mask_rate=config.task.mask_rate,
       predictions=predictions_per_row(config.task.mask_rate, config.train.seq_len,
                                       config.task.max_predictions_per_seq),
-      label_smoothing=config.optim.label_smoothing, baseline_token=baseline_token)
+      label_smoothing=config.optim.label_smoothing, baseline_token=baseline_token,
+      cross_document_attention=config.task.cross_document_attention)
+
+
+def setup(config, workdir: str, resuming: bool, allow_changes: bool) -> Setup:
+  """Pretraining on the windows config.data names (train.data.windows)."""
+  windows = data.windows(config, workdir, resuming, allow_changes)
+  cfg = settings.encoder_config(config.model, windows.vocab_size, windows.source,
+                                config.train.seq_len)
+  return Setup(task=task(config, cfg, data.most_frequent_token(windows.train)), encoder=cfg,
+               train=windows.train, eval=windows.eval[:config.data.max_eval_windows],
+               eval_fill=PAD_ID,
+               record={"encoder": settings.encoder_record(cfg), "dataset": windows.identity,
+                       "source": windows.source})

@@ -20,6 +20,7 @@ import numpy as np
 
 from flax_encoder import EncoderConfig
 from train.errors import RunError
+from train.optim import RECIPES
 from train.tokens import BYTE_VOCAB_SIZE, PAD_ID
 
 
@@ -92,6 +93,10 @@ def _number(low: float, high: float | None = None, low_open=True, high_open=Fals
   return check
 
 
+def _choice(allowed: tuple[str, ...]) -> Check:
+  return lambda value: None if value in allowed else f"one of {allowed}"
+
+
 def _optional(check: Check) -> Check:
   return lambda value: None if value is None else check(value)
 
@@ -123,8 +128,14 @@ _COMMON: dict[str, Check] = {
     "train.eval_every": _integer(1),
     "train.checkpoint_every": _integer(1),
     "train.keep_checkpoints": _integer(1),
+    "train.grad_accum_steps": _integer(1),
+    "train.profile_start": _integer(1),
+    "train.profile_steps": _integer(0),
     "data.workers": _integer(0),
+    "optim.recipe": _choice(RECIPES),
     "optim.warmup_steps": _integer(1),
+    "optim.learning_rate": _number(0),
+    "optim.weight_decay": _number(0, low_open=False),
     "optim.lr_scale": _number(0),
     "optim.b1": _number(0, 1, low_open=False, high_open=True),
     "optim.b2": _number(0, 1, low_open=False, high_open=True),
@@ -141,10 +152,29 @@ _TASKS: dict[str, dict[str, Check]] = {
         "task.mask_rate": _number(0, 1),
         "task.max_predictions_per_seq": _optional(_integer(1)),
         "task.tie_embeddings": _boolean,
+        "task.cross_document_attention": _boolean,
         "data.prepared": _optional(_string),
         "data.paths": _paths,
         "data.eval_fraction": _number(0, 1, high_open=True),
         "data.max_eval_windows": _integer(1),
+    },
+    "classify": {
+        "task.name": _string,
+        "task.pooling": _choice(("mean", "first")),
+        "data.train": _string,
+        "data.eval": _string,
+        "data.tokenizer": _optional(_string),
+        "data.text_field": _string,
+        "data.pair_field": _string,
+        "data.label_field": _string,
+        "data.id_offset": _integer(0),
+        "data.pad_id": _integer(0),
+        "data.separator_id": _integer(0),
+        "init.run": _optional(_string),
+        "init.torch_checkpoint": _optional(_string),
+        "init.n_heads": _optional(_integer(1)),
+        "init.prefix": lambda value: None if isinstance(value, str) else "a string",
+        "init.torch_head": _optional(_string),
     },
 }
 
@@ -179,26 +209,49 @@ def check(config: ml_collections.ConfigDict) -> None:
     expected = check_value(flat[field])
     if expected is not None:
       raise RunError(f"config.{field}: {flat[field]!r}, expected {expected}")
-  model = config.model.to_dict()
+  if config.optim.recipe == "adamw" and config.optim.warmup_steps >= config.train.num_steps:
+    raise RunError(f"config.optim.warmup_steps: {config.optim.warmup_steps}, expected fewer "
+                   f"than config.train.num_steps ({config.train.num_steps}) for the linear decay")
+  if config.train.batch_size % config.train.grad_accum_steps:
+    raise RunError(f"config.train.grad_accum_steps: {config.train.grad_accum_steps}, expected a "
+                   f"divisor of config.train.batch_size ({config.train.batch_size})")
+  if task == "classify":
+    _check_init(config.init)
+  # Unset fields: the data's, a pretrained encoder's, or the defaults (train.classify).
+  model = {k: v for k, v in config.model.to_dict().items() if v is not None}
   vocab_size = model.pop("vocab_size", None)
   if vocab_size is not None and _integer(1)(vocab_size):
     raise RunError(f"config.model.vocab_size: {vocab_size!r}, expected unset (the data's) or "
                    f"a positive integer")
   cfg = _encoder(model, vocab_size or BYTE_VOCAB_SIZE)
-  if config.train.seq_len > cfg.max_len:
+  if "max_len" in model and config.train.seq_len > cfg.max_len:
     raise RunError(f"config.train.seq_len: {config.train.seq_len}, expected <= "
                    f"config.model.max_len ({cfg.max_len})")
+
+
+def _check_init(init) -> None:
+  if init.run and init.torch_checkpoint:
+    raise RunError(f"config.init.torch_checkpoint: {init.torch_checkpoint!r}, expected unset "
+                   f"with config.init.run ({init.run!r}): the encoder starts from one of them")
+  if init.torch_checkpoint and init.n_heads is None:
+    raise RunError("config.init.n_heads: unset, expected the PyTorch encoder's number of heads "
+                   "(the weights' shapes do not show it)")
+  if init.torch_head and not init.torch_checkpoint:
+    raise RunError(f"config.init.torch_head: {init.torch_head!r}, expected it only with "
+                   f"config.init.torch_checkpoint")
 
 
 # ---------------------------------------------------------------------------------------------
 # What may change when a run resumes.
 
 # Settings a resumed run may change without a word: how long it runs, how often it logs,
-# evaluates and saves, and how it is laid out on the hardware. Every other field changes what
-# the run computes, so a change needs --allow_changes.
+# evaluates, saves and profiles, and how the same step is laid out on the hardware (mesh,
+# microbatches, rematerialisation, attention kernel). Every other field changes what the run
+# computes, so a change needs --allow_changes.
 MAY_CHANGE = frozenset({
     "train.num_steps", "train.log_every", "train.eval_every", "train.checkpoint_every",
-    "train.keep_checkpoints", "data.workers", "data.max_eval_windows", "mesh.data", "mesh.fsdp",
+    "train.keep_checkpoints", "train.grad_accum_steps", "train.profile_start",
+    "train.profile_steps", "data.workers", "data.max_eval_windows", "mesh.data", "mesh.fsdp",
     "model.remat", "model.attention_impl",
 })
 # Fields that fix the shapes or structure of the saved state: a change cannot resume at all.

@@ -9,6 +9,7 @@ the optimizer update and the metrics.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
 import flax
@@ -38,6 +39,31 @@ class Task(Protocol):
 
   def eval_sums(self, params, batch: dict) -> dict:
     """Sums over `batch` that evaluation adds up over batches (dropout off)."""
+
+
+@dataclasses.dataclass
+class Setup:
+  """What a task gives the training loop (`masked_lm.setup`, `classify.setup`).
+
+  Attributes:
+    task: the task (model, batches, losses).
+    encoder: the encoder's config.
+    train: the training rows TrainBatches draws from: an array [n, ...] or a dict of them.
+    eval: the held-out rows, of the same kind, and `eval_fill` the value (or dict of values)
+      that pads their last batch without counting.
+    record: JSON the checkpoint records beside the config (the encoder, what identifies the
+      data, the labels), read back by readers and checked on resume (its "dataset").
+    start_params: parameters to start from by their top-level name (the encoder's, a
+      classifier's), replacing the fresh ones; None: a fresh init.
+  """
+
+  task: Task
+  encoder: Any
+  train: Any
+  eval: Any
+  eval_fill: Any
+  record: dict
+  start_params: dict | None = None
 
 
 @flax.struct.dataclass
@@ -85,19 +111,27 @@ def abstract_state(task: Task, tx, seq_len: int, mesh: jax.sharding.Mesh) -> Tra
                       nn.unbox(boxed), sharding.logical_shardings(boxed, mesh))
 
 
-def make_train_step(task: Task, tx: optax.GradientTransformation, schedule: optax.Schedule):
+def make_train_step(task: Task, tx: optax.GradientTransformation, schedule: optax.Schedule,
+                    grad_accum_steps: int = 1):
   """train_step(state, rows) -> (state, metrics): one optimizer update on one batch.
 
   Pure: everything it depends on is in its arguments or bound here, so jit it once (donating
-  the state) and resume exactly from any step.
+  the state) and resume exactly from any step. With `grad_accum_steps` = k the batch's
+  gradient is accumulated over k microbatches of batch / k rows (rows i, i + k, …: each
+  device keeps its own rows), one at a time in a `lax.scan`, so that only one microbatch's
+  activations are alive at once. The task's random draws (masking) are made on the whole
+  batch first, so they do not depend on k; the loss is normalised by the whole batch's count.
   """
 
   def train_step(state: TrainState, rows) -> tuple[TrainState, dict]:
     dropout_rng, task_rng = step_keys(state.rng, state.step)
     batch = task.batch(rows, task_rng)
     count = jnp.maximum(task.loss_count(batch), 1.0)
-    loss_fn = lambda params: task.loss_sum(params, batch, dropout_rng) / count
-    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    loss_fn = lambda params, batch, rng: task.loss_sum(params, batch, rng) / count
+    if grad_accum_steps == 1:
+      loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, dropout_rng)
+    else:
+      loss, grads = _accumulated(loss_fn, state.params, batch, dropout_rng, grad_accum_steps)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = state.replace(step=state.step + 1,
                               params=optax.apply_updates(state.params, updates),
@@ -106,3 +140,22 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, schedule: opta
     return new_state, metrics
 
   return train_step
+
+
+def _accumulated(loss_fn, params, batch: dict, dropout_rng: jax.Array, k: int):
+  """(loss, gradient) of `loss_fn` summed over k microbatches: batch rows i, i + k, i + 2k, …
+  make microbatch i, and microbatch i draws its dropout from fold_in(dropout_rng, i)."""
+  # [batch, ...] -> [k, batch / k, ...]: a device's contiguous block of rows holds rows of
+  # every microbatch, so splitting needs no communication.
+  micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1),
+                       batch)
+
+  def add(total, inputs):
+    i, microbatch = inputs
+    loss, grads = jax.value_and_grad(loss_fn)(params, microbatch,
+                                              jax.random.fold_in(dropout_rng, i))
+    return jax.tree.map(jnp.add, total, (loss, grads)), None
+
+  zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+  (loss, grads), _ = jax.lax.scan(add, zero, (jnp.arange(k), micro))
+  return loss, grads
