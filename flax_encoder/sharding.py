@@ -1,7 +1,8 @@
 """Logical axis names of the encoder's arrays and their mapping onto a device mesh.
 
 Every parameter is created with `nn.with_logical_partitioning`, so its dimensions carry names
-that say what they are ("embed", "mlp", "joined_kv", "vocab", and "layers" when scanned), and
+that say what they are ("embed", "mlp", "joined_kv", "vocab", "classes" for a classifier head,
+and "layers" when scanned), and
 the encoder constrains its activations to ("activation_batch", "activation_length",
 "activation_embed"). `RULES` maps those names onto the axes of a `jax.sharding.Mesh`; a new kind
 of parallelism is a change of rules, not of the model. For example, tensor parallelism over a
@@ -35,6 +36,7 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("activation_embed", None),
     ("embed", "fsdp"),
     ("vocab", None),
+    ("classes", None),  # a classifier's outputs
     ("mlp", None),
     ("joined_kv", None),
     ("layers", None),

@@ -46,7 +46,8 @@ def test_each_process_reads_its_rows_and_the_state_resumes_anywhere(tmp_path):
 
 
 def test_pipeline_errors_name_the_setting():
-  with pytest.raises(RunError, match="config.train.batch_size: 64, expected at most the 40 "):
+  with pytest.raises(RunError, match="config.train.batch_size: 64, expected at most the 40 "
+                     "training rows"):
     data.TrainBatches(_windows(), 64, seed=0)
   with pytest.raises(RunError, match="config.data.workers: -1, expected an integer >= 0"):
     data.TrainBatches(_windows(), 8, seed=0, workers=-1)

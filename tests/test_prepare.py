@@ -187,7 +187,7 @@ def test_config_data_paths_are_prepared_into_the_workdir_as_bytes(tmp_path):
   _, ids = _all_windows(str(tmp_path / "run" / "data"))
   assert tokens.decode_bytes(ids[:12]) == "my own text "
   config.data.paths = (str(tmp_path / "missing.txt"),)
-  with pytest.raises(RunError, match=r"config.data.paths=\('.*missing.txt',\): --input "
+  with pytest.raises(RunError, match=r"config.data.paths: \('.*missing.txt',\): --input "
                      r"'.*missing.txt': no such file"):
     data.windows(config, str(tmp_path / "run"))
 

@@ -48,11 +48,51 @@ def windows(config, workdir: str, resuming: bool = False, allow_changes: bool = 
   seq_len = config.train.seq_len
   if config.data.prepared:
     return load_prepared(config.data.prepared, seq_len)
+  paths = list(config.data.paths) or [prepare.BUILTIN]
+  held_out_every = round(1 / config.data.eval_fraction)
+  field = "config.data.paths"
+
+  def build(directory):
+    try:
+      prepare.prepare(paths, directory, "bytes", seq_len=seq_len,
+                      eval_fraction=config.data.eval_fraction, workers=1, progress=False)
+    except prepare.PrepareError as e:
+      raise RunError(f"{field}: {tuple(config.data.paths)}: {e}") from None
+
+  try:
+    expanded = prepare.expand(paths)
+  except prepare.PrepareError as e:
+    raise RunError(f"{field}: {tuple(config.data.paths)}: {e}") from None
   directory = os.path.join(workdir, "data")
+  same_request = lambda meta: (meta["seq_len"] == seq_len and meta.get("held_out_every") ==
+                               held_out_every and [i["path"] for i in meta["inputs"]] == expanded)
+  prepare_once(directory, same_request, build, resuming, allow_changes, field)
+  return load_prepared(directory, seq_len)
+
+
+def prepare_once(directory: str, same_request, build, resuming: bool, allow_changes: bool,
+                 field: str) -> None:
+  """Leaves `directory` as it is if its dataset.json answers the same request
+  (`same_request(meta)`) and every input it records is unchanged; else calls
+  `build(directory)` (in process 0; the others wait for it). An input changed since a run that
+  is `resuming` was trained on it is a RunError naming `field`, unless `allow_changes`."""
   error = None
   if jax.process_index() == 0:
     try:
-      _prepare_paths(config, directory, resuming, allow_changes)
+      meta = _existing_dataset(directory)
+      if meta is not None and same_request(meta):
+        changed = next(((i["path"], why) for i in meta["inputs"]
+                        if (why := prepare.Source(i["path"]).differs_from(i))), None)
+        if changed is None:
+          meta = "unchanged"
+        elif resuming and not allow_changes:
+          raise RunError(f"{field}: {changed[0]} changed since this run prepared it into "
+                         f"{directory} ({changed[1]}); its checkpoints were trained on the old "
+                         f"contents: restore the file, train in a new workdir, or pass "
+                         f"--allow_changes to prepare it again and resume")
+      if meta != "unchanged":
+        shutil.rmtree(directory, ignore_errors=True)
+        build(directory)
     except RunError as e:
       error = e
   if jax.process_count() > 1:  # the verdict of process 0, for all
@@ -61,34 +101,15 @@ def windows(config, workdir: str, resuming: bool = False, allow_changes: bool = 
       error = RunError("process 0 could not prepare the training data: see its output")
   if error is not None:
     raise error
-  return load_prepared(directory, seq_len)
 
 
-def _prepare_paths(config, directory: str, resuming: bool, allow_changes: bool) -> None:
-  """Prepares config.data.paths into `directory` as bytes, unless it holds them already."""
-  paths = list(config.data.paths) or [prepare.BUILTIN]
-  held_out_every = round(1 / config.data.eval_fraction)
-  field = f"config.data.paths={tuple(config.data.paths)}"
+def _existing_dataset(directory: str) -> dict | None:
+  """The dataset.json of the workdir's own data, or None where there is none to keep."""
   try:
-    expanded = prepare.expand(paths)
-    meta = _read_dataset_json(directory) if os.path.isfile(
-        os.path.join(directory, "dataset.json")) else None
-    if meta is not None and meta["seq_len"] == config.train.seq_len and meta.get(
-        "held_out_every") == held_out_every and [i["path"] for i in meta["inputs"]] == expanded:
-      changed = next(((i["path"], why) for i in meta["inputs"]
-                      if (why := prepare.Source(i["path"]).differs_from(i))), None)
-      if changed is None:
-        return  # the workdir's data is these files, as they are now
-      if resuming and not allow_changes:
-        raise RunError(f"config.data.paths: {changed[0]} changed since this run prepared it "
-                       f"into {directory} ({changed[1]}); its checkpoints were trained on the "
-                       f"old contents: restore the file, train in a new workdir, or pass "
-                       f"--allow_changes to prepare it again and resume")
-    shutil.rmtree(directory, ignore_errors=True)
-    prepare.prepare(paths, directory, "bytes", seq_len=config.train.seq_len,
-                    eval_fraction=config.data.eval_fraction, workers=1, progress=False)
-  except prepare.PrepareError as e:
-    raise RunError(f"{field}: {e}") from None
+    with open(os.path.join(directory, "dataset.json")) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
 
 
 def dataset_directory(config, workdir: str) -> str:
@@ -163,29 +184,42 @@ def check_ids(file: str, ids: np.ndarray, vocab_size: int) -> None:
                      f"prepare it again")
 
 
+@dataclasses.dataclass(frozen=True)
+class _MappedFile:
+  """How a memory-mapped array travels to a grain worker process: its file, not its bytes."""
+  file: str
+  dtype: str
+  shape: tuple
+  offset: int
+
+  @staticmethod
+  def of(x):
+    if isinstance(x, np.memmap) and isinstance(x.base, mmap.mmap):  # a whole file's map
+      return _MappedFile(x.filename, x.dtype.str, x.shape, x.offset)
+    return np.asarray(x)
+
+  def open(self) -> np.memmap:
+    return np.memmap(self.file, self.dtype, "r", self.offset, self.shape)
+
+
 class _ReadRows(grain.transforms.Map):
-  """A batch of window indices -> this process's rows of those windows (one fancy index).
+  """A batch of row indices -> this process's rows of those rows of `source`, an array or a
+  dict of arrays with one leading axis (one fancy index each)."""
 
-  A memory-mapped file travels to grain's worker processes as its name, not its contents.
-  """
-
-  def __init__(self, windows: np.ndarray, rows: slice):
-    self.windows, self.rows = windows, rows
+  def __init__(self, source, rows: slice):
+    self.source, self.rows = source, rows
 
   def map(self, indices):
-    return np.asarray(self.windows[np.asarray(indices)[self.rows]])
+    at = np.asarray(indices)[self.rows]
+    return jax.tree.map(lambda x: np.asarray(x[at]), self.source)
 
   def __getstate__(self):
-    w = self.windows
-    if isinstance(w, np.memmap) and isinstance(w.base, mmap.mmap):  # a whole file's map
-      return {"file": (w.filename, w.dtype.str, w.shape, w.offset), "rows": self.rows}
-    return {"windows": np.asarray(w), "rows": self.rows}
+    return {"source": jax.tree.map(_MappedFile.of, self.source), "rows": self.rows}
 
   def __setstate__(self, state):
-    if "file" in state:
-      file, dtype, shape, offset = state["file"]
-      state = {"windows": np.memmap(file, dtype, "r", offset, shape), "rows": state["rows"]}
-    self.windows, self.rows = state["windows"], state["rows"]
+    self.rows = state["rows"]
+    self.source = jax.tree.map(lambda x: x.open() if isinstance(x, _MappedFile) else x,
+                               state["source"])
 
 
 def process_rows(batch_size: int) -> slice:
@@ -197,26 +231,29 @@ def process_rows(batch_size: int) -> slice:
 class TrainBatches:
   """An endless, deterministic iterator of this process's rows of the training batches.
 
-  Global batch k holds windows k * batch_size ... (k + 1) * batch_size - 1 of an order that
-  grain reshuffles every epoch; each process reads only its own rows of it (`process_rows`),
-  with `workers` grain worker processes (0: threads of this process). The state is the number
-  of batches delivered, so a run resumes exactly with any count of processes or workers.
+  `source` is an array of rows (windows of ids) or a dict of arrays with one leading axis
+  (examples: ids and labels); a batch is of the same kind. Global batch k holds rows
+  k * batch_size ... (k + 1) * batch_size - 1 of an order that grain reshuffles every epoch;
+  each process reads only its own rows of it (`process_rows`), with `workers` grain worker
+  processes (0: threads of this process). The state is the number of batches delivered, so a
+  run resumes exactly with any count of processes or workers.
   """
 
-  def __init__(self, windows: np.ndarray, batch_size: int, seed: int, workers: int = 0,
+  def __init__(self, source, batch_size: int, seed: int, workers: int = 0,
                rows: slice | None = None):
-    if len(windows) < batch_size:
+    count = len(jax.tree.leaves(source)[0])
+    if count < batch_size:
       raise RunError(f"config.train.batch_size: {batch_size}, expected at most the "
-                     f"{len(windows)} training windows")
+                     f"{count} training rows")
     if workers < 0:
       raise RunError(f"config.data.workers: {workers}, expected an integer >= 0")
     self.workers = workers
     rows = process_rows(batch_size) if rows is None else rows
-    self._dataset = (grain.MapDataset.range(len(windows))
+    self._dataset = (grain.MapDataset.range(count)
                      .shuffle(seed=seed)
                      .repeat()
                      .batch(batch_size, drop_remainder=True)
-                     .map(_ReadRows(windows, rows)))
+                     .map(_ReadRows(source, rows)))
     self._iterator = None
     self._start(0)
 
@@ -236,7 +273,7 @@ class TrainBatches:
     if self._iterator is None:
       raise ValueError("TrainBatches: next() after close()")
     # A worker's batch arrives in shared memory; a copy leaves its release to grain.
-    batch = np.array(next(self._iterator))
+    batch = jax.tree.map(np.array, next(self._iterator))
     self.position += 1
     return batch
 
@@ -256,14 +293,18 @@ class TrainBatches:
       self._iterator = None
 
 
-def eval_batches(windows: np.ndarray, batch_size: int) -> list[np.ndarray]:
-  """This process's rows of the held-out windows in equal-sized batches; the last batch is
-  filled up with all-pad rows (never targets), so every batch has one shape."""
-  fill = -len(windows) % batch_size
-  padded = np.concatenate([np.asarray(windows), np.zeros((fill, windows.shape[1]),
-                                                         windows.dtype)])
-  rows = process_rows(batch_size)
-  return [padded[i:i + batch_size][rows] for i in range(0, len(padded), batch_size)]
+def eval_batches(rows, batch_size: int, fill=0) -> list:
+  """This process's rows of the held-out rows (an array, or a dict of arrays) in equal-sized
+  batches; the last batch is filled up with rows of `fill` (a value, or a dict of values:
+  padding, that no metric counts), so every batch has one shape."""
+  count = len(jax.tree.leaves(rows)[0])
+  extra = -count % batch_size
+  fills = fill if isinstance(fill, dict) else jax.tree.map(lambda _: fill, rows)
+  padded = jax.tree.map(lambda x, f: np.concatenate(
+      [np.asarray(x), np.full((extra, *x.shape[1:]), f, x.dtype)]), rows, fills)
+  mine = process_rows(batch_size)
+  return [jax.tree.map(lambda x: x[i:i + batch_size][mine], padded)
+          for i in range(0, count + extra, batch_size)]
 
 
 def most_frequent_token(examples: np.ndarray, sample: int = 100_000) -> int:

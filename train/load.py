@@ -50,12 +50,30 @@ def recorded_encoder_config(meta: dict) -> EncoderConfig:
   return EncoderConfig(**json.loads(meta["config"])["model"])
 
 
-def abstract_encoder(cfg: EncoderConfig, mesh: Mesh):
-  """Shapes, dtypes and shardings on `mesh` of the encoder's parameters."""
-  boxed = jax.eval_shape(lambda: Encoder(cfg).init(jax.random.PRNGKey(0),
-                                                   jnp.ones((1, 1), jnp.int32))["params"])
+def abstract_params(init, mesh: Mesh):
+  """Shapes, dtypes and shardings on `mesh` of the parameters `init()` makes (boxed with their
+  logical axes, as `Module.init(...)['params']` returns them), allocating nothing."""
+  boxed = jax.eval_shape(init)
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       nn.unbox(boxed), sharding.logical_shardings(boxed, mesh))
+
+
+def load_params(workdir: str, init_for, mesh: Mesh | None = None) -> tuple[dict, dict]:
+  """(parameters, meta) of the newest checkpoint in `workdir` that verifies: only the
+  parameters `init_for(meta)()` makes are read (a part of the saved ones: the encoder's, say),
+  laid out on `mesh` (default: replicated over all devices), whatever mesh or number of
+  processes wrote the checkpoint. Nothing in the workdir is moved."""
+  mesh = mesh or sharding.make_mesh()
+  checkpointer = _open_checkpoints(workdir)
+  try:
+    restored = checkpointer.restore_newest(
+        lambda meta: {"params": abstract_params(init_for(meta), mesh)}, move_aside=False)
+  finally:
+    checkpointer.close()
+  if restored is None:
+    raise ValueError(f"no checkpoint under {checkpointer.directory!r} restores and verifies")
+  state, meta = restored
+  return state["params"], meta
 
 
 def load_encoder(workdir: str, mesh: Mesh | None = None) -> tuple[EncoderConfig, dict]:
@@ -65,17 +83,10 @@ def load_encoder(workdir: str, mesh: Mesh | None = None) -> tuple[EncoderConfig,
   processes wrote the checkpoint; by default replicated over all devices. Inference then takes
   `Encoder(cfg).apply(variables, tokens)`.
   """
-  mesh = mesh or sharding.make_mesh()
-  target = lambda meta: {"params": {"encoder": abstract_encoder(recorded_encoder_config(meta),
-                                                                mesh)}}
+  def init_for(meta):
+    cfg = recorded_encoder_config(meta)
+    return lambda: {"encoder": Encoder(cfg).init(jax.random.PRNGKey(0),
+                                                 jnp.ones((1, 1), jnp.int32))["params"]}
 
-  checkpointer = _open_checkpoints(workdir)
-  try:
-    # A reader leaves the workdir as it found it: nothing is moved aside.
-    restored = checkpointer.restore_newest(target, move_aside=False)
-  finally:
-    checkpointer.close()
-  if restored is None:
-    raise ValueError(f"no checkpoint under {checkpointer.directory!r} restores and verifies")
-  state, meta = restored
-  return recorded_encoder_config(meta), {"params": state["params"]["encoder"]}
+  params, meta = load_params(workdir, init_for, mesh)
+  return recorded_encoder_config(meta), {"params": params["encoder"]}

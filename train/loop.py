@@ -16,7 +16,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from flax_encoder import sharding
-from train import data, launch, masked_lm, settings
+from train import data, launch, memory, settings, tasks
 from train.checkpoint import Checkpointer
 from train.errors import RunError
 from train.metrics import MetricWriter, read_metrics
@@ -39,7 +39,7 @@ def evaluate(eval_fn, params, batches) -> dict:
   sums = {}
   for batch in batches:
     for name, value in jax.device_get(eval_fn(params, batch)).items():
-      sums[name] = sums.get(name, 0.0) + float(value)
+      sums[name] = sums.get(name, 0.0) + np.asarray(value, np.float64)
   return sums
 
 
@@ -86,38 +86,71 @@ class StopRequest:
 class _Progress:
   """Step metrics on their way to the host, read once per log step (the loop's only host
   sync): checked for a non-finite loss, written with the log window's throughput, shown on
-  the progress bar."""
+  the progress bar, which counts the steps that have finished, not those dispatched."""
 
   def __init__(self, writer: MetricWriter | None, bar: tqdm, log_every: int):
     self.writer, self.bar, self.log_every = writer, bar, log_every
     self.pending = []  # (step, device metrics) not yet read
+    self.finished = 0  # of them, those whose step is done (shown on the bar)
     # The log window: its start, tokens trained, and seconds the loop waited for the next
     # batch (steps run asynchronously, so a window is input-bound when that wait nears its
-    # length).
+    # length); `profiled` marks a window that held profiled steps (slower).
     self.start, self.tokens, self.data_wait_s = time.perf_counter(), 0, 0.0
+    self.profiled = False
 
   def add(self, step: int, metrics: dict, tokens: int, data_wait_s: float) -> None:
     self.pending.append((step, metrics))
     self.tokens += tokens
     self.data_wait_s += data_wait_s
-    self.bar.update(1)
+    while self.finished < len(self.pending) and self.pending[self.finished][1]["loss"].is_ready():
+      self.finished += 1
+      self.bar.update(1)
 
   def flush(self, step: int) -> tuple[int, float] | None:
     """Reads and records the pending metrics; returns (step, loss) of a non-finite loss."""
     fetched, self.pending = jax.device_get(self.pending), []
+    self.bar.update(len(fetched) - self.finished)
+    self.finished = 0
     bad = next(((s, m["loss"]) for s, m in fetched if not np.isfinite(m["loss"])), None)
     if bad is not None:
       return bad
     now = time.perf_counter()
     window = {"tokens_per_s": self.tokens / (now - self.start), "data_wait_s": self.data_wait_s,
               "data_wait_fraction": self.data_wait_s / (now - self.start)}
-    self.start, self.tokens, self.data_wait_s = now, 0, 0.0
+    if self.profiled:
+      window["profiled"] = 1.0
+    self.start, self.tokens, self.data_wait_s, self.profiled = now, 0, 0.0, False
     for s, m in fetched:
       if self.writer and (s % self.log_every == 0 or s == step):
         self.writer.write(s, "train", {**m, **window})
     self.bar.set_postfix(loss=f"{fetched[-1][1]['loss']:.3f}",
                          tok_s=f"{window['tokens_per_s']:,.0f}")
     return None
+
+
+class _Profiler:
+  """A JAX profiler trace of steps start … start + steps - 1 under `directory`, by process 0."""
+
+  def __init__(self, start: int, steps: int, directory: str):
+    self.start, self.last, self.directory = start, start + steps - 1, directory
+    self.on = steps > 0 and jax.process_index() == 0
+    self.tracing = False
+
+  def before(self, step: int) -> None:
+    """Called before step `step` (counting from 1) is dispatched."""
+    if self.on and step == self.start:
+      jax.profiler.start_trace(self.directory)
+      self.tracing = True
+
+  def after(self, step: int, metrics, progress: _Progress) -> None:
+    if self.tracing:
+      progress.profiled = True
+      if step == self.last:
+        jax.block_until_ready(metrics)
+        jax.profiler.stop_trace()
+        self.tracing = False
+        print(f"profile of steps {self.start} to {self.last} in {self.directory}",
+              file=sys.stderr)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = False) -> int:
@@ -141,18 +174,15 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     stack.callback(checkpointer.close)
     stack.callback(checkpointer.wait)  # runs before close: the last save is on disk
     resume = _resume_point(checkpointer, config, allow_changes)
-    windows = data.windows(config, workdir, resume is not None, allow_changes)
+    setup = tasks.setup(config, workdir, resume is not None, allow_changes)
     if resume is not None:
-      _check_same_data(resume, windows, config, allow_changes)
-    cfg = settings.encoder_config(config.model, windows.vocab_size, windows.source,
-                                  train_config.seq_len)
-    task = masked_lm.task(config, cfg, data.most_frequent_token(windows.train))
-    tx, schedule = make_optimizer(config.optim, cfg.d_model)
+      _check_same_data(resume, setup.record, allow_changes)
+    task = setup.task
+    tx, schedule = make_optimizer(config.optim, setup.encoder.d_model, train_config.num_steps)
     mesh = _mesh(config)
-    record = {"config": config.to_json(), "encoder": settings.encoder_record(cfg),
-              "dataset": windows.identity}
+    record = {"config": config.to_json(), **setup.record}
 
-    train_iter = data.TrainBatches(windows.train, train_config.batch_size, train_config.seed,
+    train_iter = data.TrainBatches(setup.train, train_config.batch_size, train_config.seed,
                                    config.data.workers)
     stack.callback(train_iter.close)
     writer = MetricWriter(workdir) if primary else None
@@ -163,9 +193,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     eval_batch = jax.jit(task.batch)
     eval_data = [eval_batch(data.to_devices(rows, mesh), jax.random.fold_in(eval_key, i))
                  for i, rows in enumerate(data.eval_batches(
-                     windows.eval[:config.data.max_eval_windows], train_config.batch_size))]
+                     setup.eval, train_config.batch_size, setup.eval_fill))]
     if resume is None:
       state = init_state(task, tx, train_config.seed, train_config.seq_len, mesh)
+      if setup.start_params is not None:
+        state = _with_params(state, setup.start_params)
     else:
       target = abstract_state(task, tx, train_config.seq_len, mesh)
       state = checkpointer.restore(resume[0], target, train_iter)
@@ -174,25 +206,26 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     # The mesh and the rules in context let the encoder constrain its activations' layout.
     stack.enter_context(jax.set_mesh(mesh))
     stack.enter_context(nn.logical_axis_rules(sharding.RULES))
-    # The state keeps its layout from step to step (no recompiles, donation reuses its buffers).
-    state_shardings = jax.tree.map(lambda x: x.sharding, state)
-    train_step = jax.jit(make_train_step(task, tx, schedule),
-                         out_shardings=(state_shardings, None), donate_argnums=0)
+    train_step = _compiled_step(task, tx, schedule, state, setup.train, config, mesh)
     eval_step = jax.jit(task.eval_sums)
     step = int(state.step)
     bar = stack.enter_context(tqdm(total=train_config.num_steps, initial=step, desc="train",
                                    unit="step", dynamic_ncols=True, disable=not primary))
     progress = _Progress(writer, bar, train_config.log_every)
+    profiler = _Profiler(train_config.profile_start, train_config.profile_steps,
+                         os.path.join(workdir, "profile"))
     stop = StopRequest()
     stack.callback(stop.restore)
     exit_code = 0
     while step < train_config.num_steps:
+      profiler.before(step + 1)
       waiting = time.perf_counter()
       batch = data.to_devices(next(train_iter), mesh)
       waited = time.perf_counter() - waiting
       state, metrics = train_step(state, batch)
       step += 1
-      progress.add(step, metrics, int(batch.size), waited)
+      progress.add(step, metrics, _token_count(batch), waited)
+      profiler.after(step, metrics, progress)
       is_last = step == train_config.num_steps
       stopping = stop.stopping(step, train_config.log_every, after=metrics)
       save_now = step % train_config.checkpoint_every == 0 or is_last or stopping
@@ -218,10 +251,51 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
     plot_run(records, schedule, train_config.num_steps, os.path.join(workdir, "plots"))
     final = [r for r in records if r["split"] == "eval"][-1]
+    f1 = f", macro-F1 {final['macro_f1']:.3f}" if "macro_f1" in final else ""
     print(f"step {step}: eval accuracy {final['accuracy']:.3f} (baseline "
-          f"{final['baseline_accuracy']:.3f}), eval loss {final['loss']:.3f}; plots in "
+          f"{final['baseline_accuracy']:.3f}){f1}, eval loss {final['loss']:.3f}; plots in "
           f"{os.path.join(workdir, 'plots')}")
   return exit_code
+
+
+def _compiled_step(task, tx, schedule, state, rows, config, mesh):
+  """The training step, compiled before the first batch, its memory checked against the
+  devices' (a RunError if it cannot fit) and logged."""
+  # The state keeps its layout from step to step (no recompiles, donation reuses its buffers).
+  state_shardings = jax.tree.map(lambda x: x.sharding, state)
+  step = jax.jit(make_train_step(task, tx, schedule, config.train.grad_accum_steps),
+                 out_shardings=(state_shardings, None), donate_argnums=0)
+  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      (config.train.batch_size, *x.shape[1:]), x.dtype, sharding=sharding.batch_sharding(mesh)),
+                       rows)
+  compiled = step.lower(state, batch).compile()
+  needs = memory.step_memory(compiled)
+  if jax.process_index() == 0:
+    print(f"memory: {needs}", file=sys.stderr)
+  memory.check_fits(needs)
+  return compiled
+
+
+def _with_params(state, start_params: dict):
+  """`state` with the subtrees of its parameters that `start_params` names (numpy or jax
+  arrays of the same shapes and dtypes) in place of the fresh ones, laid out as those."""
+  def place(new, old):
+    if new.shape != old.shape or new.dtype != old.dtype:
+      raise ValueError(f"a starting parameter of shape {new.shape} {new.dtype} replaces one of "
+                       f"{old.shape} {old.dtype}")
+    if isinstance(new, jax.Array):
+      return jax.device_put(new, old.sharding)
+    host = np.asarray(new)
+    return jax.make_array_from_callback(host.shape, old.sharding, lambda index: host[index])
+
+  placed = {name: jax.tree.map(place, tree, state.params[name])
+            for name, tree in start_params.items()}
+  return state.replace(params={**state.params, **placed})
+
+
+def _token_count(batch) -> int:
+  """Tokens in a batch of rows: windows of ids, or examples whose ids are batch['tokens']."""
+  return int(batch["tokens"].size if isinstance(batch, dict) else batch.size)
 
 
 def _resume_point(checkpointer: Checkpointer, config, allow_changes: bool):
@@ -237,15 +311,15 @@ def _resume_point(checkpointer: Checkpointer, config, allow_changes: bool):
   return newest
 
 
-def _check_same_data(resume, windows: data.Windows, config, allow_changes: bool) -> None:
-  """RunError if the prepared data is not what the checkpoint was trained on."""
+def _check_same_data(resume, record: dict, allow_changes: bool) -> None:
+  """RunError if the data is not what the checkpoint was trained on."""
   step, meta = resume
   recorded = meta.get("dataset")
-  if recorded and recorded != windows.identity and not allow_changes:
-    raise RunError(f"config.data.prepared: {config.data.prepared or windows.source} is not the "
-                   f"data the checkpoint (step {step}) was trained on: it was prepared again "
-                   f"since (its dataset.json differs); point at the run's data, train in a new "
-                   f"workdir, or pass --allow_changes to resume on it")
+  if recorded and recorded != record["dataset"] and not allow_changes:
+    raise RunError(f"config.data: {record.get('source', 'the data')} is not the data the "
+                   f"checkpoint (step {step}) was trained on: it was prepared again since (its "
+                   f"dataset.json differs); point at the run's data, train in a new workdir, or "
+                   f"pass --allow_changes to resume on it")
 
 
 def _mesh(config) -> jax.sharding.Mesh:
@@ -255,6 +329,12 @@ def _mesh(config) -> jax.sharding.Mesh:
     sharding.check_batch_divisible(config.train.batch_size, mesh, "config.train.batch_size")
   except ValueError as e:
     raise RunError(str(e) if str(e).startswith("config.") else f"config.mesh: {e}") from None
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  microbatch = config.train.batch_size // config.train.grad_accum_steps
+  if microbatch % shards:
+    raise RunError(f"config.train.grad_accum_steps: {config.train.grad_accum_steps}, expected "
+                   f"microbatches (batch_size / grad_accum_steps = {microbatch} rows) that "
+                   f"split over the {shards} devices of the mesh")
   if mesh.size > 1:
     print(f"mesh: data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']} over {mesh.size} "
           f"{jax.default_backend()} devices in {jax.process_count()} process(es)", file=sys.stderr)

@@ -1,9 +1,14 @@
-"""The paper's optimizer (section 5.3): Adam(0.9, 0.98, 1e-9) with warm-up then 1/sqrt(step)."""
+"""The optimizers: the paper's (section 5.3), Adam(0.9, 0.98, 1e-9) with warm-up then
+1/sqrt(step), and the usual fine-tuning recipe, AdamW with linear warm-up then linear decay
+and no weight decay on biases and LayerNorm scales. optax provides every piece."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import optax
+
+RECIPES = ("paper", "adamw")
 
 
 def paper_schedule(d_model: int, warmup_steps: int, lr_scale: float = 1.0) -> optax.Schedule:
@@ -22,10 +27,33 @@ def paper_schedule(d_model: int, warmup_steps: int, lr_scale: float = 1.0) -> op
   return schedule
 
 
-def make_optimizer(optim, d_model: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """Adam with the paper's schedule, after optional global-norm clipping (optim.clip_norm)."""
-  schedule = paper_schedule(d_model, optim.warmup_steps, optim.lr_scale)
-  adam = optax.adam(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps)
+def warmup_then_linear_decay(peak: float, warmup_steps: int, num_steps: int) -> optax.Schedule:
+  """0 -> `peak` over `warmup_steps` updates, then linearly to 0 at `num_steps`."""
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, peak, warmup_steps),
+       optax.linear_schedule(peak, 0.0, max(num_steps - warmup_steps, 1))], [warmup_steps])
+
+
+def decays(params):
+  """True for the weights weight decay applies to: not biases, not LayerNorm scales."""
+  def leaf(path, _):
+    name = str(getattr(path[-1], "key", path[-1]))
+    return not (name.endswith("bias") or name == "scale")
+  return jax.tree_util.tree_map_with_path(leaf, params)
+
+
+def make_optimizer(optim, d_model: int,
+                   num_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """config.optim's recipe, after optional global-norm clipping (optim.clip_norm):
+  "paper": Adam with the paper's schedule (lr_scale, warmup_steps); "adamw": AdamW at
+  optim.learning_rate with optim.weight_decay, warm-up then linear decay to 0 at num_steps."""
+  if optim.recipe == "paper":
+    schedule = paper_schedule(d_model, optim.warmup_steps, optim.lr_scale)
+    tx = optax.adam(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps)
+  else:
+    schedule = warmup_then_linear_decay(optim.learning_rate, optim.warmup_steps, num_steps)
+    tx = optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps,
+                     weight_decay=optim.weight_decay, mask=decays)
   if optim.clip_norm is None:
-    return adam, schedule
-  return optax.chain(optax.clip_by_global_norm(optim.clip_norm), adam), schedule
+    return tx, schedule
+  return optax.chain(optax.clip_by_global_norm(optim.clip_norm), tx), schedule

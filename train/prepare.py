@@ -128,13 +128,8 @@ class Source:
         self._digest.update(text.encode("utf-8"))
         yield text, True
     elif self.path.endswith((".jsonl", ".json")):
-      for number, line in self._lines():
-        if not line.strip():
-          continue
-        try:
-          text = json.loads(line)[text_field]
-        except (ValueError, KeyError, TypeError):
-          text = None
+      for number, record in self.records():
+        text = record.get(text_field)
         if not isinstance(text, str):
           raise PrepareError(f"{self.path}:{number}: not a JSON object with a string field "
                              f"{text_field!r} (--text-field)")
@@ -147,6 +142,19 @@ class Source:
         previous = block
       if previous is not None:
         yield previous, True
+
+  def records(self) -> Iterator[tuple[int, dict]]:
+    """(line number, JSON object) of each non-blank line of a JSON-lines file."""
+    for number, line in self._lines():
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except ValueError as e:
+        raise PrepareError(f"{self.path}:{number}: not valid JSON ({e})") from None
+      if not isinstance(record, dict):
+        raise PrepareError(f"{self.path}:{number}: not a JSON object")
+      yield number, record
 
   def _lines(self) -> Iterator[tuple[int, str]]:
     """(line number, text) of a UTF-8 file."""
@@ -249,7 +257,8 @@ def _encoder(spec: TokenizerSpec, workers: int):
     pool.terminate()
 
 
-def _encoded(units: Iterator, encode: Callable, in_flight: int) -> Iterator[tuple[tuple, np.ndarray]]:
+def _encoded(units: Iterator, encode: Callable,
+             in_flight: int) -> Iterator[tuple[tuple, np.ndarray]]:
   """(unit, its ids) in order, `in_flight` units at a time (bounding the memory held)."""
   while batch := list(itertools.islice(units, in_flight)):
     yield from zip(batch, encode(batch))
@@ -358,7 +367,7 @@ class _WindowWriter:
 
 
 @contextlib.contextmanager
-def _temporary_directory(out: str):
+def temporary_directory(out: str):
   """A fresh directory beside `out`, renamed to `out` if the block completes, else removed."""
   tmp = f"{out.rstrip(os.sep)}.tmp-{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
@@ -385,7 +394,7 @@ def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size:
     raise PrepareError(f"--out {out!r} already exists; remove it or choose another directory")
   sources = [Source(p) for p in expand(patterns)]
   held_out_every = round(1 / eval_fraction)
-  with _temporary_directory(out) as tmp:
+  with temporary_directory(out) as tmp:
     spec, tokenizer_file = _tokenizer_in(tmp, tokenizer, vocab_size, sources, text_field,
                                          sample_mb)
     tokenizer_vocab = spec.load().size

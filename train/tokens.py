@@ -39,17 +39,18 @@ class TokenizerSpec:
   kind: str  # one of KINDS
   path: str | None = None  # the .model (sentencepiece) or tokenizer.json (huggingface)
 
-  def load(self) -> Tokenizer:
-    return Tokenizer(self)
+  def load(self, offset: int = FIRST_TOKEN_ID) -> Tokenizer:
+    return Tokenizer(self, offset)
 
 
 class Tokenizer:
-  """Text -> ids in this project's numbering (the tokenizer's own ids + FIRST_TOKEN_ID)."""
+  """Text -> ids: the tokenizer's own ids + `offset`, FIRST_TOKEN_ID in this project's
+  numbering (0 for a model trained on the tokenizer's own ids, elsewhere)."""
 
-  def __init__(self, spec: TokenizerSpec):
+  def __init__(self, spec: TokenizerSpec, offset: int = FIRST_TOKEN_ID):
     if spec.kind not in KINDS:
       raise ValueError(f"tokenizer kind must be one of {KINDS}, got {spec.kind!r}")
-    self.spec = spec
+    self.spec, self.offset = spec, offset
     self._model = None
     if spec.kind == "sentencepiece":
       import sentencepiece as spm
@@ -69,31 +70,32 @@ class Tokenizer:
 
   @property
   def vocab_size(self) -> int:
-    """Ids in this project's numbering: FIRST_TOKEN_ID + size."""
-    return FIRST_TOKEN_ID + self.size
+    """Ids the encoded texts can hold: offset + size."""
+    return self.offset + self.size
 
   def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
     """Each text's ids (int32), special ids not added."""
     if self.spec.kind == "bytes":
-      return [encode_bytes(t) for t in texts]
-    if self.spec.kind == "sentencepiece":
+      ids = [np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts]
+    elif self.spec.kind == "sentencepiece":
       ids = self._model.encode(texts)
     else:
       ids = [e.ids for e in self._model.encode_batch(texts, add_special_tokens=False)]
-    return [np.asarray(i, np.int32) + FIRST_TOKEN_ID for i in ids]
+    return [np.asarray(i, np.int32) + self.offset for i in ids]
 
   def pieces(self, ids) -> list[str]:
     """A readable label for each id (a byte, a piece), for plots."""
     labels = []
     for i in np.asarray(ids).ravel().tolist():
-      if i < FIRST_TOKEN_ID:
+      own = i - self.offset
+      if own < 0:
         labels.append({PAD_ID: "<pad>", MASK_ID: "<mask>", SEPARATOR_ID: "<sep>"}.get(i, "<?>"))
       elif self.spec.kind == "bytes":
-        labels.append(bytes([i - FIRST_TOKEN_ID]).decode("latin-1"))
+        labels.append(bytes([own]).decode("latin-1"))
       elif self.spec.kind == "sentencepiece":
-        labels.append(self._model.id_to_piece(i - FIRST_TOKEN_ID))
+        labels.append(self._model.id_to_piece(own))
       else:
-        labels.append(self._model.id_to_token(i - FIRST_TOKEN_ID))
+        labels.append(self._model.id_to_token(own))
     return labels
 
 

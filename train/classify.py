@@ -1,0 +1,326 @@
+r"""Fine-tuning: the encoder and a classification head trained on the user's labelled texts.
+
+  python -m train --config=configs/classify.py --workdir runs/cls \
+      --config.data.train=train.jsonl --config.data.eval=eval.jsonl \
+      [--config.init.run=runs/demo | --config.init.torch_checkpoint=model.pt \
+       --config.init.n_heads=8]
+
+The task of the training loop's second kind (`ClassifyTask`, beside `masked_lm.MaskedLMTask`):
+the model is the encoder, a pooling over the real tokens (their mean, or the first token),
+dropout and a dense layer to one logit per class; the loss is cross-entropy; evaluation
+reports accuracy, macro-F1 and the majority-class baseline. The encoder starts from a
+pretraining run's newest verified checkpoint (`config.init.run`: its sizes and tokenizer), from
+a PyTorch checkpoint (`config.init.torch_checkpoint`, sizes read off the weights, and the
+classifier's Linear from `config.init.torch_head` if given), or from scratch. The examples
+(train.examples) are prepared once into WORKDIR/data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from flax_encoder import Encoder, EncoderConfig
+from flax_encoder.dense import dense
+from flax_encoder.dropout import Dropout
+from train import data, examples, settings
+from train.errors import RunError
+from train.step import Setup
+from train.tokens import KINDS, TokenizerSpec
+
+POOLINGS = ("mean", "first")
+# The encoder's fields that its parameters fix: a pretrained encoder brings its own, and a
+# config that gives one must agree with it. The others (dropout, dtype, attention, remat) are
+# the fine-tuning run's own.
+ARCHITECTURE = ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len",
+                "norm_position", "final_norm", "layer_norm_eps", "activation", "param_dtype",
+                "scan_layers")
+
+
+def pool(hidden: jax.Array, real: jax.Array, pooling: str) -> jax.Array:
+  """[batch, seq, d] -> [batch, d]: the mean over the real tokens (`real`: bool [batch, seq];
+  a row without one pools to 0), or the first token."""
+  if pooling == "first":
+    return hidden[:, 0]
+  weights = real.astype(hidden.dtype)[..., None]
+  return jnp.sum(hidden * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1)
+
+
+class Classifier(nn.Module):
+  """The encoder, pooled, then dropout and a dense layer to `num_labels` logits."""
+
+  config: EncoderConfig
+  num_labels: int
+  pooling: str = "mean"
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
+    """int [batch, seq] -> logits [batch, num_labels], float32."""
+    cfg = self.config
+    hidden = Encoder(cfg, name="encoder")(tokens, deterministic=deterministic)
+    pooled = pool(hidden, tokens != cfg.pad_id, self.pooling)
+    pooled = Dropout(cfg.dropout)(pooled, deterministic=deterministic)
+    logits = dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(pooled)
+    return logits.astype(jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifyTask:
+  """Classification as `train.step` runs it (see `train.step.Task`). A batch holds 'tokens'
+  [batch, seq] and 'labels' [batch]; a label of -1 pads the last held-out batch."""
+
+  model: Classifier
+  label_smoothing: float
+  baseline_label: int  # the training data's commonest class
+
+  def init(self, rng: jax.Array, seq_len: int):
+    return self.model.init(rng, jnp.ones((1, seq_len), jnp.int32))["params"]
+
+  def batch(self, rows: dict, key: jax.Array) -> dict:
+    return rows  # nothing drawn: the examples are the batch
+
+  def loss_count(self, batch: dict) -> jax.Array:
+    return jnp.sum(batch["labels"] >= 0)
+
+  def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
+    logits = self.model.apply({"params": params}, batch["tokens"], deterministic=False,
+                              rngs={"dropout": dropout_rng})
+    labels = optax.smooth_labels(jax.nn.one_hot(batch["labels"], self.model.num_labels),
+                                 self.label_smoothing)
+    return jnp.sum(optax.softmax_cross_entropy(logits, labels) * (batch["labels"] >= 0))
+
+  def eval_sums(self, params, batch: dict) -> dict:
+    logits = self.model.apply({"params": params}, batch["tokens"])
+    labels = batch["labels"]
+    valid = labels >= 0
+    predicted = jnp.argmax(logits, -1)
+    true_1hot = jax.nn.one_hot(labels, self.model.num_labels) * valid[:, None]
+    predicted_1hot = jax.nn.one_hot(predicted, self.model.num_labels) * valid[:, None]
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(labels, 0))
+    return {"ce": jnp.sum(ce * valid), "correct": jnp.sum((predicted == labels) & valid),
+            "baseline_correct": jnp.sum((labels == self.baseline_label) & valid),
+            "count": jnp.sum(valid), "true_positives": jnp.sum(true_1hot * predicted_1hot, 0),
+            "true": jnp.sum(true_1hot, 0), "predicted": jnp.sum(predicted_1hot, 0)}
+
+  @staticmethod
+  def eval_metrics(sums: dict) -> dict:
+    """Summed eval_sums -> loss, accuracy, the majority-class baseline's accuracy, and
+    macro-F1: the mean F1 over the classes that occur in the labels or the predictions."""
+    count = max(float(sums["count"]), 1.0)
+    seen = (sums["true"] + sums["predicted"]) > 0
+    f1 = 2 * sums["true_positives"][seen] / (sums["true"] + sums["predicted"])[seen]
+    return {"loss": float(sums["ce"]) / count, "accuracy": float(sums["correct"]) / count,
+            "baseline_accuracy": float(sums["baseline_correct"]) / count,
+            "macro_f1": float(np.mean(f1)) if f1.size else 0.0}
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the encoder starts from.
+
+
+@dataclasses.dataclass
+class _Start:
+  """The encoder's architecture fields, its parameters (or None) and its tokenizer."""
+  fields: dict
+  params: dict | None
+  tokenizer: TokenizerSpec | None  # None: config.data.tokenizer decides
+  source: str
+  head: dict | None = None  # the classifier's parameters, from a PyTorch Linear
+
+
+def _from_run(config) -> _Start:
+  from train.load import load_config, load_encoder
+  run = config.init.run
+  try:
+    cfg, variables = load_encoder(run)
+    run_config = load_config(run)
+  except (FileNotFoundError, ValueError) as e:
+    raise RunError(f"config.init.run: {run!r}, expected a training run's workdir ({e})") from None
+  if run_config.task.get("name", "masked_lm") != "masked_lm":
+    raise RunError(f"config.init.run: {run!r} is a {run_config.task.name} run, expected a "
+                   f"pretraining (masked_lm) run")
+  fields = {name: getattr(cfg, name) for name in ARCHITECTURE}
+  fields["param_dtype"] = np.dtype(fields["param_dtype"]).name
+  return _Start(fields, variables["params"], data.run_tokenizer(run_config, run), run)
+
+
+def _from_torch(config) -> _Start:
+  from flax_encoder.pytorch import (config_from_torch_state_dict, from_torch_state_dict,
+                                    load_torch_checkpoint)
+  init, path = config.init, config.init.torch_checkpoint
+  try:
+    state = load_torch_checkpoint(path)
+    cfg = config_from_torch_state_dict(state, init.n_heads, prefix=init.prefix)
+    params = from_torch_state_dict(state, cfg, prefix=init.prefix)["params"]
+  except (FileNotFoundError, ValueError, TypeError) as e:
+    raise RunError(f"config.init.torch_checkpoint: {path}: {e}".splitlines()[0]) from None
+  fields = {name: getattr(cfg, name) for name in ARCHITECTURE}
+  fields["param_dtype"] = np.dtype(fields["param_dtype"]).name
+  head = None
+  if init.torch_head:
+    weight, bias = (state.get(f"{init.torch_head}.{p}") for p in ("weight", "bias"))
+    if weight is None or bias is None:
+      raise RunError(f"config.init.torch_head: {init.torch_head!r}, expected the prefix of a "
+                     f"Linear in {path} (its .weight and .bias)")
+    head = {"kernel": np.asarray(weight).T, "bias": np.asarray(bias)}
+  return _Start(fields, params, None, path, head)
+
+
+def _start(config) -> _Start:
+  if config.init.run:
+    return _from_run(config)
+  if config.init.torch_checkpoint:
+    return _from_torch(config)
+  return _Start({}, None, None, "scratch")
+
+
+def _encoder_config(config, start: _Start, vocab_size: int, pad_id: int) -> EncoderConfig:
+  """config.model with the starting encoder's architecture; a field given in both must
+  agree. From scratch, fields left unset take configs/default.py's values."""
+  fields = {k: v for k, v in config.model.to_dict().items() if v is not None}
+  for name, value in start.fields.items():
+    given = fields.get(name)
+    if given is not None and given != value and not (
+        name == "param_dtype" and np.dtype(given) == np.dtype(value)):
+      raise RunError(f"config.model.{name}: {given!r}, but {start.source} has {value!r}; leave "
+                     f"it unset to take the pretrained encoder's")
+    fields[name] = value
+  if not start.fields:
+    from configs import default
+    defaults = default.get_config().model.to_dict()
+    fields = {**{k: v for k, v in defaults.items() if v is not None}, **fields}
+  fields.pop("vocab_size", None)
+  if start.fields and start.fields["vocab_size"] < vocab_size:
+    raise RunError(f"config.data.tokenizer: ids up to {vocab_size - 1}, but {start.source}'s "
+                   f"embedding has {start.fields['vocab_size']} rows")
+  try:
+    return EncoderConfig(vocab_size=start.fields.get("vocab_size", vocab_size), pad_id=pad_id,
+                         **fields)
+  except ValueError as e:
+    raise RunError(str(e).replace("EncoderConfig.", "config.model.")) from None
+
+
+def _tokenizer(config, start: _Start):
+  """The tokenizer (offset config.data.id_offset) and its file name in the data directory."""
+  given = config.data.tokenizer
+  if start.tokenizer is not None:  # a pretraining run's
+    if given is not None and _spec(given) != _fingerprint(start.tokenizer):
+      raise RunError(f"config.data.tokenizer: {given!r}, but {start.source} was trained with "
+                     f"its {start.tokenizer.kind} tokenizer ({start.tokenizer.path or 'bytes'});"
+                     f" leave it unset to take the run's")
+    spec = start.tokenizer
+  else:
+    spec = _as_spec(given or "bytes")
+  names = {"bytes": None, "sentencepiece": "tokenizer.model", "huggingface": "tokenizer.json"}
+  try:
+    return spec.load(config.data.id_offset), names[spec.kind]
+  except Exception as e:  # noqa: BLE001 - whatever the library says, name the file
+    raise RunError(f"config.data.tokenizer: {spec.path!r}, expected a readable {spec.kind} "
+                   f"tokenizer ({type(e).__name__}: {e})") from None
+
+
+def _as_spec(given: str) -> TokenizerSpec:
+  if given == "bytes":
+    return TokenizerSpec("bytes")
+  if not os.path.isfile(given):
+    raise RunError(f"config.data.tokenizer: {given!r}, expected 'bytes', a SentencePiece "
+                   f".model or a tokenizer.json")
+  kind = "huggingface" if given.endswith(".json") else "sentencepiece"
+  return TokenizerSpec(kind, os.path.abspath(given))
+
+
+def _fingerprint(spec: TokenizerSpec) -> tuple:
+  if spec.path is None:
+    return (spec.kind, None)
+  with open(spec.path, "rb") as f:
+    return (spec.kind, hashlib.sha256(f.read()).hexdigest())
+
+
+def _spec(given: str) -> tuple:
+  return _fingerprint(_as_spec(given))
+
+
+# ---------------------------------------------------------------------------------------------
+# What the loop needs.
+
+
+def setup(config, workdir: str, resuming: bool, allow_changes: bool) -> Setup:
+  """Fine-tuning on config.data.train and config.data.eval, from config.init."""
+  start = _start(config)
+  tokenizer, tokenizer_file = _tokenizer(config, start)
+  paths = {"train": config.data.train, "eval": config.data.eval}
+  if examples.BUILTIN in paths.values():
+    if set(paths.values()) != {examples.BUILTIN}:
+      raise RunError(f"config.data.eval: {paths['eval']!r}: the built-in task holds out its own "
+                     f"examples; set both config.data.train and config.data.eval to "
+                     f"{examples.BUILTIN!r}, or neither")
+    if jax.process_index() == 0:
+      paths = examples.write_builtin(os.path.join(workdir, "builtin"))
+    else:
+      paths = {s: os.path.join(workdir, "builtin", f"{s}.jsonl") for s in paths}
+  fields = {"text": config.data.text_field, "pair": config.data.pair_field,
+            "label": config.data.label_field}
+  directory = os.path.join(workdir, "data")
+  request = {"seq_len": config.train.seq_len, "fields": fields,
+             "tokenizer": {"kind": tokenizer.spec.kind, "file": tokenizer_file,
+                           "offset": tokenizer.offset},
+             "vocab_size": tokenizer.vocab_size, "pad_id": config.data.pad_id,
+             "separator_id": config.data.separator_id}
+  same_request = lambda meta: (all(meta.get(k) == v for k, v in request.items()) and
+                               [i["path"] for i in meta["inputs"]] == list(paths.values()))
+  build = lambda d: examples.prepare_examples(paths, d, tokenizer, tokenizer_file,
+                                              config.train.seq_len, fields, config.data.pad_id,
+                                              config.data.separator_id)
+  data.prepare_once(directory, same_request, build, resuming, allow_changes, "config.data")
+  loaded = examples.load_examples(directory)
+  meta = loaded["meta"]
+  cfg = _encoder_config(config, start, meta["vocab_size"], config.data.pad_id)
+  if config.train.seq_len > cfg.max_len:
+    raise RunError(f"config.train.seq_len: {config.train.seq_len}, expected <= the encoder's "
+                   f"max_len ({cfg.max_len})")
+  labels = meta["labels"]
+  params = _start_params(start, cfg, labels, config)
+  counts = np.bincount(np.asarray(loaded["train"]["labels"]), minlength=len(labels))
+  model = Classifier(cfg, len(labels), config.task.pooling)
+  task = ClassifyTask(model, config.optim.label_smoothing, int(np.argmax(counts)))
+  if jax.process_index() == 0:
+    cut = {s: n for s, n in meta["truncated"].items() if n}
+    print(f"fine-tuning from {start.source}: {len(labels)} classes, "
+          f"{meta['examples']['train']} training and {meta['examples']['eval']} held-out "
+          f"examples" + (f"; truncated to {config.train.seq_len} ids: "
+                         + ", ".join(f"{n} {s}" for s, n in cut.items()) if cut else ""),
+          file=sys.stderr)
+  return Setup(task=task, encoder=cfg, train=loaded["train"], eval=loaded["eval"],
+               eval_fill={"tokens": config.data.pad_id, "labels": -1},
+               record={"encoder": settings.encoder_record(cfg), "dataset": loaded["identity"],
+                       "source": directory, "labels": labels, "start": start.source},
+               start_params=params)
+
+
+def _start_params(start: _Start, cfg: EncoderConfig, labels: list, config):
+  """The parameters to start from (encoder, and the classifier from a PyTorch head), or None."""
+  if start.params is None:
+    return None
+  num_labels = len(labels)
+  if start.head is None:
+    return {"encoder": start.params}
+  kernel = start.head["kernel"]
+  if labels != list(range(num_labels)):
+    raise RunError(f"config.init.torch_head: {config.init.torch_head!r} scores classes "
+                   f"0 … {kernel.shape[1] - 1} in its rows' order; expected the labels to be "
+                   f"those integers, got {labels[:5]}…")
+  if kernel.shape != (cfg.d_model, num_labels):
+    raise RunError(f"config.init.torch_head: {config.init.torch_head!r} is a Linear "
+                   f"{kernel.shape[0]} -> {kernel.shape[1]}, expected {cfg.d_model} -> "
+                   f"{num_labels} (the data's classes)")
+  dtype = np.dtype(cfg.param_dtype)
+  return {"encoder": start.params,
+          "classifier": {"kernel": kernel.astype(dtype), "bias": start.head["bias"].astype(dtype)}}

@@ -1,0 +1,135 @@
+r"""A fine-tuned run's predictions for new texts.
+
+  python -m train.predict --workdir runs/cls --input new.jsonl --out predictions.jsonl
+
+Each line of --input is a JSON object with the text under the run's text field ("text"; a
+"text_pair" too if the run was trained on pairs; a label is ignored). Each line of --out is
+{"label": the most probable class, "probabilities": {class: p, ...}}, in input order. Lines are
+read, predicted and written a chunk at a time, so any number of them takes bounded memory;
+in a chunk, examples are padded to the smallest of a few lengths that holds them (16, 32, …,
+the run's seq_len), so the model compiles once per length. The parameters are the newest
+verified checkpoint's; the tokenizer and classes are the run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flax_encoder import EncoderConfig
+from flax_encoder.inference import DEFAULT_BUCKETS
+from train import examples, prepare, tokens
+from train.classify import Classifier
+from train.errors import RunError
+from train.load import load_config, load_params
+
+_CHUNK = 1024  # lines in memory at once
+
+
+class Predictor:
+  """A fine-tuned run's classifier, tokenizer and classes, read from its workdir."""
+
+  def __init__(self, workdir: str, batch_size: int = 64):
+    config = load_config(workdir)
+    if config.task.get("name") != "classify":
+      raise RunError(f"--workdir {workdir}: a {config.task.get('name', 'masked_lm')} run, "
+                     f"expected a fine-tuning (classify) run")
+    directory = os.path.join(workdir, "data")
+    meta = examples.load_examples(directory)["meta"]
+    self.spec = tokens.spec_of_dataset(directory, meta)
+    self.tokenizer = self.spec.load(meta["tokenizer"]["offset"])
+    self.fields, self.seq_len, self.batch_size = meta["fields"], meta["seq_len"], batch_size
+    self.pad_id, self.separator_id = meta["pad_id"], meta["separator_id"]
+
+    def init_for(record):
+      model = Classifier(EncoderConfig(**record["encoder"]), len(record["labels"]),
+                         config.task.pooling)
+      return lambda: model.init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
+
+    self.params, record = load_params(workdir, init_for)
+    self.labels = record["labels"]
+    model = Classifier(EncoderConfig(**record["encoder"]), len(self.labels), config.task.pooling)
+    self._probabilities = jax.jit(
+        lambda params, ids: jax.nn.softmax(model.apply({"params": params}, ids)))
+    self.buckets = [b for b in DEFAULT_BUCKETS if b < self.seq_len] + [self.seq_len]
+
+  def probabilities(self, texts: list[str], pairs: list[str | None]) -> np.ndarray:
+    """[len(texts), classes]: each example's class probabilities, in order."""
+    firsts = self.tokenizer.encode_batch(texts)
+    seconds = self.tokenizer.encode_batch([p or "" for p in pairs])
+    rows = [examples.example_ids(a, b if p is not None else None, self.seq_len,
+                                 self.separator_id)[0] for a, b, p in zip(firsts, seconds, pairs)]
+    out = np.zeros((len(rows), len(self.labels)), np.float32)
+    by_bucket = {}
+    for i, row in enumerate(rows):
+      by_bucket.setdefault(next(b for b in self.buckets if len(row) <= b), []).append(i)
+    for bucket, indices in sorted(by_bucket.items()):
+      for start in range(0, len(indices), self.batch_size):
+        batch = indices[start:start + self.batch_size]
+        ids = np.full((self.batch_size, bucket), self.pad_id, np.int32)  # one shape a bucket
+        for j, i in enumerate(batch):
+          ids[j, :len(rows[i])] = rows[i]
+        out[batch] = np.asarray(self._probabilities(self.params, ids))[:len(batch)]
+    return out
+
+
+def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64) -> int:
+  """Writes the predictions for `input_path` to `out_path`; returns how many."""
+  predictor = Predictor(workdir, batch_size)
+  source = prepare.Source(input_path)
+  text_field, pair_field = predictor.fields["text"], predictor.fields["pair"]
+
+  def lines():
+    try:
+      for number, record in source.records():
+        text, pair = record.get(text_field), record.get(pair_field)
+        if not isinstance(text, str) or (pair is not None and not isinstance(pair, str)):
+          raise RunError(f"{input_path}:{number}: expected a string {text_field!r} field (and "
+                         f"optionally {pair_field!r})")
+        yield text, pair
+    except prepare.PrepareError as e:
+      raise RunError(str(e)) from None
+    except FileNotFoundError:
+      raise RunError(f"--input {input_path}: no such file") from None
+
+  count, stream = 0, lines()
+  tmp = out_path + ".tmp"
+  with open(tmp, "w") as out:
+    while chunk := list(itertools.islice(stream, _CHUNK)):
+      probabilities = predictor.probabilities([t for t, _ in chunk], [p for _, p in chunk])
+      for row in probabilities:
+        out.write(json.dumps({"label": predictor.labels[int(np.argmax(row))],
+                              "probabilities": {str(label): round(float(p), 6)
+                                                for label, p in zip(predictor.labels, row)}})
+                  + "\n")
+      count += len(chunk)
+  os.replace(tmp, out_path)
+  return count
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m train.predict", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workdir", required=True, help="a fine-tuning run")
+  parser.add_argument("--input", required=True, help="JSON lines with the texts")
+  parser.add_argument("--out", required=True, help="JSON lines of predictions, in order")
+  parser.add_argument("--batch-size", type=int, default=64)
+  args = parser.parse_args(argv)
+  try:
+    count = predict(args.workdir, args.input, args.out, args.batch_size)
+  except (RunError, FileNotFoundError) as e:
+    print(f"predict: error: {e}", file=sys.stderr)
+    return 2
+  print(f"{args.out}: {count} predictions")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
