@@ -17,8 +17,9 @@ def environment(devices: int | None = None) -> dict:
   env = {**os.environ,
          "JAX_COMPILATION_CACHE_DIR": os.path.join(ROOT, ".pytest_cache", "jax"),
          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-  if devices:
+  if devices:  # simulated CPU devices, on a machine with an accelerator too
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
   return env
 
 

@@ -135,7 +135,8 @@ def _compare(module, found: EncoderKeys, config: EncoderConfig, tokens: np.ndarr
     # Grad mode stays on: under no_grad nn.TransformerEncoderLayer takes a fused fast path
     # that skips its submodules' hooks.
     with torch.enable_grad():
-      source = torch.as_tensor(np.asarray(tokens), dtype=torch.int64)
+      device = next(module.parameters()).device  # the report runs where the module is
+      source = torch.as_tensor(np.asarray(tokens), dtype=torch.int64, device=device)
       output = call(module, source) if call is not None else module(source)
   finally:
     for h in handles:

@@ -1,0 +1,486 @@
+r"""One command that checks the whole program on the accelerator JAX sees, and measures it.
+
+  python -m benchmarks.accelerator --out DIR                  # every part, about 15 minutes
+  python -m benchmarks.accelerator --out DIR --parts parity,attention
+  python -m benchmarks.accelerator --out DIR --tiny           # tiny sizes, on any machine
+
+Parts, in this order, each in a process of its own with a time limit (a part that fails or
+runs out of time is recorded and the next one runs); DIR/results.json, DIR/results.md and
+DIR/log.txt are written again as each part ends:
+
+  environment  the device; jax, jaxlib, flax, optax, orbax, torch, CUDA and cuDNN versions
+  suite        the library's tests with JAX on the accelerator, then the whole test suite with
+               JAX on this machine's CPU (its Python and packages)
+  parity       the Flax encoder against the PyTorch port, both on the accelerator, float32 with
+               full-precision matmuls on both sides (no TF32), every stage; then bfloat16
+               compute against float32, every stage
+  train_step   the training step python -m train runs (benchmarks/workload.py), paper-base
+               size, bfloat16 compute with float32 parameters, at 64x512 and 256x128, against
+               the PyTorch port under torch.compile with bfloat16 autocast on the same weights
+               and batches: tokens/s, MFU against the device's dense bf16 peak and against a
+               large matmul measured here
+  attention    reference, xla and cudnn attention: max error against float32, forward and
+               backward time, at 512 and 2048 tokens with padding
+  big          the big model with scanned layers, remat none, full and save_dots: step time
+               and peak memory
+  train_run    python -m train --config=configs/base.py for 2 minutes on the built-in data:
+               tokens/s and data_wait_fraction
+  profile      a JAX profiler trace of 3 training steps at 64x512 and its top kernels
+
+Without an accelerator (or with --tiny) every part runs at tiny sizes on the CPU in about two
+minutes, and the suite part is skipped: tests/test_accelerator.py runs it so, so that it keeps
+working. BENCHMARKS.md ("GPU") has the recipe for a lent GPU machine and its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import gzip
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (part, variant, seconds allowed on an accelerator); tiny runs get a fraction of that.
+JOBS = (("environment", None, 90), ("suite", None, 360), ("parity", None, 150),
+        ("train_step", None, 330), ("attention", None, 180), ("big", "none", 120),
+        ("big", "full", 120), ("big", "save_dots", 120), ("train_run", None, 200),
+        ("profile", None, 150))
+PARTS = tuple(dict.fromkeys(part for part, _, _ in JOBS))
+TINY_LIMIT_S = 120
+
+# Dense bfloat16 matmul peak by device kind (the vendors' datasheets), for MFU.
+DEVICE_PEAKS = (("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12),
+                ("L4", 121e12))
+# The library's own tests, run with JAX on the accelerator (float32 matmuls pinned to full
+# precision by tests/conftest.py); the rest of the suite tests the program on the CPU.
+LIBRARY_TESTS = ("tests/test_components.py", "tests/test_parity.py", "tests/test_packing.py",
+                 "tests/test_inference.py", "tests/test_convert.py", "tests/test_masked_lm.py",
+                 "tests/test_parity_report.py")
+
+
+# ---------------------------------------------------------------------------------------------
+# The parts. Each returns {"rows": [dict, ...], "notes": [str, ...]} and runs in its own
+# process (`--part`), so that a crash or a hang in one costs only that one.
+
+
+def environment(tiny: bool, variant=None) -> dict:
+  import flax
+  import jax
+  import jaxlib
+  import optax
+  import orbax.checkpoint
+  device = jax.devices()[0]
+  rows = [("backend", jax.default_backend()), ("device", device.device_kind),
+          ("devices", jax.device_count()), ("python", platform.python_version()),
+          ("jax", jax.__version__), ("jaxlib", jaxlib.__version__), ("flax", flax.__version__),
+          ("optax", optax.__version__), ("orbax-checkpoint", orbax.checkpoint.__version__)]
+  try:
+    from jax._src.lib import cuda_versions  # noqa: PLC0415 - present with the CUDA plugin only
+    rows += [("CUDA runtime (jax)", cuda_versions.cuda_runtime_get_version()),
+             ("cuDNN (jax)", cuda_versions.cudnn_get_version())]
+  except (ImportError, AttributeError, RuntimeError):
+    rows.append(("CUDA (jax)", "none"))
+  try:
+    import torch
+    rows += [("torch", torch.__version__), ("CUDA (torch)", torch.version.cuda),
+             ("cuDNN (torch)", torch.backends.cudnn.version() if torch.cuda.is_available()
+              else None)]
+  except ImportError:
+    rows.append(("torch", "not installed"))
+  try:
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,"
+                          "clocks.max.sm", "--format=csv,noheader"], capture_output=True,
+                         text=True, timeout=20, check=False).stdout.strip()
+    rows.append(("nvidia-smi", smi or "no GPU"))
+  except (OSError, subprocess.TimeoutExpired):
+    rows.append(("nvidia-smi", "not found"))
+  return {"rows": [{"what": k, "value": str(v)} for k, v in rows], "notes": []}
+
+
+def suite(tiny: bool, variant=None, limit_s: float = 340) -> dict:
+  if tiny:
+    return {"rows": [], "notes": ["skipped: no accelerator (the suite runs as it always does)"]}
+  deadline = time.monotonic() + limit_s
+  rows = []
+  for name, env, args in (
+      ("library tests, JAX on the accelerator", {}, list(LIBRARY_TESTS)),
+      ("whole suite, JAX on the CPU", {"JAX_PLATFORMS": "cpu"},
+       ["tests", "--ignore=tests/test_accelerator.py"])):
+    remaining = deadline - time.monotonic()
+    if remaining < 30:
+      rows.append({"run": name, "result": "not run: out of time"})
+      continue
+    start = time.monotonic()
+    try:
+      result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p",
+                               "no:cacheprovider", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=remaining, env={**os.environ, **env},
+                              check=False)
+      lines = [x for x in result.stdout.splitlines() if x.strip()]
+      summary = lines[-1] if lines else result.stderr[-300:]
+      failures = [x for x in lines if x.startswith(("FAILED", "ERROR"))][:5]
+    except subprocess.TimeoutExpired as e:
+      out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+      summary = f"timed out; {out.count('.')} tests had passed"
+      failures = []
+    rows.append({"run": name, "result": summary, "seconds": round(time.monotonic() - start),
+                 "failures": "; ".join(failures)})
+  return {"rows": rows, "notes": ["the whole suite with JAX on the CPU tests the program on "
+                                  "this machine's Python and packages; tests/test_multiprocess "
+                                  "simulates its devices on the CPU either way"]}
+
+
+def _paper_cfg(tiny: bool, **overrides):
+  import dataclasses
+
+  from benchmarks.workload import paper_base
+  cfg = paper_base(**overrides)
+  if tiny:
+    cfg = dataclasses.replace(cfg, d_model=32, n_heads=2, d_ff=64, n_layers=2, vocab_size=300)
+  return cfg
+
+
+def _best_attention() -> str:
+  import jax
+  return "cudnn" if jax.default_backend() == "gpu" else "xla"
+
+
+def parity(tiny: bool, variant=None) -> dict:
+  import dataclasses
+
+  import jax
+  import torch
+
+  from flax_encoder.pytorch import parity as report
+  from flax_encoder.pytorch import reference
+  torch.backends.cuda.matmul.allow_tf32 = False
+  torch.backends.cudnn.allow_tf32 = False
+  cfg = _paper_cfg(tiny, dropout=0.0)
+  device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+  torch.manual_seed(0)
+  module = reference.Encoder(cfg).to(device)
+  tokens = report.random_tokens(cfg, 4, 32 if tiny else 128, seed=0)
+  rows, _ = report.compare_module(module, cfg, tokens, prefix=None)
+  # The Flax encoder in bfloat16 (float32 parameters) against the same float32 PyTorch run.
+  bf16 = {r.name: r for r in report.compare_module(
+      module, dataclasses.replace(cfg, dtype="bfloat16"), tokens, prefix=None)[0]}
+  table = [{"stage": r.name, "float32 max abs err": f"{r.max_abs:.2e}",
+            "float32 max rel err": f"{r.max_rel:.2e}", "passes": r.passes(1e-5, 1e-4),
+            "bfloat16 max rel err": f"{bf16[r.name].max_rel:.2e}"} for r in rows]
+  worst = max(rows, key=lambda r: r.max_rel)
+  return {"rows": table, "notes": [
+      f"{device}: {cfg.n_layers} layers, d_model {cfg.d_model}, tokens {list(tokens.shape)}, "
+      f"PyTorch's N(0, 1) embedding; worst float32 relative error {worst.max_rel:.2e} at "
+      f"{worst.name} (target 1e-5); 'passes' is the parity report's rule, max abs err <= "
+      f"1e-5 + 1e-4 * max|PyTorch value|; relative errors are max abs err / max|PyTorch value|"]}
+
+
+def _device_peak(device_kind: str) -> float | None:
+  return next((peak for kind, peak in DEVICE_PEAKS if kind in device_kind), None)
+
+
+def train_step(tiny: bool, variant=None) -> dict:
+  import jax
+
+  from benchmarks.bench import interleaved, matmul_peak
+  from benchmarks.workload import flops_per_token, jax_side, predictions, torch_side
+  cfg = _paper_cfg(tiny, dtype="bfloat16", attention_impl=_best_attention())
+  device = jax.devices()[0].device_kind
+  on_gpu = jax.default_backend() == "gpu"
+  peak = matmul_peak("bfloat16", sizes=(256,) if tiny else (8192,), reps=3)
+  measured = max(r["flops_per_s"] for r in peak if r["impl"] == "jax")
+  nominal = _device_peak(device)
+  rows = []
+  notes = [f"{device}; attention {cfg.attention_impl}; bfloat16 matmul measured "
+           + ", ".join(f"{r['impl']} {r['flops_per_s'] / 1e12:.1f} TFLOP/s" for r in peak)
+           + (f"; datasheet dense bf16 peak {nominal / 1e12:.0f} TFLOP/s" if nominal else "")]
+  for batch, seq in ((8, 32), (16, 16)) if tiny else ((64, 512), (256, 128)):
+    _, jax_train, params, host_batches = jax_side(cfg, batch, seq)
+    runners = {"jax": jax_train}
+    # Tiny runs compare with PyTorch eager: inductor alone takes minutes to compile a step on
+    # a small CPU, and what the tiny run guards is this script, not torch.compile.
+    other = "torch" if tiny else "torch.compile"
+    if jax.default_backend() in ("gpu", "cpu"):
+      try:
+        _, torch_train = torch_side(cfg, params, host_batches, compile_=not tiny)
+        torch_train()  # compiles here, so that a failure is noted, not fatal
+        runners[other] = torch_train
+      except Exception as e:  # noqa: BLE001 - torch.compile's failures are many and varied
+        notes.append(f"{other} at {batch}x{seq} failed: {type(e).__name__}: {str(e)[:200]}")
+    seconds = interleaved(runners, reps=3 if tiny else 10, warmup=2)
+    flops = flops_per_token(cfg, seq, train=True, predicted=predictions(seq) / seq) * batch * seq
+    for impl, s in seconds.items():
+      row = {"batch x seq": f"{batch}x{seq}", "impl": impl, "ms": round(s * 1e3, 2),
+             "tokens/s": round(batch * seq / s),
+             "MFU (measured matmul)": f"{flops / s / measured:.1%}"}
+      if nominal:
+        row["MFU (datasheet peak)"] = f"{flops / s / nominal:.1%}"
+      if other in seconds:
+        row[f"tokens/s vs {other}"] = f"{seconds[other] / s:.2f}x"
+      rows.append(row)
+  if not on_gpu and not tiny:
+    notes.append("torch.compile runs on the CPU here: the comparison is a GPU one")
+  return {"rows": rows, "notes": notes}
+
+
+def attention(tiny: bool, variant=None) -> dict:
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from benchmarks.bench import interleaved
+  from flax_encoder.attention import fused_attention, scaled_dot_product_attention
+  impls = ["reference", "xla"] + (["cudnn"] if jax.default_backend() == "gpu" else [])
+  heads, head_dim = (2, 16) if tiny else (8, 64)
+  rows = []
+  for seq, batch in ((64, 2), (128, 2)) if tiny else ((512, 8), (2048, 2)):
+    rng = np.random.default_rng(seq)
+    q, k, v = (rng.standard_normal((batch, seq, heads, head_dim)).astype(np.float32)
+               for _ in range(3))
+    lengths = rng.integers(seq * 3 // 4, seq + 1, batch)  # right padding, a quarter at most
+    mask = jnp.asarray(np.arange(seq)[None, :] < lengths[:, None])[:, None, None, :]
+    with jax.default_matmul_precision("highest"):
+      expected = np.asarray(jax.jit(lambda q, k, v: scaled_dot_product_attention(
+          q, k, v, mask)[0])(q, k, v))
+    q16, k16, v16 = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
+    cotangent = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
+    runners, errors = {}, {}
+    for impl in impls:
+      if impl == "reference":
+        fn = lambda q, k, v: scaled_dot_product_attention(q, k, v, mask)[0]
+      else:
+        fn = lambda q, k, v, impl=impl: fused_attention(q, k, v, mask, impl)
+      errors[impl] = float(np.abs(np.asarray(jax.jit(fn)(q16, k16, v16), np.float32)
+                                  - expected).max())
+      grad = jax.jit(jax.grad(lambda q, k, v, fn=fn: jnp.sum(
+          (fn(q, k, v) * cotangent).astype(jnp.float32)), argnums=(0, 1, 2)))
+      runners[impl] = lambda grad=grad: jax.block_until_ready(grad(q16, k16, v16))
+    seconds = interleaved(runners, reps=3 if tiny else 20, warmup=2)
+    for impl in impls:
+      rows.append({"tokens": seq, "batch": batch, "impl": impl,
+                   "max abs err vs float32": f"{errors[impl]:.2e}",
+                   "forward+backward ms": round(seconds[impl] * 1e3, 3)})
+  return {"rows": rows, "notes": [f"bfloat16 q, k, v [batch, tokens, {heads} heads, {head_dim}], "
+                                  f"keys padded from a random length in [3/4, 1] of the row; "
+                                  f"the float32 reference at full precision"]}
+
+
+def big(tiny: bool, variant: str | None = None) -> dict:
+  """`variant`: one remat policy (a process of its own, for its own peak memory), or None for
+  all three in this process (tiny runs)."""
+  import dataclasses
+
+  import jax
+
+  from benchmarks.bench import interleaved
+  from benchmarks.workload import VOCAB_SIZE, compiled_train_step, jax_side
+  from flax_encoder import EncoderConfig
+  rows = []
+  for remat in [variant] if variant else ["none", "full", "save_dots"]:
+    cfg = EncoderConfig.big(VOCAB_SIZE, max_len=512, dtype="bfloat16", scan_layers=True,
+                            remat=remat, attention_impl=_best_attention())
+    batch, seq = (4, 32) if tiny else (64, 512)
+    if tiny:
+      cfg = dataclasses.replace(cfg, d_model=32, n_heads=2, d_ff=64, vocab_size=300)
+    temporaries = compiled_train_step(cfg, batch, seq).memory_analysis().temp_size_in_bytes
+    _, train, _, _ = jax_side(cfg, batch, seq, steps_masked=1)
+    seconds = interleaved({"step": train}, reps=3 if tiny else 10, warmup=2)["step"]
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    rows.append({"remat": remat, "batch x seq": f"{batch}x{seq}",
+                 "step ms": round(seconds * 1e3, 2), "tokens/s": round(batch * seq / seconds),
+                 "peak memory GB (device)": "n/a" if peak is None else round(peak / 1e9, 2),
+                 "temporaries GB (compiled)": round(temporaries / 1e9, 3)})
+  return {"rows": rows,
+          "notes": ["big model (d_model 1024, 16 heads, d_ff 4096, 6 layers), scanned layers, "
+                    "bfloat16; peak memory from memory_stats() of a process that ran one "
+                    "variant alone"]}
+
+
+def train_run(tiny: bool, variant=None, seconds: float = 120) -> dict:
+  from train.metrics import read_metrics
+  with tempfile.TemporaryDirectory() as workdir:
+    if tiny:
+      args = ["--config=configs/default.py", "--config.model.d_model=32",
+              "--config.model.n_heads=2", "--config.model.d_ff=64", "--config.model.n_layers=1",
+              "--config.train.num_steps=40", "--config.train.batch_size=16",
+              "--config.train.log_every=10", "--config.train.eval_every=40",
+              "--config.train.checkpoint_every=40"]
+    else:
+      args = ["--config=configs/base.py", "--config.train.num_steps=1000000",
+              "--config.train.log_every=20", "--config.train.eval_every=1000000",
+              "--config.train.checkpoint_every=1000000"]
+    proc = subprocess.Popen([sys.executable, "-m", "train", f"--workdir={workdir}", *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+      _, err = proc.communicate(timeout=None if tiny else seconds)
+    except subprocess.TimeoutExpired:
+      proc.send_signal(signal.SIGTERM)  # stops at the next step, saves, exits 143
+      _, err = proc.communicate(timeout=120)
+    records = [r for r in read_metrics(os.path.join(workdir, "metrics.jsonl"))
+               if r["split"] == "train"] if os.path.exists(
+                   os.path.join(workdir, "metrics.jsonl")) else []
+  if not records:
+    raise RuntimeError(f"python -m train logged nothing (exit {proc.returncode}): {err[-800:]}")
+  windows = records[1:] or records  # the first window holds the compilation
+  memory_line = next((x for x in err.splitlines() if x.startswith("memory:")), "")
+  return {"rows": [{"steps": records[-1]["step"], "exit code": proc.returncode,
+                    "tokens/s (median of log windows)": round(statistics.median(
+                        r["tokens_per_s"] for r in windows)),
+                    "data_wait_fraction (median)":
+                        f"{statistics.median(r['data_wait_fraction'] for r in windows):.4f}",
+                    "final train loss": round(records[-1]["loss"], 3)}],
+          "notes": [" ".join(args) + (f"; stopped by SIGTERM after {seconds:.0f} s" if not tiny
+                                      else ""), memory_line]}
+
+
+def profile(tiny: bool, variant=None) -> dict:
+  import jax
+
+  from benchmarks.workload import jax_side
+  cfg = _paper_cfg(tiny, dtype="bfloat16", attention_impl=_best_attention())
+  batch, seq = (8, 32) if tiny else (64, 512)
+  _, train, _, _ = jax_side(cfg, batch, seq, steps_masked=1)
+  train(), train()
+  with tempfile.TemporaryDirectory() as directory:
+    jax.profiler.start_trace(directory)
+    for _ in range(3):
+      train()
+    jax.profiler.stop_trace()
+    traces = sorted(glob.glob(f"{directory}/**/*.trace.json.gz", recursive=True))
+    with gzip.open(traces[-1]) as f:
+      events = json.load(f)["traceEvents"]
+  names = {e["pid"]: e["args"]["name"] for e in events
+           if e.get("ph") == "M" and e.get("name") == "process_name"}
+  devices = {pid for pid, name in names.items() if "device" in name.lower()}
+  kernels, total = Counter(), 0.0
+  for e in events:
+    if e.get("ph") != "X" or (devices and e.get("pid") not in devices):
+      continue
+    kernels[e["name"]] += e.get("dur", 0) / 1e3 / 3
+    total += e.get("dur", 0) / 1e3 / 3
+  rows = [{"kernel": name[:90], "ms per step": round(ms, 3), "share": f"{ms / total:.1%}"}
+          for name, ms in kernels.most_common(12)]
+  where = "device" if devices else "host (no device timeline in the trace)"
+  return {"rows": rows, "notes": [f"paper base, bfloat16, attention {cfg.attention_impl}, "
+                                  f"{batch}x{seq}: {total:.1f} ms of {where} events per step"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver: one process per part, results rewritten as each part ends.
+
+
+def _run_part(name: str, variant, tiny: bool, limit_s: float, log) -> dict:
+  with tempfile.TemporaryDirectory() as directory:
+    record = os.path.join(directory, "record.json")
+    cmd = [sys.executable, "-m", "benchmarks.accelerator", "--part", name, "--record", record,
+           "--limit", str(limit_s)]
+    cmd += (["--variant", variant] if variant else []) + (["--tiny"] if tiny else [])
+    start = time.monotonic()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+      result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=limit_s,
+                              env=env, check=False)
+      output, status = result.stdout + result.stderr, (
+          "ok" if result.returncode == 0 else f"failed (exit {result.returncode})")
+    except subprocess.TimeoutExpired as e:
+      output = "".join(x.decode() if isinstance(x, bytes) else (x or "")
+                       for x in (e.stdout, e.stderr))
+      status = f"timed out after {limit_s:.0f} s"
+    log.write(f"===== {name} {variant or ''}: {status}\n{output}\n")
+    log.flush()
+    entry = {"part": name, "variant": variant, "status": status,
+             "seconds": round(time.monotonic() - start, 1)}
+    if os.path.exists(record):
+      with open(record) as f:
+        entry.update(json.load(f))
+    elif status.startswith("failed"):
+      entry["error"] = output.strip().splitlines()[-1][:500] if output.strip() else ""
+    return entry
+
+
+def markdown(results: dict) -> str:
+  lines = [f"# Accelerator check ({results['mode']})", "",
+           f"{results['started']}, {results['machine']}", ""]
+  for entry in results["parts"]:
+    title = entry["part"] + (f" ({entry['variant']})" if entry.get("variant") else "")
+    lines += [f"## {title}: {entry['status']}, {entry['seconds']} s", ""]
+    rows = entry.get("rows") or []
+    if rows:
+      columns = list(dict.fromkeys(k for r in rows for k in r))
+      lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+      lines += ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows]
+      lines.append("")
+    lines += [f"- {note}" for note in entry.get("notes", []) if note]
+    if entry.get("error"):
+      lines.append(f"- error: {entry['error']}")
+    lines.append("")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.accelerator", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--out", help="directory for results.json, results.md, log.txt")
+  parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated, of " +
+                      ", ".join(PARTS))
+  parser.add_argument("--tiny", action="store_true",
+                      help="tiny sizes (the default where JAX sees no accelerator)")
+  parser.add_argument("--part", help=argparse.SUPPRESS)  # one part, in a process of its own
+  parser.add_argument("--variant", help=argparse.SUPPRESS)
+  parser.add_argument("--record", help=argparse.SUPPRESS)
+  parser.add_argument("--limit", type=float, default=0, help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.part:
+    kwargs = {"limit_s": args.limit - 20} if args.part == "suite" else {}
+    record = globals()[args.part](args.tiny, args.variant, **kwargs)
+    with open(args.record, "w") as f:
+      json.dump(record, f, default=str)
+    return 0
+  if not args.out:
+    parser.error("--out DIR is required")
+  unknown = set(args.parts.split(",")) - set(PARTS)
+  if unknown:
+    parser.error(f"--parts: unknown {sorted(unknown)}; the parts are {', '.join(PARTS)}")
+  import jax
+  tiny = args.tiny or jax.default_backend() == "cpu"
+  os.makedirs(args.out, exist_ok=True)
+  results = {"mode": "tiny sizes" if tiny else f"on {jax.devices()[0].device_kind}",
+             "machine": f"{platform.node()}, {os.cpu_count()} cores, {jax.default_backend()} "
+                        f"({jax.devices()[0].device_kind})",
+             "started": time.strftime("%Y-%m-%d %H:%M"), "parts": []}
+  wanted = args.parts.split(",")
+  # Tiny runs measure the three remat variants in one process: their peaks mean nothing there.
+  jobs = [(n, None if tiny and n == "big" else v, s) for n, v, s in JOBS]
+  with open(os.path.join(args.out, "log.txt"), "w") as log:
+    for name, variant, limit_s in dict.fromkeys(jobs):
+      if name not in wanted:
+        continue
+      print(f"{name} {variant or ''}...", file=sys.stderr, flush=True)
+      entry = _run_part(name, variant, tiny, TINY_LIMIT_S if tiny else limit_s, log)
+      results["parts"].append(entry)
+      print(f"{name} {variant or ''}: {entry['status']} ({entry['seconds']} s)", file=sys.stderr,
+            flush=True)
+      with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+      with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(markdown(results))
+  failed = [e["part"] for e in results["parts"] if e["status"] != "ok"]
+  print(f"{len(results['parts']) - len(failed)} of {len(results['parts'])} parts ok"
+        + (f"; not ok: {', '.join(failed)}" if failed else "")
+        + f"; {os.path.join(args.out, 'results.md')}", file=sys.stderr)
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,51 @@
+"""The accelerator path, guarded on a machine without one: the training step and the exported
+encoder lower for TPU and CUDA from the CPU, and the accelerator command runs end to end at
+tiny sizes."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests import runs
+
+
+def test_the_training_step_and_the_exported_encoder_lower_for_tpu_and_cuda():
+  env = runs.environment(4)
+  result = subprocess.run([sys.executable, "-m", "tests.lowering"], cwd=runs.ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  for platform in ("tpu", "cuda"):
+    assert (f"train step lowered for {platform}: mesh yes, batch over data x fsdp yes, "
+            f"parameters over fsdp yes, bfloat16 yes") in result.stdout, result.stdout
+  assert "encoder exported for tpu,cuda: deserialized for tpu,cuda" in result.stdout
+
+
+def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
+  out = tmp_path / "accelerator"
+  env = {**runs.environment(), "JAX_PLATFORMS": "cpu"}
+  result = subprocess.run([sys.executable, "-m", "benchmarks.accelerator", "--out", str(out)],
+                          cwd=runs.ROOT, env=env, capture_output=True, text=True, timeout=900,
+                          check=False)
+  assert result.returncode == 0, result.stderr[-3000:] + (out / "log.txt").read_text()[-3000:]
+  results = json.loads((out / "results.json").read_text())
+  parts = {(e["part"], e["variant"]): e for e in results["parts"]}
+  assert [p for p, _ in parts] == ["environment", "suite", "parity", "train_step", "attention",
+                                   "big", "train_run", "profile"]
+  assert all(e["status"] == "ok" for e in parts.values()), parts
+  assert "skipped" in parts[("suite", None)]["notes"][0]
+  parity = parts[("parity", None)]["rows"]
+  assert parity[-1]["stage"] == "output" and all(r["passes"] for r in parity)
+  steps = parts[("train_step", None)]["rows"]
+  assert {r["impl"] for r in steps} == {"jax", "torch"}  # torch.compile where there is a GPU
+  assert all(r["tokens/s"] > 0 for r in steps)
+  impls = {r["impl"] for r in parts[("attention", None)]["rows"]}
+  assert impls == {"reference", "xla"}  # cudnn needs an NVIDIA GPU
+  assert all(float(r["max abs err vs float32"]) < 0.05
+             for r in parts[("attention", None)]["rows"])
+  assert [r["remat"] for r in parts[("big", None)]["rows"]] == ["none", "full", "save_dots"]
+  assert parts[("train_run", None)]["rows"][0]["steps"] == 40
+  assert parts[("profile", None)]["rows"]
+  markdown = (out / "results.md").read_text()
+  assert markdown.count("\n## ") == 8 and "| stage |" in markdown
+  assert os.path.getsize(out / "log.txt") > 0
