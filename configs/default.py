@@ -37,9 +37,13 @@ def get_config() -> ml_collections.ConfigDict:
   model.remat = "none"  # "full" or "save_dots" to trade compute for activation memory
 
   config.data = ml_collections.ConfigDict()
-  # A directory python -m train.prepare wrote (any size, any tokenizer); else windows of bytes
-  # are cut from config.data.paths, small UTF-8 files, or the built-in corpus (pydoc topics).
+  # A directory python -m train.prepare wrote (any size, any tokenizer), or several as one
+  # dataset: comma-separated directories or globs ('data/part-*', 'data/web,data/code'); else
+  # windows of bytes are cut from config.data.paths, small UTF-8 files, or the built-in corpus.
   config.data.prepared = config_dict.placeholder(str)
+  # One weight per entry of config.data.prepared ('0.7,0.3'): batches draw windows from the
+  # entries in these proportions; unset: uniformly over all their windows.
+  config.data.weights = config_dict.placeholder(str)
   config.data.paths = ()
   config.data.eval_fraction = 0.05  # held-out fraction of the windows (of config.data.paths)
   config.data.max_eval_windows = 4096  # each evaluation reads the first ones of those

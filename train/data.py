@@ -10,10 +10,12 @@ with every CPython), so the default run needs no data files. Token ids: `train.t
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import json
 import mmap
 import os
+import re
 import shutil
 
 import grain
@@ -27,6 +29,16 @@ from train.errors import RunError
 from train.tokens import FIRST_TOKEN_ID, TokenizerSpec
 
 
+@dataclasses.dataclass(frozen=True)
+class Sources:
+  """The training rows of several prepared datasets, one after the other: the entries of
+  config.data.prepared (a glob entry is one source), the first row of each (and the total),
+  and the weights batches draw them with (None: uniformly over all rows)."""
+  names: tuple[str, ...]
+  starts: tuple[int, ...]
+  weights: tuple[float, ...] | None = None
+
+
 @dataclasses.dataclass
 class Windows:
   """The training and held-out windows, [n, seq_len] each (memory-mapped when prepared)."""
@@ -36,6 +48,7 @@ class Windows:
   source: str  # where they come from, for messages
   tokenizer: TokenizerSpec  # what encoded them (its file in the prepared directory)
   identity: str = ""  # SHA-256 of the dataset.json: changes whenever the data is prepared again
+  sources: Sources | None = None  # where several datasets make the training rows
 
 
 def windows(config, workdir: str, resuming: bool = False, allow_changes: bool = False) -> Windows:
@@ -47,7 +60,11 @@ def windows(config, workdir: str, resuming: bool = False, allow_changes: bool = 
   """
   seq_len = config.train.seq_len
   if config.data.prepared:
-    return load_prepared(config.data.prepared, seq_len)
+    return load_prepared(config.data.prepared, seq_len, config.data.weights,
+                         config.data.max_eval_windows)
+  if config.data.weights:
+    raise RunError(f"config.data.weights: {config.data.weights!r}, expected it unset: it weighs "
+                   f"the entries of config.data.prepared, which is unset")
   paths = list(config.data.paths) or [prepare.BUILTIN]
   held_out_every = round(1 / config.data.eval_fraction)
   field = "config.data.paths"
@@ -113,8 +130,10 @@ def _existing_dataset(directory: str) -> dict | None:
 
 
 def dataset_directory(config, workdir: str) -> str:
-  """The prepared directory the run in `workdir` trains on."""
-  return config.data.prepared or os.path.join(workdir, "data")
+  """The prepared directory the run in `workdir` trains on (the first, where several)."""
+  if config.data.prepared:
+    return _prepared_entries(config.data.prepared)[0][1][0]
+  return os.path.join(workdir, "data")
 
 
 def run_tokenizer(config, workdir: str) -> TokenizerSpec:
@@ -140,9 +159,91 @@ def _read_dataset_json(directory: str) -> dict:
   return meta
 
 
-def load_prepared(directory: str, seq_len: int) -> Windows:
-  """The windows of a directory `python -m train.prepare` completed, memory-mapped, their
-  sizes and ids checked against its dataset.json."""
+def load_prepared(prepared: str, seq_len: int, weights: str | None = None,
+                  max_eval: int | None = None) -> Windows:
+  """The windows of the directories `python -m train.prepare` completed that `prepared` names
+  (config.data.prepared: a directory, or comma-separated directories and globs), memory-mapped
+  and checked against their dataset.json; several must share the tokenizer, vocabulary and
+  seq_len. `weights` (config.data.weights) weighs the entries; `max_eval` held-out windows at
+  most are kept, as many from each directory."""
+  entries = _prepared_entries(prepared)
+  directories = [d for _, found in entries for d in found]
+  loaded = [_load_directory(d, seq_len) for d in directories]
+  first = loaded[0]
+  for directory, other in zip(directories[1:], loaded[1:]):
+    for what, value in (("vocabulary", lambda w: w.vocab_size),
+                        ("tokenizer", lambda w: _tokenizer_identity(w.tokenizer))):
+      if value(other) != value(first):
+        raise RunError(f"config.data.prepared: {directory} and {directories[0]} differ in their "
+                       f"{what} ({value(other)} and {value(first)}): prepare every part with the "
+                       f"same --tokenizer file")
+  per_directory = None if max_eval is None else max(1, max_eval // len(loaded))
+  if len(loaded) == 1:
+    windows = first
+    windows.eval = windows.eval[:per_directory]
+  else:
+    identity = hashlib.sha256("".join(w.identity for w in loaded).encode()).hexdigest()
+    windows = Windows(Concatenated([w.train for w in loaded]),
+                      np.concatenate([w.eval[:per_directory] for w in loaded]),
+                      first.vocab_size, f"{prepared} ({first.tokenizer.kind})", first.tokenizer,
+                      identity)
+  if len(entries) > 1 or weights:
+    sizes = [sum(len(w.train) for w, d in zip(loaded, directories) if d in found)
+             for _, found in entries]
+    windows.sources = Sources(tuple(name for name, _ in entries),
+                              tuple(int(s) for s in np.cumsum([0, *sizes])),
+                              _weights(weights, entries))
+  return windows
+
+
+def _prepared_entries(prepared: str) -> list[tuple[str, list[str]]]:
+  """(entry, its directories) of each comma-separated entry of config.data.prepared: a
+  directory, or a glob of them (directories an interrupted prepare left, *.tmp-PID, left out)."""
+  entries = []
+  for entry in (e.strip() for e in prepared.split(",")):
+    if not entry:
+      raise RunError(f"config.data.prepared: {prepared!r} has an empty entry, expected "
+                     f"comma-separated directories or globs")
+    if glob.has_magic(entry):
+      found = sorted(d for d in glob.glob(entry)
+                     if os.path.isdir(d) and not re.search(r"\.tmp-\d+$", d))
+      if not found:
+        raise RunError(f"config.data.prepared: {entry!r} matches no directory")
+    else:
+      found = [entry]
+    entries.append((entry, found))
+  directories = [d for _, found in entries for d in found]
+  twice = next((d for d in directories if directories.count(d) > 1), None)
+  if twice:
+    raise RunError(f"config.data.prepared: {prepared!r} names {twice} twice")
+  return entries
+
+
+def _weights(weights: str | None, entries: list) -> tuple[float, ...] | None:
+  if not weights:
+    return None
+  try:
+    values = tuple(float(w) for w in weights.split(","))
+  except ValueError:
+    values = ()
+  if len(values) != len(entries) or not all(np.isfinite(v) and v > 0 for v in values):
+    raise RunError(f"config.data.weights: {weights!r}, expected {len(entries)} positive "
+                   f"comma-separated numbers, one per entry of config.data.prepared "
+                   f"({', '.join(e for e, _ in entries)})")
+  return values
+
+
+def _tokenizer_identity(spec: TokenizerSpec) -> str:
+  """The tokenizer's kind and its file's SHA-256: equal for the same tokenizer."""
+  if spec.path is None:
+    return spec.kind
+  with open(spec.path, "rb") as f:
+    return f"{spec.kind} {hashlib.sha256(f.read()).hexdigest()[:16]}"
+
+
+def _load_directory(directory: str, seq_len: int) -> Windows:
+  """The windows of one prepared directory, memory-mapped, their sizes and ids checked
+  against its dataset.json."""
   meta = _read_dataset_json(directory)
   if meta["seq_len"] != seq_len:
     raise RunError(f"config.train.seq_len: {seq_len}, expected the windows' length "
@@ -184,6 +285,40 @@ def check_ids(file: str, ids: np.ndarray, vocab_size: int) -> None:
                      f"prepare it again")
 
 
+class Concatenated:
+  """The rows of several arrays (memory maps) as one array [n, ...], read by index or slice
+  without copying them together."""
+
+  def __init__(self, parts: list):
+    self.parts = list(parts)
+    self.starts = np.cumsum([0, *(len(p) for p in self.parts)])
+    self.shape = (int(self.starts[-1]), *self.parts[0].shape[1:])
+    self.dtype = np.result_type(*(p.dtype for p in self.parts))
+
+  def __len__(self) -> int:
+    return self.shape[0]
+
+  def __getitem__(self, index) -> np.ndarray:
+    if isinstance(index, slice):
+      index = np.arange(len(self))[index]
+    index = np.asarray(index)
+    part = np.searchsorted(self.starts, index, side="right") - 1
+    out = np.empty((*index.shape, *self.shape[1:]), self.dtype)
+    for i in np.unique(part):
+      at = part == i
+      out[at] = self.parts[i][index[at] - self.starts[i]]
+    return out
+
+  def __array__(self, dtype=None, copy=None):
+    return np.asarray(self[:], dtype)
+
+  def __getstate__(self):
+    return {"parts": [_MappedFile.of(p) for p in self.parts]}
+
+  def __setstate__(self, state):
+    self.__init__([p.open() if isinstance(p, _MappedFile) else p for p in state["parts"]])
+
+
 @dataclasses.dataclass(frozen=True)
 class _MappedFile:
   """How a memory-mapped array travels to a grain worker process: its file, not its bytes."""
@@ -196,7 +331,7 @@ class _MappedFile:
   def of(x):
     if isinstance(x, np.memmap) and isinstance(x.base, mmap.mmap):  # a whole file's map
       return _MappedFile(x.filename, x.dtype.str, x.shape, x.offset)
-    return np.asarray(x)
+    return x if isinstance(x, Concatenated) else np.asarray(x)
 
   def open(self) -> np.memmap:
     return np.memmap(self.file, self.dtype, "r", self.offset, self.shape)
@@ -204,20 +339,27 @@ class _MappedFile:
 
 class _ReadRows(grain.transforms.Map):
   """A batch of row indices -> this process's rows of those rows of `source`, an array or a
-  dict of arrays with one leading axis (one fancy index each)."""
+  dict of arrays with one leading axis (one fancy index each); with `starts` (Sources.starts),
+  also how many rows of the whole batch each source gave."""
 
-  def __init__(self, source, rows: slice):
-    self.source, self.rows = source, rows
+  def __init__(self, source, rows: slice, starts: tuple[int, ...] | None = None):
+    self.source, self.rows, self.starts = source, rows, starts
 
   def map(self, indices):
-    at = np.asarray(indices)[self.rows]
-    return jax.tree.map(lambda x: np.asarray(x[at]), self.source)
+    indices = np.asarray(indices)
+    at = indices[self.rows]
+    rows = jax.tree.map(lambda x: np.asarray(x[at]), self.source)
+    if self.starts is None:
+      return rows
+    of = np.searchsorted(self.starts, indices, side="right") - 1
+    return rows, np.bincount(of, minlength=len(self.starts) - 1)
 
   def __getstate__(self):
-    return {"source": jax.tree.map(_MappedFile.of, self.source), "rows": self.rows}
+    return {"source": jax.tree.map(_MappedFile.of, self.source), "rows": self.rows,
+            "starts": self.starts}
 
   def __setstate__(self, state):
-    self.rows = state["rows"]
+    self.rows, self.starts = state["rows"], state["starts"]
     self.source = jax.tree.map(lambda x: x.open() if isinstance(x, _MappedFile) else x,
                                state["source"])
 
@@ -237,23 +379,33 @@ class TrainBatches:
   each process reads only its own rows of it (`process_rows`), with `workers` grain worker
   processes (0: threads of this process). The state is the number of batches delivered, so a
   run resumes exactly with any count of processes or workers.
+
+  With `sources` (the rows of several datasets), `shares()` tells how many of the rows
+  delivered came from each; with their weights, each source is reshuffled every epoch of its
+  own and grain's mixing draws from them in those proportions.
   """
 
   def __init__(self, source, batch_size: int, seed: int, workers: int = 0,
-               rows: slice | None = None):
+               rows: slice | None = None, sources: Sources | None = None):
     count = len(jax.tree.leaves(source)[0])
     if count < batch_size:
       raise RunError(f"config.train.batch_size: {batch_size}, expected at most the "
                      f"{count} training rows")
     if workers < 0:
       raise RunError(f"config.data.workers: {workers}, expected an integer >= 0")
-    self.workers = workers
+    self.workers, self.sources = workers, sources
+    self._counts = None if sources is None else np.zeros(len(sources.names), np.int64)
     rows = process_rows(batch_size) if rows is None else rows
-    self._dataset = (grain.MapDataset.range(count)
-                     .shuffle(seed=seed)
-                     .repeat()
+    if sources is not None and sources.weights:
+      indices = grain.MapDataset.mix(
+          [grain.MapDataset.range(start, stop).shuffle(seed=_seed(seed, i)).repeat()
+           for i, (start, stop) in enumerate(zip(sources.starts, sources.starts[1:]))],
+          sources.weights)
+    else:
+      indices = grain.MapDataset.range(count).shuffle(seed=seed).repeat()
+    self._dataset = (indices
                      .batch(batch_size, drop_remainder=True)
-                     .map(_ReadRows(source, rows)))
+                     .map(_ReadRows(source, rows, sources and sources.starts)))
     self._iterator = None
     self._start(0)
 
@@ -274,8 +426,20 @@ class TrainBatches:
       raise ValueError("TrainBatches: next() after close()")
     # A worker's batch arrives in shared memory; a copy leaves its release to grain.
     batch = jax.tree.map(np.array, next(self._iterator))
+    if self._counts is not None:
+      batch, counts = batch
+      self._counts += counts
     self.position += 1
     return batch
+
+  def shares(self) -> dict[str, float]:
+    """The fraction of the rows delivered since the last call that each source gave, by its
+    name ({} with one source)."""
+    if self._counts is None or not self._counts.sum():
+      return {}
+    shares = self._counts / self._counts.sum()
+    self._counts[:] = 0
+    return {f"share {name}": float(s) for name, s in zip(self.sources.names, shares)}
 
   def get_state(self) -> dict:
     return {"batches": self.position}
@@ -291,6 +455,11 @@ class TrainBatches:
     if self._iterator is not None:
       self._iterator.close()
       self._iterator = None
+
+
+def _seed(seed: int, source: int) -> int:
+  """A shuffle seed of each source of its own, from the run's."""
+  return int(np.random.SeedSequence([seed, source]).generate_state(1)[0])
 
 
 def eval_batches(rows, batch_size: int, fill=0) -> list:

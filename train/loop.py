@@ -106,8 +106,9 @@ class _Progress:
       self.finished += 1
       self.bar.update(1)
 
-  def flush(self, step: int) -> tuple[int, float] | None:
-    """Reads and records the pending metrics; returns (step, loss) of a non-finite loss."""
+  def flush(self, step: int, shares: dict) -> tuple[int, float] | None:
+    """Reads and records the pending metrics, with the window's `shares` of the data sources;
+    returns (step, loss) of a non-finite loss."""
     fetched, self.pending = jax.device_get(self.pending), []
     self.bar.update(len(fetched) - self.finished)
     self.finished = 0
@@ -116,7 +117,7 @@ class _Progress:
       return bad
     now = time.perf_counter()
     window = {"tokens_per_s": self.tokens / (now - self.start), "data_wait_s": self.data_wait_s,
-              "data_wait_fraction": self.data_wait_s / (now - self.start)}
+              "data_wait_fraction": self.data_wait_s / (now - self.start), **shares}
     if self.profiled:
       window["profiled"] = 1.0
     self.start, self.tokens, self.data_wait_s, self.profiled = now, 0, 0.0, False
@@ -183,7 +184,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     record = {"config": config.to_json(), **setup.record}
 
     train_iter = data.TrainBatches(setup.train, train_config.batch_size, train_config.seed,
-                                   config.data.workers)
+                                   config.data.workers, sources=setup.sources)
     stack.callback(train_iter.close)
     writer = MetricWriter(workdir) if primary else None
     if writer:
@@ -230,7 +231,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
       stopping = stop.stopping(step, train_config.log_every, after=metrics)
       save_now = step % train_config.checkpoint_every == 0 or is_last or stopping
       if step % train_config.log_every == 0 or save_now:
-        bad = progress.flush(step)
+        bad = progress.flush(step, train_iter.shares())
         if bad is not None:
           raise _non_finite("training", *bad, checkpointer, early=bad[0] <= _EARLY_STEPS)
       if step % train_config.eval_every == 0 or is_last:

@@ -223,4 +223,5 @@ def setup(config, workdir: str, resuming: bool, allow_changes: bool) -> Setup:
                train=windows.train, eval=windows.eval[:config.data.max_eval_windows],
                eval_fill=PAD_ID,
                record={"encoder": settings.encoder_record(cfg), "dataset": windows.identity,
-                       "source": windows.source})
+                       "source": windows.source},
+               sources=windows.sources)

@@ -32,17 +32,22 @@ The same inputs and arguments give byte-identical files.
 from __future__ import annotations
 
 import argparse
+import bz2
 import codecs
 import contextlib
-import dataclasses
+import fnmatch
 import glob
+import gzip
 import hashlib
 import io
 import itertools
 import json
+import lzma
 import multiprocessing
 import os
+import queue
 import shutil
+import signal
 import sys
 from collections.abc import Callable, Iterator
 
@@ -56,6 +61,7 @@ FORMAT = "flax-encoder windows 1"
 BUILTIN = "builtin:pydoc_data.topics"
 _CHUNK_CHARS = 1 << 20  # characters of text per unit of work; bytes read at once
 _UNITS_IN_FLIGHT = 4  # per worker: bounds the memory held by the work queue
+_PARQUET_ROWS = 1024  # rows read at a time
 
 
 class PrepareError(Exception):
@@ -63,24 +69,47 @@ class PrepareError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading: each input is a Source that hashes its bytes as they are read; its documents come
-# as (text, ends a document) pairs, a long plain-text file in several blocks.
+# Reading: --input patterns to files; each file a Source that hashes its bytes as stored while
+# it reads them (decompressing as it goes); its documents come as (text, ends a document).
 
 
-def expand(patterns: list[str]) -> list[str]:
+def expand(patterns: list[str], include: list[str] | None = None) -> list[str]:
+  """The files `patterns` name, in order, each once: a file as given; a directory, every file
+  below it (in sorted order, names starting with '.' left out); a glob (`**` crossing
+  directories), what it matches, a matched directory again every file below it. Files found
+  below a directory or by a glob are kept only if their name matches one of `include`
+  (fnmatch patterns such as '*.c'), where given."""
   paths = []
   for pattern in patterns:
     if pattern == BUILTIN:
       paths.append(pattern)
       continue
-    matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
-    if not matches:
-      raise PrepareError(f"--input {pattern!r} matches no file")
-    for path in matches:
-      if not os.path.isfile(path):
-        raise PrepareError(f"--input {path!r}: no such file")
-      paths.append(path)
-  return paths
+    found = _below(pattern) if os.path.isdir(pattern) else None
+    if found is None and glob.has_magic(pattern):
+      found = [f for match in sorted(glob.glob(pattern, recursive=True))
+               for f in (_below(match) if os.path.isdir(match) else [match])]
+      if not found:
+        raise PrepareError(f"--input {pattern!r} matches no file")
+    if found is None:
+      if not os.path.isfile(pattern):
+        raise PrepareError(f"--input {pattern!r}: no such file")
+      paths.append(pattern)
+      continue
+    kept = [f for f in found
+            if not include or any(fnmatch.fnmatch(os.path.basename(f), i) for i in include)]
+    if not kept:
+      raise PrepareError(f"--input {pattern!r}: no file below it matches --include "
+                         f"{' '.join(include or [])}")
+    paths.extend(kept)
+  return list(dict.fromkeys(paths))
+
+
+def _below(directory: str) -> list[str]:
+  files = []
+  for root, dirs, names in os.walk(directory):
+    dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    files.extend(os.path.join(root, n) for n in sorted(names) if not n.startswith("."))
+  return files
 
 
 def _builtin_topics() -> list[str]:
@@ -88,11 +117,61 @@ def _builtin_topics() -> list[str]:
   return [topics[name] for name in sorted(topics)]
 
 
-class Source:
-  """One input: reads its documents, hashing the bytes read; `record()` describes it after."""
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 
-  def __init__(self, path: str):
-    self.path = path
+
+def stored_format(path: str) -> tuple[str, str | None]:
+  """(what the file holds: 'text', 'jsonl' or 'parquet'; its compression or None), from its
+  name: a `.gz`, `.bz2`, `.xz` or `.zst` ending, before it `.jsonl` / `.json` or `.parquet`."""
+  name = path.lower()
+  compression = next((c for c in COMPRESSIONS if name.endswith(c)), None)
+  if compression:
+    name = name[:-len(compression)]
+  if name.endswith(".parquet"):
+    return "parquet", compression
+  return ("jsonl" if name.endswith((".jsonl", ".json")) else "text"), compression
+
+
+class _Hashing(io.RawIOBase):
+  """A binary file read through, its bytes added to `digest` as they are read."""
+
+  def __init__(self, file, digest):
+    self._file, self._digest = file, digest
+
+  def readable(self) -> bool:
+    return True
+
+  def readinto(self, buffer) -> int:
+    n = self._file.readinto(buffer)
+    self._digest.update(memoryview(buffer)[:n])
+    return n
+
+
+def _decompressing(raw, compression: str | None):
+  """A buffered binary stream of what `raw` holds, decompressed."""
+  if compression == ".gz":
+    return gzip.GzipFile(fileobj=raw)
+  if compression == ".bz2":
+    return bz2.BZ2File(raw)
+  if compression == ".xz":
+    return lzma.LZMAFile(raw)
+  if compression == ".zst":
+    import zstandard
+    return io.BufferedReader(
+        zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True))
+  return io.BufferedReader(raw, _CHUNK_CHARS)
+
+
+class Source:
+  """One input file. Reads its documents, hashing the file's bytes as stored; `record()`
+  describes it after. A file too big for one part of the corpus is read as `parts` parts:
+  record r (line, row, block of text) is in part r % parts, and only the parts in `keep` are
+  read (the ones this shard prepares)."""
+
+  def __init__(self, path: str, first: int = 0, parts: int = 1):
+    self.path, self.first, self.parts = path, first, parts  # its parts: first ... first+parts-1
+    self.keep = set(range(parts))
+    self.format, self.compression = stored_format(path) if path != BUILTIN else ("text", None)
     self._digest = hashlib.sha256()
 
   def size(self) -> int:
@@ -111,40 +190,42 @@ class Source:
       return "it is gone"
     if self.size() != record["bytes"]:
       return f"{record['bytes']} bytes then, {self.size()} now"
-    digest = hashlib.sha256()
-    if self.path == BUILTIN:
-      for text in _builtin_topics():
-        digest.update(text.encode("utf-8"))
-    else:
-      with open(self.path, "rb") as f:
-        while block := f.read(_CHUNK_CHARS):
-          digest.update(block)
-    return None if digest.hexdigest() == record["sha256"] else "same size, other SHA-256"
+    return None if _sha256(self.path) == record["sha256"] else "same size, other SHA-256"
 
-  def documents(self, text_field: str) -> Iterator[tuple[str, bool]]:
-    """(text, whether it ends a document), in file order."""
+  def documents(self, text_field: str) -> Iterator[tuple[int, str, bool]]:
+    """(part, text, whether it ends a document), in file order, of the parts kept."""
     if self.path == BUILTIN:
       for text in _builtin_topics():
         self._digest.update(text.encode("utf-8"))
-        yield text, True
-    elif self.path.endswith((".jsonl", ".json")):
-      for number, record in self.records():
+        yield self.first, text, True
+    elif self.format == "parquet":
+      for part, (number, text) in self._parts(self._column(text_field)):
+        if not isinstance(text, str):
+          raise PrepareError(f"{self.path}: row {number}: {text_field!r} (--text-field) is "
+                             f"{type(text).__name__}, expected a string")
+        yield part, text, True
+    elif self.format == "jsonl":
+      for part, (number, record) in self._parts(self.records()):
         text = record.get(text_field)
         if not isinstance(text, str):
           raise PrepareError(f"{self.path}:{number}: not a JSON object with a string field "
                              f"{text_field!r} (--text-field)")
-        yield text, True
+        yield part, text, True
     else:
       previous = None
-      for block in self._blocks():
+      for part, block in self._parts(self._blocks()):
         if previous is not None:
-          yield previous, False
-        previous = block
+          yield *previous, self.parts > 1  # a part's blocks lie apart in the file
+        previous = part, block
       if previous is not None:
-        yield previous, True
+        yield *previous, True
 
   def records(self) -> Iterator[tuple[int, dict]]:
-    """(line number, JSON object) of each non-blank line of a JSON-lines file."""
+    """(line number, JSON object) of each non-blank line of a JSON-lines file; (row number,
+    {column: value}) of each row of a Parquet file."""
+    if self.format == "parquet":
+      yield from self._rows()
+      return
     for number, line in self._lines():
       if not line.strip():
         continue
@@ -156,12 +237,37 @@ class Source:
         raise PrepareError(f"{self.path}:{number}: not a JSON object")
       yield number, record
 
+  def _parts(self, records: Iterator) -> Iterator[tuple[int, object]]:
+    """(part, record) of the records in the parts kept."""
+    for r, record in enumerate(records):
+      if r % self.parts in self.keep:
+        yield self.first + r % self.parts, record
+
+  @contextlib.contextmanager
+  def _stream(self):
+    """The file's bytes, decompressed; all of the file as stored is hashed once it is read."""
+    self._digest = hashlib.sha256()
+    with open(self.path, "rb") as stored:
+      raw = _Hashing(stored, self._digest)
+      try:
+        yield _decompressing(raw, self.compression)
+      except (OSError, EOFError, lzma.LZMAError) as e:
+        if not self.compression:
+          raise
+        raise PrepareError(f"{self.path}: not a readable {self.compression} file "
+                           f"({type(e).__name__}: {e})") from None
+      except Exception as e:
+        if type(e).__module__ == "zstd" or "Zstd" in type(e).__name__:
+          raise PrepareError(f"{self.path}: not a readable .zst file ({e})") from None
+        raise
+      while raw.read(_CHUNK_CHARS):  # what follows the compressed stream, if anything
+        pass
+
   def _lines(self) -> Iterator[tuple[int, str]]:
     """(line number, text) of a UTF-8 file."""
     offset = 0
-    with open(self.path, "rb") as f:
+    with self._stream() as f:
       for number, raw in enumerate(f, 1):
-        self._digest.update(raw)
         try:
           yield number, raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -172,10 +278,9 @@ class Source:
     """The text of a UTF-8 file in blocks of about _CHUNK_CHARS."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0
-    with open(self.path, "rb") as f:
+    with self._stream() as f:
       while True:
         block = f.read(_CHUNK_CHARS)
-        self._digest.update(block)
         held = len(decoder.getstate()[0])  # the start of a character split by the last block
         try:
           text = decoder.decode(block, final=not block)
@@ -188,44 +293,116 @@ class Source:
           return
 
   def _invalid_utf8(self, at: int, reason: str):
-    with open(self.path, "rb") as f:
+    with open(self.path, "rb") as stored, _decompressing(stored, self.compression) as f:
       line = f.read(at).count(b"\n") + 1
-    raise PrepareError(f"{self.path}:{line}: invalid UTF-8 at byte {at} of the file ({reason})")
+    where = "of the file" if not self.compression else "decompressed"
+    raise PrepareError(f"{self.path}:{line}: invalid UTF-8 at byte {at} {where} ({reason})")
+
+  def _parquet(self):
+    import pyarrow.parquet as pq
+    try:
+      return pq.ParquetFile(self.path)
+    except Exception as e:  # noqa: BLE001 - pyarrow's errors, whichever: name the file
+      raise PrepareError(f"{self.path}: not a readable Parquet file ({e})") from None
+
+  def _column(self, name: str) -> Iterator[tuple[int, object]]:
+    """(row number, value) of a Parquet file's column `name`, a row group at a time."""
+    with self._parquet() as table:
+      if name not in table.schema_arrow.names:
+        raise PrepareError(f"{self.path}: no column {name!r} (--text-field); it has "
+                           f"{', '.join(table.schema_arrow.names)}")
+      rows = (value for batch in table.iter_batches(_PARQUET_ROWS, columns=[name])
+              for value in batch.column(0).to_pylist())
+      yield from enumerate(rows, 1)
+    self._digest = _sha256(self.path, digest=True)
+
+  def _rows(self) -> Iterator[tuple[int, dict]]:
+    with self._parquet() as table:
+      rows = (row for batch in table.iter_batches(_PARQUET_ROWS) for row in batch.to_pylist())
+      yield from enumerate(rows, 1)
+    self._digest = _sha256(self.path, digest=True)
 
 
-def _documents(sources: list[Source], text_field: str) -> Iterator[tuple[str, bool]]:
+def _sha256(path: str, digest: bool = False):
+  """The SHA-256 of a file as stored (of the built-in corpus's texts), hex or the digest."""
+  h = hashlib.sha256()
+  if path == BUILTIN:
+    for text in _builtin_topics():
+      h.update(text.encode("utf-8"))
+  else:
+    with open(path, "rb") as f:
+      while block := f.read(_CHUNK_CHARS):
+        h.update(block)
+  return h if digest else h.hexdigest()
+
+
+def plan(paths: list[str], part_bytes: int) -> list[Source]:
+  """The inputs as Sources numbered into parts of the corpus: consecutive files together up to
+  `part_bytes` (as stored), a bigger file split into parts of its own. The numbering depends
+  only on the inputs and `part_bytes`, so every shard of a prepare agrees on it."""
+  sources, part, filled = [], 0, 0
+  for path in paths:
+    source = Source(path)
+    size = source.size()
+    if size > part_bytes:
+      part += filled > 0
+      source.__init__(path, part, -(-size // part_bytes))
+      part, filled = part + source.parts, 0
+    else:
+      if filled and filled + size > part_bytes:
+        part, filled = part + 1, 0
+      source.first, filled = part, filled + size
+    sources.append(source)
+  return sources
+
+
+def shard_of(sources: list[Source], shard: int, num_shards: int) -> list[Source]:
+  """The sources that hold parts of shard `shard` (part u % num_shards == shard), each keeping
+  only those parts."""
+  mine = []
+  for source in sources:
+    source.keep = {k for k in range(source.parts) if (source.first + k) % num_shards == shard}
+    if source.keep:
+      mine.append(source)
+  return mine
+
+
+def _documents(sources: list[Source], text_field: str) -> Iterator[tuple[int, str, bool]]:
   for source in sources:
     yield from source.documents(text_field)
 
 
-def _units(documents: Iterator[tuple[str, bool]]) -> Iterator[tuple[list[str], list[bool]]]:
-  """Documents grouped into units of work of about _CHUNK_CHARS characters."""
-  texts, ends, size = [], [], 0
-  for text, end in documents:
+def _chunks(documents: Iterator[tuple[int, str, bool]]) -> Iterator[tuple[list, list, list]]:
+  """Documents grouped into units of work of about _CHUNK_CHARS characters: (parts, texts,
+  ends)."""
+  parts, texts, ends, size = [], [], [], 0
+  for part, text, end in documents:
+    parts.append(part)
     texts.append(text)
     ends.append(end)
     size += len(text)
     if size >= _CHUNK_CHARS:
-      yield texts, ends
-      texts, ends, size = [], [], 0
+      yield parts, texts, ends
+      parts, texts, ends, size = [], [], [], 0
   if texts:
-    yield texts, ends
+    yield parts, texts, ends
 
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizing, in this process or in a pool of workers.
 
 
-def unit_ids(tokenizer: Tokenizer, unit: tuple[list[str], list[bool]]) -> np.ndarray:
-  """The ids of a unit of texts, a separator after each that ends a document, as one array."""
-  texts, ends = unit
+def chunk_ids(tokenizer: Tokenizer, chunk: tuple[list, list, list]) -> list[tuple[int, np.ndarray]]:
+  """(part, ids) of a chunk's texts, a separator after each that ends a document, one array
+  per part in the order the parts come."""
+  parts, texts, ends = chunk
   separator = np.array([SEPARATOR_ID], np.int32)
-  pieces = []
-  for ids, end in zip(tokenizer.encode_batch(texts), ends):
-    pieces.append(ids)
+  pieces = {}
+  for part, ids, end in zip(parts, tokenizer.encode_batch(texts), ends):
+    pieces.setdefault(part, []).append(ids)
     if end:
-      pieces.append(separator)
-  return np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+      pieces[part].append(separator)
+  return [(part, np.concatenate(p)) for part, p in pieces.items()]
 
 
 # A pool worker's tokenizer, loaded once when the worker starts (Pool's initializer is the only
@@ -235,83 +412,168 @@ _worker_tokenizer: Tokenizer | None = None
 
 def _start_worker(spec: TokenizerSpec) -> None:
   global _worker_tokenizer
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
   _worker_tokenizer = spec.load()
 
 
-def _worker_unit_ids(unit) -> np.ndarray:
-  return unit_ids(_worker_tokenizer, unit)
+def _worker_chunk_ids(chunk):
+  return chunk_ids(_worker_tokenizer, chunk)
 
 
 @contextlib.contextmanager
 def _encoder(spec: TokenizerSpec, workers: int):
-  """Yields a function: a list of units -> their ids, in order, computed by `workers`
+  """Yields a function: a list of chunks -> their ids, in order, computed by `workers`
   processes (one: here, without a pool)."""
   if workers == 1:
     tokenizer = spec.load()
-    yield lambda units: [unit_ids(tokenizer, u) for u in units]
+    yield lambda chunks: [chunk_ids(tokenizer, c) for c in chunks]
     return
   pool = multiprocessing.get_context("spawn").Pool(workers, _start_worker, (spec,))
   try:
-    yield lambda units: pool.map(_worker_unit_ids, units)
+    yield lambda chunks: pool.map(_worker_chunk_ids, chunks)
   finally:
     pool.terminate()
+    pool.join()
 
 
-def _encoded(units: Iterator, encode: Callable,
-             in_flight: int) -> Iterator[tuple[tuple, np.ndarray]]:
-  """(unit, its ids) in order, `in_flight` units at a time (bounding the memory held)."""
-  while batch := list(itertools.islice(units, in_flight)):
+def _encoded(chunks: Iterator, encode: Callable, in_flight: int) -> Iterator[tuple[tuple, list]]:
+  """(chunk, its ids) in order, `in_flight` chunks at a time (bounding the memory held)."""
+  while batch := list(itertools.islice(chunks, in_flight)):
     yield from zip(batch, encode(batch))
 
 
+def default_workers(tokenizer: str) -> int:
+  """What measures fastest (BENCHMARKS.md, "Preparing a corpus"): bytes are read faster than
+  a second process could be fed, a subword tokenizer keeps every core busy."""
+  return 1 if tokenizer == "bytes" else os.cpu_count() or 1
+
+
 # ---------------------------------------------------------------------------------------------
-# The tokenizer: given as a file, or a SentencePiece model trained on a sample of the corpus.
+# The tokenizer: given as a file, or trained on a sample of the corpus (in a process of its
+# own, so that Ctrl-C stops it at once).
+
+TRAINED = ("sentencepiece", "bpe", "wordpiece", "unigram")
+# Seconds per MB of sample, measured (BENCHMARKS.md): for the estimate printed before training.
+_TRAINING_SECONDS_PER_MB = {"sentencepiece": 2.4, "bpe": 0.5, "wordpiece": 0.5, "unigram": 1.0}
 
 
-def train_sentencepiece(sources: list[Source], text_field: str, vocab_size: int,
-                        sample_mb: float) -> bytes:
-  """A unigram SentencePiece model (its serialized bytes) trained on a sample of the lines:
-  all of them up to `sample_mb` MB of text, else an evenly spread, deterministic subset.
-  One thread: sentencepiece's multi-threaded training gives different models run to run."""
-  import sentencepiece as spm
-
-  total = sum(s.size() for s in sources)
-  keep = min(1.0, sample_mb * 1e6 / max(total, 1))
+def sample_lines(paths: list[str], text_field: str, sample_mb: float,
+                 keepends: bool = False) -> list[str]:
+  """The corpus's non-blank lines (with their line ends if `keepends`), all of them up to
+  `sample_mb` MB of text, else an evenly spread, deterministic subset."""
+  sources = [Source(p) for p in paths]
+  keep = min(1.0, sample_mb * 1e6 / max(sum(s.size() for s in sources), 1))
   rng = np.random.default_rng(0)
-  fresh = [Source(s.path) for s in sources]  # a first pass of its own: nothing is recorded
-  sample = [line for text, _ in _documents(fresh, text_field)
-            for line in text.splitlines() if line.strip() and rng.random() < keep]
-  if not sample:
-    raise PrepareError("the inputs hold no text")
-  model = io.BytesIO()
+  return [line for _, text, _ in _documents(sources, text_field)
+          for line in text.splitlines(keepends) if line.strip() and rng.random() < keep]
+
+
+def train_vocabulary(kind: str, sample: list[str], vocab_size: int, path: str) -> None:
+  """Trains a `kind` (one of TRAINED) tokenizer of `vocab_size` ids on `sample` into `path`.
+  SentencePiece falls back to bytes and BPE is byte-level, so they encode any text; unigram
+  and WordPiece map characters the sample never held to their unknown token."""
+  if kind == "sentencepiece":
+    import sentencepiece as spm
+    # One thread: sentencepiece's multi-threaded training gives different models run to run.
+    with open(path, "wb") as model:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=iter(sample), model_writer=model, vocab_size=vocab_size,
+          model_type="unigram", byte_fallback=True, character_coverage=0.9995,
+          pad_id=-1, bos_id=-1, eos_id=-1, unk_id=0, num_threads=1,
+          max_sentence_length=1 << 16, train_extremely_large_corpus=False, minloglevel=2)
+    return
+  from tokenizers import Tokenizer as HFTokenizer
+  from tokenizers import decoders, models, pre_tokenizers, trainers
+  if kind == "bpe":
+    tokenizer = HFTokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  elif kind == "wordpiece":
+    tokenizer = HFTokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, show_progress=False,
+                                        special_tokens=["[UNK]"])
+  else:
+    tokenizer = HFTokenizer(models.Unigram())
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, show_progress=False,
+                                      special_tokens=["<unk>"], unk_token="<unk>")
+  tokenizer.train_from_iterator(sample, trainer)
+  tokenizer.save(path)
+
+
+def _train_in_child(kind, paths, text_field, vocab_size, sample_mb, path, messages) -> None:
+  """The child process's work: sample, train, report (('sample', MB) then ('done', None) or
+  ('error', message)) through the queue `messages`."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends this process
   try:
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sample), model_writer=model, vocab_size=vocab_size,
-        model_type="unigram", byte_fallback=True, character_coverage=0.9995,
-        pad_id=-1, bos_id=-1, eos_id=-1, unk_id=0, num_threads=1,
-        max_sentence_length=1 << 16, train_extremely_large_corpus=False, minloglevel=2)
-  except RuntimeError as e:
-    raise PrepareError(f"--vocab-size {vocab_size}: sentencepiece cannot train it on this "
-                       f"corpus ({str(e).strip()})") from None
-  return model.getvalue()
+    # The subword trainers of `tokenizers` learn pieces that hold line ends (code's indents).
+    sample = sample_lines(paths, text_field, sample_mb, keepends=kind != "sentencepiece")
+    if not sample:
+      raise PrepareError("the inputs hold no text")
+    messages.put(("sample", sum(len(line) for line in sample) / 1e6))
+    train_vocabulary(kind, sample, vocab_size, path)
+    messages.put(("done", None))
+  except PrepareError as e:
+    messages.put(("error", str(e)))
+  except Exception as e:  # noqa: BLE001 - the libraries' errors: a vocabulary they refuse
+    messages.put(("error", f"--vocab-size {vocab_size}: {kind} cannot train it on this corpus "
+                           f"({str(e).strip()})"))
 
 
-def _tokenizer_in(directory, tokenizer, vocab_size, sources, text_field, sample_mb):
+def _trained(kind: str, paths: list[str], text_field: str, vocab_size: int, sample_mb: float,
+             path: str, say: Callable[[str], None]) -> None:
+  """Trains the vocabulary in a child process, saying what it does; a signal to this process
+  ends the child too."""
+  context = multiprocessing.get_context("spawn")
+  messages = context.Queue()
+  child = context.Process(target=_train_in_child, args=(kind, paths, text_field, vocab_size,
+                                                        sample_mb, path, messages), daemon=True)
+  say(f"vocabulary: sampling up to {sample_mb:g} MB of text")
+  child.start()
+  try:
+    while True:
+      try:
+        what, value = messages.get(timeout=1)
+      except queue.Empty:
+        if not child.is_alive():
+          raise PrepareError(f"training the {kind} vocabulary failed: its process ended with "
+                             f"exit code {child.exitcode}") from None
+        continue
+      if what == "sample":
+        estimate = _TRAINING_SECONDS_PER_MB[kind] * value
+        say(f"vocabulary: training {vocab_size} {kind} pieces on {value:.1f} MB of text "
+            f"(about {max(estimate, 1):.0f} s)")
+      elif what == "error":
+        raise PrepareError(value)
+      else:
+        return
+  finally:
+    if child.is_alive():
+      child.terminate()
+    child.join()
+
+
+def _tokenizer_in(directory, tokenizer, vocab_size, paths, text_field, sample_mb, say):
   """(TokenizerSpec with its file in `directory`, that file's name or None)."""
   if tokenizer == "bytes":
     if vocab_size not in (None, 256):
       raise PrepareError(f"--vocab-size {vocab_size}: the bytes tokenizer has 256 tokens")
     return TokenizerSpec("bytes"), None
-  if tokenizer == "sentencepiece":
+  if tokenizer in TRAINED:
     if vocab_size is None:
-      raise PrepareError("--tokenizer sentencepiece needs --vocab-size")
-    model = train_sentencepiece(sources, text_field, vocab_size, sample_mb)
-    path = os.path.join(directory, "tokenizer.model")
-    with open(path, "wb") as f:
-      f.write(model)
-    return TokenizerSpec("sentencepiece", path), "tokenizer.model"
+      raise PrepareError(f"--tokenizer {tokenizer} needs --vocab-size")
+    kind, name = (("sentencepiece", "tokenizer.model") if tokenizer == "sentencepiece"
+                  else ("huggingface", "tokenizer.json"))
+    path = os.path.join(directory, name)
+    _trained(tokenizer, paths, text_field, vocab_size, sample_mb, path, say)
+    return TokenizerSpec(kind, path), name
   if not os.path.isfile(tokenizer):
-    raise PrepareError(f"--tokenizer {tokenizer!r}: not 'bytes', 'sentencepiece' or a file")
+    raise PrepareError(f"--tokenizer {tokenizer!r}: not bytes, {', '.join(TRAINED)} or a file")
   kind, name = (("huggingface", "tokenizer.json") if tokenizer.endswith(".json")
                 else ("sentencepiece", "tokenizer.model"))
   path = os.path.join(directory, name)
@@ -332,35 +594,40 @@ def _tokenizer_in(directory, tokenizer, vocab_size, sources, text_field, sample_
 
 
 class _WindowWriter:
-  """Packs ids into seq_len windows and writes each to its split's file: every
-  `held_out_every`-th window to eval.bin, the others to train.bin."""
+  """Packs each part's ids into seq_len windows of their own (a part's last window padded)
+  and writes each window to its split's file: window j of part u is held out, to eval.bin,
+  when (j + u) % held_out_every == held_out_every - 1, else goes to train.bin. So the windows
+  of a part do not depend on which other parts are prepared with it."""
 
   def __init__(self, directory: str, seq_len: int, dtype, held_out_every: int):
     self.seq_len, self.dtype, self.held_out_every = seq_len, dtype, held_out_every
     self.files = {s: open(os.path.join(directory, f"{s}.bin"), "wb") for s in ("train", "eval")}
     self.counts = {"train": 0, "eval": 0}
-    self.pending = np.zeros(0, np.int32)
+    self.pending = {}  # part -> its ids not yet a full window
+    self.made = {}  # part -> its windows written
     self.text_tokens = 0  # ids other than separators
 
-  def add(self, ids: np.ndarray) -> None:
+  def add(self, part: int, ids: np.ndarray) -> None:
     self.text_tokens += int(np.count_nonzero(ids != SEPARATOR_ID))
-    flat = np.concatenate([self.pending, ids])
+    flat = np.concatenate([self.pending.get(part, np.zeros(0, np.int32)), ids])
     full = len(flat) // self.seq_len * self.seq_len
-    self._write(flat[:full].reshape(-1, self.seq_len))
-    self.pending = flat[full:]
+    self._write(part, flat[:full].reshape(-1, self.seq_len))
+    self.pending[part] = flat[full:]
 
   def close(self) -> None:
-    if len(self.pending):
-      last = np.full(self.seq_len, PAD_ID, np.int32)
-      last[:len(self.pending)] = self.pending
-      self._write(last[None])
+    for part, ids in sorted(self.pending.items()):
+      if len(ids):
+        last = np.full(self.seq_len, PAD_ID, np.int32)
+        last[:len(ids)] = ids
+        self._write(part, last[None])
     for f in self.files.values():
       f.close()
 
-  def _write(self, windows: np.ndarray) -> None:
-    start = self.counts["train"] + self.counts["eval"]
+  def _write(self, part: int, windows: np.ndarray) -> None:
+    start = self.made.get(part, 0)
+    self.made[part] = start + len(windows)
     every = self.held_out_every
-    held_out = np.arange(start, start + len(windows)) % every == every - 1
+    held_out = (np.arange(start, start + len(windows)) + part) % every == every - 1
     for split, rows in (("train", windows[~held_out]), ("eval", windows[held_out])):
       self.files[split].write(rows.astype(self.dtype).tobytes())
       self.counts[split] += len(rows)
@@ -382,36 +649,64 @@ def temporary_directory(out: str):
 
 def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size: int | None = None,
             seq_len: int = 512, eval_fraction: float = 0.01, text_field: str = "text",
-            workers: int = 1, sample_mb: float = 100.0, progress: bool = True) -> dict:
-  """Writes the prepared dataset to `out` (see the module docstring); returns its dataset.json."""
+            workers: int | None = None, sample_mb: float = 100.0, progress: bool = True,
+            include: list[str] | None = None, shard: int = 0, num_shards: int = 1,
+            part_mb: float = 256.0, vocab_only: bool = False) -> dict:
+  """Writes the prepared dataset to `out` (see the module docstring); returns its dataset.json
+  (with `vocab_only`, writes only the tokenizer's file; returns {'tokenizer': its path})."""
+  say = (lambda message: print(message, file=sys.stderr)) if progress else (lambda _: None)
+  workers = default_workers(tokenizer) if workers is None else workers
   if seq_len < 2:
     raise PrepareError(f"--seq-len must be >= 2, got {seq_len}")
   if not 0 < eval_fraction < 1:
     raise PrepareError(f"--eval-fraction must lie in (0, 1), got {eval_fraction}")
   if workers < 1:
     raise PrepareError(f"--workers must be >= 1, got {workers}")
+  if not 0 <= shard < num_shards:
+    raise PrepareError(f"--shard {shard} --num-shards {num_shards}: expected 0 <= shard < "
+                       f"num-shards")
+  if num_shards > 1 and tokenizer in TRAINED:
+    raise PrepareError(f"--num-shards {num_shards} with --tokenizer {tokenizer}: every shard "
+                       f"needs the same tokenizer; train it once with --vocab-only and pass "
+                       f"its file as --tokenizer")
   if os.path.exists(out):
     raise PrepareError(f"--out {out!r} already exists; remove it or choose another directory")
-  sources = [Source(p) for p in expand(patterns)]
+  paths = expand(patterns, include)
+  if vocab_only:
+    if tokenizer not in TRAINED:
+      raise PrepareError(f"--vocab-only trains a vocabulary: --tokenizer {tokenizer!r}, "
+                         f"expected one of {', '.join(TRAINED)}")
+    with temporary_directory(out) as tmp:
+      spec, name = _tokenizer_in(tmp, tokenizer, vocab_size, paths, text_field, sample_mb, say)
+    return {"tokenizer": os.path.join(out, name)}
+  sources = plan(paths, max(1, int(part_mb * 1e6)))
+  num_parts = max(s.first + s.parts for s in sources)
+  if num_parts < num_shards:
+    raise PrepareError(f"--num-shards {num_shards}: the inputs make {num_parts} part(s) of "
+                       f"--part-mb {part_mb:g}; use fewer shards or smaller parts")
+  sources = shard_of(sources, shard, num_shards)
   held_out_every = round(1 / eval_fraction)
   with temporary_directory(out) as tmp:
-    spec, tokenizer_file = _tokenizer_in(tmp, tokenizer, vocab_size, sources, text_field,
-                                         sample_mb)
+    spec, tokenizer_file = _tokenizer_in(tmp, tokenizer, vocab_size, paths, text_field,
+                                         sample_mb, say)
     tokenizer_vocab = spec.load().size
     vocab = FIRST_TOKEN_ID + tokenizer_vocab
     dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
     windows = _WindowWriter(tmp, seq_len, dtype, held_out_every)
     total = sum(s.size() for s in sources)
-    with (tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not progress)
-          as bar, _encoder(spec, workers) as encode):
-      units = _units(_documents(sources, text_field))
-      for (texts, _), ids in _encoded(units, encode, workers * _UNITS_IN_FLIGHT):
-        windows.add(ids)
-        bar.update(sum(len(t.encode("utf-8")) for t in texts))
+    with (tqdm(total=total, unit="B", unit_scale=True, desc=f"encoding ({workers} workers)",
+               disable=not progress) as bar,
+          _encoder(spec, workers) as encode):
+      chunks = _chunks(_documents(sources, text_field))
+      for (_, texts, _), part_ids in _encoded(chunks, encode, workers * _UNITS_IN_FLIGHT):
+        for part, ids in part_ids:
+          windows.add(part, ids)
+        read = sum(len(t.encode("utf-8")) for t in texts)  # text, not stored bytes: approximate
+        bar.update(read)
     windows.close()
     if not windows.text_tokens:
       raise PrepareError("the inputs hold no text")
-    if not windows.counts["eval"]:
+    if not windows.counts["eval"] and num_shards == 1:
       raise PrepareError(f"{windows.counts['train']} window(s) of {seq_len} tokens are too few "
                          f"to hold out one in {held_out_every} (--eval-fraction "
                          f"{eval_fraction})")
@@ -426,6 +721,8 @@ def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size:
         "windows": windows.counts,
         "held_out_every": held_out_every,
         "tokens": windows.text_tokens,
+        "shard": {"index": shard, "count": num_shards, "parts": num_parts,
+                  "part_bytes": max(1, int(part_mb * 1e6))},
         "inputs": [s.record() for s in sources],
     }
     with open(os.path.join(tmp, "dataset.json"), "w") as f:
@@ -433,30 +730,61 @@ def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size:
   return meta
 
 
+class _Terminated(Exception):
+  """SIGTERM, raised where the program is, so that what it holds is cleaned up."""
+
+
+def _terminate(signum, frame):
+  raise _Terminated
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m train.prepare", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--input", action="append", required=True,
-                      help="a text or JSON-lines file, or a glob; repeatable")
+                      help="a file, a directory or a glob ('**' crosses directories); "
+                           "repeatable")
+  parser.add_argument("--include", action="append", default=None,
+                      help="keep only files with a matching name (e.g. '*.c') of the "
+                           "directories and globs; repeatable")
   parser.add_argument("--out", required=True, help="the directory to create")
   parser.add_argument("--tokenizer", default="bytes",
-                      help="bytes, sentencepiece, or a .model / tokenizer.json file")
+                      help=f"bytes, {', '.join(TRAINED)}, or a .model / tokenizer.json file")
   parser.add_argument("--vocab-size", type=int, default=None)
+  parser.add_argument("--vocab-only", action="store_true",
+                      help="only train the tokenizer, into --out, for sharded prepares")
   parser.add_argument("--seq-len", type=int, default=512)
   parser.add_argument("--eval-fraction", type=float, default=0.01)
-  parser.add_argument("--text-field", default="text", help="the JSON-lines field with the text")
-  parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+  parser.add_argument("--text-field", default="text",
+                      help="the JSON-lines field or Parquet column with the text")
+  parser.add_argument("--workers", type=int, default=None,
+                      help="encoding processes; default 1 for bytes, else the CPU count")
   parser.add_argument("--sample-mb", type=float, default=100.0,
-                      help="MB of text sentencepiece trains on")
+                      help="MB of text the vocabulary is trained on")
+  parser.add_argument("--shard", type=int, default=0, help="which part of --num-shards to prepare")
+  parser.add_argument("--num-shards", type=int, default=1)
+  parser.add_argument("--part-mb", type=float, default=256.0,
+                      help="MB (as stored) of input per part: the unit shards are made of")
   args = parser.parse_args(argv)
+  signal.signal(signal.SIGTERM, _terminate)
   try:
     meta = prepare(args.input, args.out, args.tokenizer, args.vocab_size, args.seq_len,
-                   args.eval_fraction, args.text_field, args.workers, args.sample_mb)
+                   args.eval_fraction, args.text_field, args.workers, args.sample_mb,
+                   include=args.include, shard=args.shard, num_shards=args.num_shards,
+                   part_mb=args.part_mb, vocab_only=args.vocab_only)
   except PrepareError as e:
     print(f"prepare: error: {e}", file=sys.stderr)
     return 2
-  print(f"{args.out}: {meta['windows']['train']} training and {meta['windows']['eval']} "
-        f"held-out windows of {meta['seq_len']} tokens, vocabulary {meta['vocab_size']}")
+  except (KeyboardInterrupt, _Terminated) as e:
+    print(f"prepare: interrupted; {args.out} was not written", file=sys.stderr)
+    return 130 if isinstance(e, KeyboardInterrupt) else 143
+  if args.vocab_only:
+    print(f"{meta['tokenizer']}: pass it as --tokenizer to every shard")
+    return 0
+  shard = f" (shard {args.shard} of {args.num_shards})" if args.num_shards > 1 else ""
+  print(f"{args.out}{shard}: {meta['windows']['train']} training and "
+        f"{meta['windows']['eval']} held-out windows of {meta['seq_len']} tokens, vocabulary "
+        f"{meta['vocab_size']}")
   return 0
 
 

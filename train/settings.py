@@ -154,6 +154,7 @@ _TASKS: dict[str, dict[str, Check]] = {
         "task.tie_embeddings": _boolean,
         "task.cross_document_attention": _boolean,
         "data.prepared": _optional(_string),
+        "data.weights": _optional(_string),
         "data.paths": _paths,
         "data.eval_fraction": _number(0, 1, high_open=True),
         "data.max_eval_windows": _integer(1),

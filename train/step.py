@@ -55,6 +55,7 @@ class Setup:
       data, the labels), read back by readers and checked on resume (its "dataset").
     start_params: parameters to start from by their top-level name (the encoder's, a
       classifier's), replacing the fresh ones; None: a fresh init.
+    sources: where the training rows are those of several datasets (train.data.Sources).
   """
 
   task: Task
@@ -64,6 +65,7 @@ class Setup:
   eval_fill: Any
   record: dict
   start_params: dict | None = None
+  sources: Any = None
 
 
 @flax.struct.dataclass

@@ -1,0 +1,244 @@
+"""Corpora as they are stored (directories, compressed files, Parquet), prepared in shards,
+trained on as one dataset or as a weighted mixture, and a prepare that stops when told."""
+
+import bz2
+import gzip
+import hashlib
+import json
+import lzma
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from tests import runs
+from train import data, prepare
+from train.errors import RunError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def documents():
+  from pydoc_data.topics import topics
+  return [topics[name] for name in sorted(topics)]  # 79, ~460 KB
+
+
+def _windows(directory, split=None):
+  """The windows of a prepared directory as a sorted list of bytes (a multiset)."""
+  with open(os.path.join(directory, "dataset.json")) as f:
+    meta = json.load(f)
+  rows = []
+  for name in [split] if split else ["train", "eval"]:
+    ids = np.fromfile(os.path.join(directory, f"{name}.bin"), meta["dtype"])
+    rows += [r.tobytes() for r in ids.reshape(-1, meta["seq_len"])]
+  return sorted(rows)
+
+
+def _bins(directory):
+  return [open(os.path.join(directory, f"{s}.bin"), "rb").read() for s in ("train", "eval")]
+
+
+def test_compressed_and_parquet_inputs_give_the_windows_of_their_plain_equivalents(
+    documents, tmp_path):
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  import zstandard
+  lines = "".join(json.dumps({"text": d, "n": i}) + "\n" for i, d in enumerate(documents))
+  plain = lines.encode()
+  stored = {"c.jsonl": plain, "c.jsonl.gz": gzip.compress(plain),
+            "c.jsonl.bz2": bz2.compress(plain), "c.jsonl.xz": lzma.compress(plain),
+            "c.jsonl.zst": zstandard.ZstdCompressor().compress(plain),
+            "c.txt": "\n".join(documents).encode(), "c.txt.gz": gzip.compress(
+                "\n".join(documents).encode())}
+  for name, content in stored.items():
+    (tmp_path / name).write_bytes(content)
+  pq.write_table(pa.table({"id": list(range(len(documents))), "text": documents}),
+                 tmp_path / "c.parquet", row_group_size=16)  # several row groups
+  results = {}
+  for name in [*stored, "c.parquet"]:
+    meta = prepare.prepare([str(tmp_path / name)], str(tmp_path / f"out-{name}"), seq_len=64,
+                           eval_fraction=0.1, progress=False)
+    results[name] = _bins(tmp_path / f"out-{name}")
+    raw = (tmp_path / name).read_bytes()
+    assert meta["inputs"][0]["bytes"] == len(raw)  # the file as stored
+    assert meta["inputs"][0]["sha256"] == hashlib.sha256(raw).hexdigest()
+  for name in ["c.jsonl.gz", "c.jsonl.bz2", "c.jsonl.xz", "c.jsonl.zst", "c.parquet"]:
+    assert results[name] == results["c.jsonl"], name
+  assert results["c.txt.gz"] == results["c.txt"]
+
+
+def test_bad_stored_inputs_are_one_line_naming_the_file(documents, tmp_path):
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(b'{"text": "a"}\n' * 1000)[:-30])
+  pq.write_table(pa.table({"body": ["a"]}), tmp_path / "nocol.parquet")
+  pq.write_table(pa.table({"text": ["a", None]}), tmp_path / "null.parquet")
+  (tmp_path / "fake.parquet").write_bytes(b"not parquet")
+  cases = {"cut.jsonl.gz": r"cut.jsonl.gz: not a readable .gz file",
+           "nocol.parquet": r"nocol.parquet: no column 'text' \(--text-field\); it has body",
+           "null.parquet": r"null.parquet: row 2: 'text' \(--text-field\) is NoneType",
+           "fake.parquet": r"fake.parquet: not a readable Parquet file"}
+  for name, message in cases.items():
+    with pytest.raises(prepare.PrepareError, match=message):
+      prepare.prepare([str(tmp_path / name)], str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_directories_and_recursive_globs_name_every_file_below(tmp_path):
+  for path in ["src/a.c", "src/b.h", "src/deep/er/c.c", "src/.git/HEAD", "src/deep/.hidden.c"]:
+    (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / path).write_text(path)
+  src = str(tmp_path / "src")
+  names = lambda paths: [os.path.relpath(p, src) for p in paths]
+  assert names(prepare.expand([src])) == ["a.c", "b.h", "deep/er/c.c"]
+  assert names(prepare.expand([src], include=["*.c"])) == ["a.c", "deep/er/c.c"]
+  assert names(prepare.expand([f"{src}/**/*.c"])) == ["a.c", "deep/er/c.c"]
+  assert names(prepare.expand([src, f"{src}/a.c"])) == ["a.c", "b.h", "deep/er/c.c"]  # once
+  with pytest.raises(prepare.PrepareError, match=r"no file below it matches --include \*.rs"):
+    prepare.expand([src], include=["*.rs"])
+
+
+def _corpus_tree(tmp_path, documents):
+  """Files of several sizes, one big enough to be split into parts of its own."""
+  tree = tmp_path / "corpus"
+  (tree / "sub").mkdir(parents=True)
+  for i in range(5):
+    (tree / f"doc{i}.txt").write_text("\n".join(documents[i * 8:(i + 1) * 8]))
+  big = "".join(json.dumps({"text": d}) + "\n" for d in documents)
+  (tree / "sub" / "big.jsonl.gz").write_bytes(gzip.compress(big.encode()))
+  return str(tree)
+
+
+def test_shards_prepared_apart_hold_the_windows_of_one_prepare_and_train_as_one(
+    documents, tmp_path):
+  tree = _corpus_tree(tmp_path, documents)
+  options = dict(seq_len=64, eval_fraction=0.1, progress=False, part_mb=0.05)
+  whole = prepare.prepare([tree], str(tmp_path / "whole"), **options)
+  assert whole["shard"]["parts"] >= 5
+  for shard in range(3):
+    meta = prepare.prepare([tree], str(tmp_path / f"part-{shard}"), shard=shard, num_shards=3,
+                           workers=2 if shard == 0 else 1, **options)
+    assert meta["shard"] == {**whole["shard"], "index": shard, "count": 3}
+  for split in ("train", "eval"):
+    union = sorted(w for s in range(3) for w in _windows(tmp_path / f"part-{s}", split))
+    assert union == _windows(tmp_path / "whole", split)
+
+  together = data.load_prepared(f"{tmp_path}/part-*", 64)  # the glob syntax of the config
+  assert sorted(r.tobytes() for r in together.train[:]) == _windows(tmp_path / "whole", "train")
+  listed = data.load_prepared(",".join(f"{tmp_path}/part-{s}" for s in range(3)), 64)
+  np.testing.assert_array_equal(listed.train[:], together.train[:])
+  batches = data.TrainBatches(together.train, 16, seed=0, rows=slice(None))
+  epoch = np.concatenate([next(batches) for _ in range(len(together.train) // 16)])
+  drawn, held = Counter(r.tobytes() for r in epoch), Counter(_windows(tmp_path / "whole", "train"))
+  assert not drawn - held  # one epoch: no window more often than the union holds it
+
+  with pytest.raises(prepare.PrepareError, match="--num-shards 2 with --tokenizer "
+                     "sentencepiece: every shard needs the same tokenizer"):
+    prepare.prepare([tree], str(tmp_path / "x"), "sentencepiece", 300, shard=0, num_shards=2)
+  with pytest.raises(prepare.PrepareError, match="--num-shards 50: the inputs make"):
+    prepare.prepare([tree], str(tmp_path / "x"), shard=0, num_shards=50, **options)
+
+
+def test_datasets_that_disagree_are_refused_naming_them(documents, tmp_path):
+  (tmp_path / "a.txt").write_text("\n".join(documents[:30]))
+  for name, tokenizer, size in (("bytes", "bytes", None), ("bytes2", "bytes", None),
+                                ("sp", "sentencepiece", 500)):
+    prepare.prepare([str(tmp_path / "a.txt")], str(tmp_path / name), tokenizer, size,
+                    seq_len=32, eval_fraction=0.1, progress=False)
+  with pytest.raises(RunError, match=r"config.data.prepared: .*sp and .*bytes differ in their "
+                     r"vocabulary \(504 and 260\)"):
+    data.load_prepared(f"{tmp_path}/bytes,{tmp_path}/sp", 32)
+  with pytest.raises(RunError, match=r"config.data.weights: '1', expected 2 positive"):
+    data.load_prepared(f"{tmp_path}/bytes,{tmp_path}/bytes2", 32, "1")
+  with pytest.raises(RunError, match=r"'.*/nothing-\*' matches no directory"):
+    data.load_prepared(f"{tmp_path}/nothing-*", 32)
+  with pytest.raises(RunError, match=r"names .*bytes twice"):
+    data.load_prepared(f"{tmp_path}/bytes,{tmp_path}/bytes", 32)
+
+
+def _two_sources(tmp_path, documents, seq_len=32):
+  for name, docs in (("a", documents[:60]), ("b", documents[60:])):
+    (tmp_path / f"{name}.txt").write_text("\n".join(docs))
+    prepare.prepare([str(tmp_path / f"{name}.txt")], str(tmp_path / name), seq_len=seq_len,
+                    eval_fraction=0.1, progress=False)
+  return f"{tmp_path}/a,{tmp_path}/b"
+
+
+def test_a_mixture_draws_its_weights_deterministically_and_resumes_exactly(documents, tmp_path):
+  windows = data.load_prepared(_two_sources(tmp_path, documents), 32, "0.8,0.2")
+  sizes = np.diff(windows.sources.starts)
+  assert sizes[1] / sizes.sum() > 0.4 and windows.sources.weights == (0.8, 0.2)  # not b's share
+  batches = data.TrainBatches(windows.train, 8, seed=0, rows=slice(None),
+                              sources=windows.sources)
+  rows = np.concatenate([next(batches) for _ in range(1000)])
+  shares = batches.shares()
+  b_rows = {r.tobytes() for r in windows.train[np.arange(*windows.sources.starts[1:])]}
+  drawn_b = np.mean([r.tobytes() in b_rows for r in rows])
+  assert abs(drawn_b - 0.2) < 0.02 and abs(shares[f"share {tmp_path}/b"] - 0.2) < 0.02
+
+  again = data.TrainBatches(windows.train, 8, seed=0, rows=slice(None),
+                            sources=windows.sources)
+  again.set_state({"batches": 600})
+  np.testing.assert_array_equal(np.concatenate([next(again) for _ in range(400)]),
+                                rows[600 * 8:])
+  uniform = data.load_prepared(f"{tmp_path}/a,{tmp_path}/b", 32)
+  assert uniform.sources.weights is None
+
+
+def test_a_run_on_a_mixture_logs_each_sources_share(documents, tmp_path):
+  prepared = _two_sources(tmp_path, documents)
+  workdir = str(tmp_path / "run")
+  runs.train(workdir, f"--config.data.prepared={prepared}", "--config.data.weights=1,1",
+             "--config.train.num_steps=8", "--config.train.log_every=4")
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    train = [r for r in map(json.loads, f) if r["split"] == "train" and r["step"] % 4 == 0]
+  for record in train:
+    assert record[f"share {tmp_path}/a"] == pytest.approx(0.5, abs=0.05)
+  result = runs.train(str(tmp_path / "bad"), f"--config.data.prepared={prepared}",
+                      "--config.data.weights=1", check=False)
+  assert result.returncode != 0 and "config.data.weights: '1', expected 2" in result.stderr
+
+
+def _interrupt(tmp_path, args, wait_for, sig):
+  """Starts python -m train.prepare in a session of its own; once `wait_for` shows in its
+  output, sends `sig` to the whole session (what Ctrl-C does to a terminal's processes)."""
+  process = subprocess.Popen(
+      [sys.executable, "-m", "train.prepare", *args, "--out", str(tmp_path / "out")],
+      cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True,
+      env=runs.environment())
+  seen = ""
+  while wait_for not in seen:
+    seen += process.stderr.read(1)
+    assert process.poll() is None, seen[-2000:]
+  os.killpg(process.pid, sig)
+  start = time.monotonic()
+  code = process.wait(timeout=30)
+  rest = process.stderr.read()
+  return code, time.monotonic() - start, rest
+
+
+@pytest.mark.parametrize("phase, sig, code", [("encoding", signal.SIGINT, 130),
+                                              ("vocabulary: training", signal.SIGTERM, 143)])
+def test_a_signal_ends_a_prepare_promptly_in_any_phase_with_nothing_left(
+    documents, tmp_path, phase, sig, code):
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("\n".join(documents) * 40)  # ~20 MB: minutes of work either way
+  tokenizer = ["--tokenizer", "sentencepiece", "--vocab-size", "2000"]
+  if phase == "encoding":
+    prepare.prepare([str(corpus)], str(tmp_path / "vocab"), "sentencepiece", 500,
+                    sample_mb=0.5, vocab_only=True, progress=False)
+    tokenizer = ["--tokenizer", str(tmp_path / "vocab" / "tokenizer.model")]
+  returned, seconds, err = _interrupt(tmp_path, ["--input", str(corpus), *tokenizer,
+                                                 "--workers", "2"], phase, sig)
+  assert returned == code and seconds < 10, err[-2000:]
+  assert "interrupted" in err and "Traceback" not in err
+  assert sorted(os.listdir(tmp_path)) == sorted(["corpus.txt", "vocab"][:1 + (phase ==
+                                                                              "encoding")])
+  pids = subprocess.run(["pgrep", "-f", str(corpus)], capture_output=True, text=True).stdout
+  assert not pids.strip()  # no worker or child process left
