@@ -34,6 +34,20 @@ def write_corpus(directory: str, megabytes: float) -> None:
         written += len(piece)
 
 
+def run(args: list[str]) -> tuple[float, float]:
+  """(wall seconds, peak resident MB of the largest process of its tree) of
+  python -m train.prepare `args`, from the checkout."""
+  start = time.perf_counter()
+  process = subprocess.Popen([sys.executable, "-m", "train.prepare", *args], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  stderr = process.stderr.read()
+  _, status, usage = os.wait4(process.pid, 0)  # the usage of this process and its children
+  seconds = time.perf_counter() - start
+  if os.waitstatus_to_exitcode(status) != 0:
+    raise SystemExit(f"python -m train.prepare {' '.join(args)} failed:\n{stderr[-2000:]}")
+  return seconds, usage.ru_maxrss / 1024
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m benchmarks.prepare", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -50,21 +64,11 @@ def main(argv=None) -> int:
       write_corpus(corpus, megabytes)
       for workers in [int(x) for x in args.workers.split(",")]:
         out = os.path.join(root, f"out{workers}")
-        cmd = [sys.executable, "-m", "train.prepare", "--input", os.path.join(corpus, "*.txt"),
-               "--out", out, "--tokenizer", args.tokenizer, "--seq-len", "512",
-               "--workers", str(workers)]
+        cmd = ["--input", os.path.join(corpus, "*.txt"), "--out", out, "--tokenizer",
+               args.tokenizer, "--seq-len", "512", "--workers", str(workers)]
         if args.vocab_size:
           cmd += ["--vocab-size", args.vocab_size]
-        # ru_maxrss of children is the largest of those waited for so far: run each
-        # measurement in a fresh child of its own.
-        probe = [sys.executable, "-c", "import resource, subprocess, sys; "
-                 "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL, "
-                 "stderr=subprocess.DEVNULL); "
-                 "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)", *cmd]
-        start = time.perf_counter()
-        result = subprocess.run(probe, cwd=ROOT, check=True, capture_output=True, text=True)
-        seconds = time.perf_counter() - start
-        peak_mb = int(result.stdout.split()[-1]) / 1024
+        seconds, peak_mb = run(cmd)
         print(f"{megabytes:6.0f} MB, {args.tokenizer}, {workers} worker(s): {seconds:6.1f} s, "
               f"{megabytes / seconds / workers:5.1f} MB/s per worker, peak RSS {peak_mb:5.0f} MB",
               flush=True)

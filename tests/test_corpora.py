@@ -242,3 +242,24 @@ def test_a_signal_ends_a_prepare_promptly_in_any_phase_with_nothing_left(
                                                                               "encoding")])
   pids = subprocess.run(["pgrep", "-f", str(corpus)], capture_output=True, text=True).stdout
   assert not pids.strip()  # no worker or child process left
+
+
+def test_tokenizers_vocabularies_train_on_the_sample_and_bpe_encodes_any_text(documents,
+                                                                             tmp_path):
+  from tokenizers import Tokenizer
+  (tmp_path / "a.txt").write_text("\n".join(documents[:20]))
+  text = (tmp_path / "a.txt").read_text()
+  for kind in ("bpe", "wordpiece", "unigram"):
+    meta = prepare.prepare([str(tmp_path / "a.txt")], str(tmp_path / kind), kind, 400,
+                           seq_len=64, eval_fraction=0.1, progress=False)
+    assert meta["tokenizer"] == {"kind": "huggingface", "file": "tokenizer.json",
+                                 "vocab_size": 400}, kind
+  first = np.fromfile(tmp_path / "bpe" / "train.bin", np.uint16)[:9 * 64]  # the 10th is held out
+  bpe = Tokenizer.from_file(str(tmp_path / "bpe" / "tokenizer.json"))
+  decoded = bpe.decode((first - prepare.FIRST_TOKEN_ID).tolist())
+  assert len(decoded) > 1000 and text.startswith(decoded[:-1])  # lossless, newlines included
+
+  only = prepare.prepare([str(tmp_path / "a.txt")], str(tmp_path / "vocab"), "bpe", 300,
+                         vocab_only=True, progress=False)
+  assert only == {"tokenizer": str(tmp_path / "vocab" / "tokenizer.json")}
+  assert os.listdir(tmp_path / "vocab") == ["tokenizer.json"]

@@ -1,6 +1,7 @@
 """Labelled examples for fine-tuning: JSON lines in, token ids and label indices out.
 
-Each line of a training or held-out file is a JSON object: the text under "text", an optional
+Each line of a training or held-out file (JSON lines, `.gz`/`.zst`/... compressed, or the rows
+of a Parquet file: whatever train.prepare reads) is an object: the text under "text", an optional
 second text under "text_pair", and its label under "label" (a string or an integer; every
 label of a file of one kind). The labels of the training file, sorted, are the classes; a
 held-out label outside them is an error. `prepare_examples` writes, into a directory:

@@ -1,32 +1,43 @@
 r"""Text in, training windows out, in memory that does not grow with the corpus.
 
-  python -m train.prepare --input 'corpus/*.txt' --out data/corpus \
+  python -m train.prepare --input corpus/ --include '*.txt' --out data/corpus \
       --tokenizer sentencepiece --vocab-size 8000 --seq-len 512
-  python -m train.prepare --input docs.jsonl --text-field text --out data/docs \
-      --tokenizer my/tokenizer.json --seq-len 128          # a Hugging Face tokenizer
+  python -m train.prepare --input 'dump/**/*.jsonl.zst' --input wiki.parquet --text-field text \
+      --out data/docs --tokenizer my/tokenizer.json --seq-len 128   # a Hugging Face tokenizer
   python -m train --workdir runs/corpus --config.data.prepared=data/corpus
 
-Documents: each plain UTF-8 text file is one document, read line by line; each line of a
-JSON-lines file (`.jsonl`, `.json`) is one document, its text under `--text-field`;
+Inputs: files, directories (every file below, sorted, names starting with '.' left out) and
+globs ('**' crosses directories); `--include` filters what directories and globs find. Each
+plain UTF-8 text file is one document, read in blocks; each line of a JSON-lines file
+(`.jsonl`, `.json`) and each row of a Parquet file is one document, its text under
+`--text-field`. A `.gz`, `.bz2`, `.xz` or `.zst` ending is decompressed as the file is read.
 `--input builtin:pydoc_data.topics` is the built-in corpus, a document per topic of the
 standard library's pydoc_data.topics (~460 KB of English that ships with CPython).
 
-Tokenizers (`--tokenizer`): `bytes` (a UTF-8 byte per token); `sentencepiece` (a unigram model
-trained with the `sentencepiece` package on a sample of the corpus, `--vocab-size` pieces,
-with byte fallback so that any text encodes); or the path of a SentencePiece `.model` or a
-Hugging Face `tokenizer.json` (the `tokenizers` package).
+Tokenizers (`--tokenizer`): `bytes` (a UTF-8 byte per token); a vocabulary of `--vocab-size`
+trained on a sample of the corpus, in a process of its own: `sentencepiece` (unigram, byte
+fallback) or, with the `tokenizers` package, `bpe` (byte-level), `unigram` or `wordpiece`;
+or the path of a SentencePiece `.model` or a Hugging Face `tokenizer.json`. `--vocab-only`
+writes just the trained tokenizer, for the shards to share.
 
 Token ids (`train.tokens`): 0 pad, 1 mask, 2 the separator between documents, 3 unused, then
 each of the tokenizer's ids plus 4 (so bytes are 4 + byte value, as in the built-in corpus).
 
-Output, in `--out`: documents packed back to back with the separator after each, cut into
-windows of `--seq-len` ids (only the very last window is padded); every n-th window, n =
-round(1 / `--eval-fraction`), goes to the held-out split. `train.bin` and `eval.bin` hold the
-windows row after row (uint16 where the vocabulary fits, else uint32); `dataset.json` records
-the tokenizer, vocabulary size, special ids, seq_len, window counts and each input's path, size
-and SHA-256; the tokenizer's file is copied beside them. Everything is written into a temporary
-directory renamed to `--out` at the end, so an interrupted run leaves nothing training accepts.
-The same inputs and arguments give byte-identical files.
+Parts and shards: the inputs are numbered into parts of about `--part-mb` MB as stored
+(consecutive files together; a bigger file is read as several parts, record r of it in part
+r mod parts). Each part's documents are packed back to back, a separator after each, into
+windows of `--seq-len` ids of its own (its last window padded); window j of part u is held out
+when (j + u) mod n = n - 1, n = round(1 / `--eval-fraction`). So a part's windows do not depend
+on what is prepared with it: `--shard I --num-shards N` prepares the parts u with u mod N = I,
+and N shards hold exactly the windows of one prepare over all the inputs.
+
+Output, in `--out`: `train.bin` and `eval.bin` hold the windows row after row (uint16 where the
+vocabulary fits, else uint32); `dataset.json` records the tokenizer, vocabulary size, special
+ids, seq_len, window counts, the shard and each input's path, size and SHA-256 as stored; the
+tokenizer's file is copied beside them. Everything is written into a temporary directory
+renamed to `--out` at the end, so an interrupted run (Ctrl-C: exit 130, SIGTERM: 143, its
+worker processes ended with it) leaves nothing training accepts. The same inputs and
+arguments give byte-identical files, whatever the number of `--workers`.
 """
 
 from __future__ import annotations
