@@ -62,6 +62,9 @@ def get_config() -> ml_collections.ConfigDict:
   # classifier from (labels must then be the integers 0 … classes - 1 of its rows).
   config.init.torch_head = config_dict.placeholder(str)
 
+  # The usual fine-tuning recipe: AdamW, linear warm-up then decay to 0, no label smoothing.
+  config.optim.recipe = "adamw"
+  config.optim.learning_rate = 1e-3
   config.optim.warmup_steps = 100
   config.optim.label_smoothing = 0.0
   config.train.update(num_steps=800, batch_size=32, seq_len=128, log_every=25,

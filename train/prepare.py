@@ -704,16 +704,19 @@ def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size:
     vocab = FIRST_TOKEN_ID + tokenizer_vocab
     dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
     windows = _WindowWriter(tmp, seq_len, dtype, held_out_every)
-    total = sum(s.size() for s in sources)
-    with (tqdm(total=total, unit="B", unit_scale=True, desc=f"encoding ({workers} workers)",
+    # The bar counts text: the stored size is its total only for plain files read whole.
+    plain = all(s.compression is None and s.format != "parquet" and len(s.keep) == s.parts
+                for s in sources)
+    total = sum(s.size() for s in sources) if plain else None
+    desc = f"encoding ({workers} worker{'s' if workers > 1 else ''})"
+    with (tqdm(total=total, unit="B", unit_scale=True, desc=desc,
                disable=not progress) as bar,
           _encoder(spec, workers) as encode):
       chunks = _chunks(_documents(sources, text_field))
       for (_, texts, _), part_ids in _encoded(chunks, encode, workers * _UNITS_IN_FLIGHT):
         for part, ids in part_ids:
           windows.add(part, ids)
-        read = sum(len(t.encode("utf-8")) for t in texts)  # text, not stored bytes: approximate
-        bar.update(read)
+        bar.update(sum(len(t.encode("utf-8")) for t in texts))
     windows.close()
     if not windows.text_tokens:
       raise PrepareError("the inputs hold no text")
