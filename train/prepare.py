@@ -454,9 +454,13 @@ def _encoded(chunks: Iterator, encode: Callable, in_flight: int) -> Iterator[tup
 
 
 def default_workers(tokenizer: str) -> int:
-  """What measures fastest (BENCHMARKS.md, "Preparing a corpus"): bytes are read faster than
-  a second process could be fed, a subword tokenizer keeps every core busy."""
-  return 1 if tokenizer == "bytes" else os.cpu_count() or 1
+  """What measured fastest (BENCHMARKS.md, "Preparing a corpus"): one process for bytes (read
+  faster than a second process could be fed) and SentencePiece (its batch encoding already
+  uses every core; a second process was no faster); one per CPU for a `tokenizers` model
+  (a second process was 12% faster)."""
+  if tokenizer in ("bytes", "sentencepiece") or tokenizer.endswith(".model"):
+    return 1
+  return os.cpu_count() or 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -465,7 +469,7 @@ def default_workers(tokenizer: str) -> int:
 
 TRAINED = ("sentencepiece", "bpe", "wordpiece", "unigram")
 # Seconds per MB of sample, measured (BENCHMARKS.md): for the estimate printed before training.
-_TRAINING_SECONDS_PER_MB = {"sentencepiece": 2.4, "bpe": 0.5, "wordpiece": 0.5, "unigram": 1.0}
+_TRAINING_SECONDS_PER_MB = {"sentencepiece": 0.8, "bpe": 0.4, "wordpiece": 0.4, "unigram": 1.0}
 
 
 def sample_lines(paths: list[str], text_field: str, sample_mb: float,
@@ -772,7 +776,8 @@ def main(argv=None) -> int:
   parser.add_argument("--text-field", default="text",
                       help="the JSON-lines field or Parquet column with the text")
   parser.add_argument("--workers", type=int, default=None,
-                      help="encoding processes; default 1 for bytes, else the CPU count")
+                      help="encoding processes; by default 1 for bytes and sentencepiece, "
+                           "the CPU count for tokenizers' models")
   parser.add_argument("--sample-mb", type=float, default=100.0,
                       help="MB of text the vocabulary is trained on")
   parser.add_argument("--shard", type=int, default=0, help="which part of --num-shards to prepare")
