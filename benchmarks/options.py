@@ -7,8 +7,9 @@ bfloat16 with `--dtype bfloat16`), compiled for one device:
   memory  `compiled.memory_analysis()`: the step's temporaries (activations, gradients) and
           its arguments (state and batch), for documents apart or not and each
           grad_accum_steps k, without allocating anything;
-  time    median step time, documents apart against not, interleaved (the dense
-          [batch, 1, seq, seq] segment mask against the [batch, 1, 1, seq] padding mask).
+  time    median step time, interleaved: documents together, then apart (the dense
+          [batch, 1, seq, seq] segment mask against the [batch, 1, 1, seq] padding mask) with
+          each grad_accum_steps k.
 """
 
 from __future__ import annotations
@@ -45,11 +46,14 @@ def main(argv=None) -> int:
             f"{analysis.temp_size_in_bytes / 1e9:.2f} GB, arguments "
             f"{analysis.argument_size_in_bytes / 1e9:.2f} GB", flush=True)
   if not args.skip_time:
-    runners = {apart: jax_side(cfg, batch, seq, steps_masked=1,
-                               cross_document_attention=not apart)[1] for apart in (False, True)}
+    runs = {"together": (False, 1), **{f"apart, k={k}": (True, k)
+                                       for k in (int(x) for x in args.accum.split(","))}}
+    runners = {name: jax_side(cfg, batch, seq, steps_masked=1, cross_document_attention=not apart,
+                              grad_accum_steps=k)[1] for name, (apart, k) in runs.items()}
     seconds = interleaved(runners, args.reps, warmup=1)
-    print(f"step time: documents together {seconds[False] * 1e3:.0f} ms, apart "
-          f"{seconds[True] * 1e3:.0f} ms ({seconds[True] / seconds[False]:.2f}x)", flush=True)
+    print("median step time: " + ", ".join(
+        f"documents {name} {s * 1e3:.0f} ms ({s / seconds['together']:.2f}x)"
+        for name, s in seconds.items()), flush=True)
   return 0
 
 
