@@ -170,13 +170,14 @@ def load_prepared(prepared: str, seq_len: int, weights: str | None = None,
   directories = [d for _, found in entries for d in found]
   loaded = [_load_directory(d, seq_len) for d in directories]
   first = loaded[0]
-  for directory, other in zip(directories[1:], loaded[1:]):
-    for what, value in (("vocabulary", lambda w: w.vocab_size),
-                        ("tokenizer", lambda w: _tokenizer_identity(w.tokenizer))):
-      if value(other) != value(first):
+  identities = [{"vocabulary": w.vocab_size, "tokenizer": _tokenizer_identity(w.tokenizer)}
+                for w in loaded]
+  for directory, identity in zip(directories[1:], identities[1:]):
+    for what, value in identity.items():
+      if value != identities[0][what]:
         raise RunError(f"config.data.prepared: {directory} and {directories[0]} differ in their "
-                       f"{what} ({value(other)} and {value(first)}): prepare every part with the "
-                       f"same --tokenizer file")
+                       f"{what} ({value} and {identities[0][what]}): prepare every part with "
+                       f"the same --tokenizer file")
   per_directory = None if max_eval is None else max(1, max_eval // len(loaded))
   if len(loaded) == 1:
     windows = first
@@ -300,7 +301,7 @@ class Concatenated:
 
   def __getitem__(self, index) -> np.ndarray:
     if isinstance(index, slice):
-      index = np.arange(len(self))[index]
+      index = np.arange(*index.indices(len(self)))
     index = np.asarray(index)
     part = np.searchsorted(self.starts, index, side="right") - 1
     out = np.empty((*index.shape, *self.shape[1:]), self.dtype)

@@ -186,9 +186,7 @@ class Source:
     self._digest = hashlib.sha256()
 
   def size(self) -> int:
-    if self.path == BUILTIN:
-      return sum(len(t.encode("utf-8")) for t in _builtin_topics())
-    return os.path.getsize(self.path)
+    return _stored_size(self.path)
 
   def record(self) -> dict:
     """{'path', 'bytes', 'sha256'}: what dataset.json records of it, once it has been read."""
@@ -201,7 +199,8 @@ class Source:
       return "it is gone"
     if self.size() != record["bytes"]:
       return f"{record['bytes']} bytes then, {self.size()} now"
-    return None if _sha256(self.path) == record["sha256"] else "same size, other SHA-256"
+    same = _file_digest(self.path).hexdigest() == record["sha256"]
+    return None if same else "same size, other SHA-256"
 
   def documents(self, text_field: str) -> Iterator[tuple[int, str, bool]]:
     """(part, text, whether it ends a document), in file order, of the parts kept."""
@@ -210,7 +209,8 @@ class Source:
         self._digest.update(text.encode("utf-8"))
         yield self.first, text, True
     elif self.format == "parquet":
-      for part, (number, text) in self._parts(self._column(text_field)):
+      for part, (number, row) in self._parts(self._parquet_rows(text_field)):
+        text = row[text_field]
         if not isinstance(text, str):
           raise PrepareError(f"{self.path}: row {number}: {text_field!r} (--text-field) is "
                              f"{type(text).__name__}, expected a string")
@@ -235,7 +235,7 @@ class Source:
     """(line number, JSON object) of each non-blank line of a JSON-lines file; (row number,
     {column: value}) of each row of a Parquet file."""
     if self.format == "parquet":
-      yield from self._rows()
+      yield from self._parquet_rows()
       return
     for number, line in self._lines():
       if not line.strip():
@@ -316,54 +316,55 @@ class Source:
     except Exception as e:  # noqa: BLE001 - pyarrow's errors, whichever: name the file
       raise PrepareError(f"{self.path}: not a readable Parquet file ({e})") from None
 
-  def _column(self, name: str) -> Iterator[tuple[int, object]]:
-    """(row number, value) of a Parquet file's column `name`, a row group at a time."""
+  def _parquet_rows(self, text_field: str | None = None) -> Iterator[tuple[int, dict]]:
+    """(row number, {column: value}) of a Parquet file's rows, a row group at a time: only
+    the column `text_field`, where given. The file is hashed once read (Parquet is read by
+    seeking, not as one stream)."""
     with self._parquet() as table:
-      if name not in table.schema_arrow.names:
-        raise PrepareError(f"{self.path}: no column {name!r} (--text-field); it has "
+      if text_field is not None and text_field not in table.schema_arrow.names:
+        raise PrepareError(f"{self.path}: no column {text_field!r} (--text-field); it has "
                            f"{', '.join(table.schema_arrow.names)}")
-      rows = (value for batch in table.iter_batches(_PARQUET_ROWS, columns=[name])
-              for value in batch.column(0).to_pylist())
-      yield from enumerate(rows, 1)
-    self._digest = _sha256(self.path, digest=True)
-
-  def _rows(self) -> Iterator[tuple[int, dict]]:
-    with self._parquet() as table:
-      rows = (row for batch in table.iter_batches(_PARQUET_ROWS) for row in batch.to_pylist())
-      yield from enumerate(rows, 1)
-    self._digest = _sha256(self.path, digest=True)
+      columns = None if text_field is None else [text_field]
+      yield from enumerate((row for batch in table.iter_batches(_PARQUET_ROWS, columns=columns)
+                            for row in batch.to_pylist()), 1)
+    self._digest = _file_digest(self.path)
 
 
-def _sha256(path: str, digest: bool = False):
-  """The SHA-256 of a file as stored (of the built-in corpus's texts), hex or the digest."""
-  h = hashlib.sha256()
+def _stored_size(path: str) -> int:
+  if path == BUILTIN:
+    return sum(len(t.encode("utf-8")) for t in _builtin_topics())
+  return os.path.getsize(path)
+
+
+def _file_digest(path: str):
+  """The SHA-256 (a hashlib object) of a file as stored, or of the built-in corpus's texts."""
+  digest = hashlib.sha256()
   if path == BUILTIN:
     for text in _builtin_topics():
-      h.update(text.encode("utf-8"))
+      digest.update(text.encode("utf-8"))
   else:
     with open(path, "rb") as f:
       while block := f.read(_CHUNK_CHARS):
-        h.update(block)
-  return h if digest else h.hexdigest()
+        digest.update(block)
+  return digest
 
 
 def plan(paths: list[str], part_bytes: int) -> list[Source]:
   """The inputs as Sources numbered into parts of the corpus: consecutive files together up to
   `part_bytes` (as stored), a bigger file split into parts of its own. The numbering depends
   only on the inputs and `part_bytes`, so every shard of a prepare agrees on it."""
-  sources, part, filled = [], 0, 0
+  sources, part, filled = [], 0, 0  # filled: bytes in part `part` so far
   for path in paths:
-    source = Source(path)
-    size = source.size()
+    size = _stored_size(path)
     if size > part_bytes:
       part += filled > 0
-      source.__init__(path, part, -(-size // part_bytes))
-      part, filled = part + source.parts, 0
+      sources.append(Source(path, part, parts=-(-size // part_bytes)))
+      part, filled = part + sources[-1].parts, 0
     else:
       if filled and filled + size > part_bytes:
         part, filled = part + 1, 0
-      source.first, filled = part, filled + size
-    sources.append(source)
+      sources.append(Source(path, part))
+      filled += size
   return sources
 
 
