@@ -17,18 +17,19 @@ import ml_collections
 from ml_collections import config_dict
 
 from configs import default
+from flax_encoder import EncoderConfig
 
 
 def get_config() -> ml_collections.ConfigDict:
   config = default.get_config()
 
-  # Fields a pretrained encoder fixes: unset, they come from config.init's encoder; from
-  # scratch, configs/default.py's. Given, they must agree with the pretrained encoder.
-  for name, kind in (("d_model", int), ("n_heads", int), ("d_ff", int), ("n_layers", int),
-                     ("max_len", int), ("norm_position", str), ("final_norm", bool),
-                     ("layer_norm_eps", float), ("activation", str), ("param_dtype", str),
-                     ("scan_layers", bool)):
-    config.model[name] = config_dict.placeholder(kind)
+  # What the encoder is (EncoderConfig's architecture and parameters fields): unset, it comes
+  # from config.init's encoder; from scratch, configs/default.py's. Given, it must agree with
+  # the pretrained encoder. How it runs (dtype, attention_impl, remat) is this run's own.
+  for role in ("architecture", "parameters"):
+    for name in EncoderConfig.fields(role):
+      if name in config.model and name != "vocab_size":
+        config.model[name] = config_dict.placeholder(type(config.model[name]))
   config.model.dropout = 0.1  # also before the classifier
 
   config.task = ml_collections.ConfigDict()
@@ -43,8 +44,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.text_field = "text"
   config.data.pair_field = "text_pair"  # joined to the text with the separator id between
   config.data.label_field = "label"
-  # "bytes", a SentencePiece .model or a tokenizer.json; unset: the init run's, else bytes.
+  # "bytes"; a vocabulary trained on the training texts: "sentencepiece", "bpe", "wordpiece"
+  # or "unigram" (config.data.vocab_size pieces); a SentencePiece .model or a tokenizer.json.
+  # Unset: config.init.run's; from scratch, a trained SentencePiece vocabulary (on the built-in
+  # task it beats bytes: README, "Fine-tuning"); from a PyTorch checkpoint, bytes.
   config.data.tokenizer = config_dict.placeholder(str)
+  config.data.vocab_size = 8000
   # The ids: the tokenizer's own plus id_offset, padding and the separator of a pair. This
   # project's numbering is 4, 0, 2; a PyTorch model trained on the tokenizer's own ids
   # (config.init.torch_checkpoint) wants 0 and its own pad and separator ids.

@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import os
 import sys
+import tempfile
 
 import flax.linen as nn
 import jax
@@ -31,18 +32,21 @@ import optax
 from flax_encoder import Encoder, EncoderConfig
 from flax_encoder.dense import dense
 from flax_encoder.dropout import Dropout
-from train import data, examples, settings
+from train import data, examples, prepare, settings
 from train.errors import RunError
-from train.step import Setup
-from train.tokens import KINDS, TokenizerSpec
+from train.task import (Definition, Field, Plots, Resume, Setup, choice, integer, optional,
+                        string)
+from train.tokens import TokenizerSpec
 
 POOLINGS = ("mean", "first")
-# The encoder's fields that its parameters fix: a pretrained encoder brings its own, and a
-# config that gives one must agree with it. The others (dropout, dtype, attention, remat) are
-# the fine-tuning run's own.
-ARCHITECTURE = ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len",
-                "norm_position", "final_norm", "layer_norm_eps", "activation", "param_dtype",
-                "scan_layers")
+# The encoder's fields a pretrained encoder brings (what it is and how its parameters are
+# stored): a config that gives one must agree with it. The others (dropout, dtype, attention,
+# remat) are the fine-tuning run's own. pad_id is the data's.
+ARCHITECTURE = tuple(name for role in ("architecture", "parameters")
+                     for name in EncoderConfig.fields(role) if name != "pad_id")
+# What config.data.tokenizer may name besides a file: bytes, or a vocabulary trained on the
+# training texts (config.data.vocab_size ids), the default from scratch.
+TRAINED = prepare.TRAINED
 
 
 def pool(hidden: jax.Array, real: jax.Array, pooling: str) -> jax.Array:
@@ -109,6 +113,11 @@ class ClassifyTask:
             "baseline_correct": jnp.sum((labels == self.baseline_label) & valid),
             "count": jnp.sum(valid), "true_positives": jnp.sum(true_1hot * predicted_1hot, 0),
             "true": jnp.sum(true_1hot, 0), "predicted": jnp.sum(predicted_1hot, 0)}
+
+  @staticmethod
+  def token_count(rows: dict) -> int:
+    """Ids in a batch of examples, padding included."""
+    return int(rows["tokens"].size)
 
   @staticmethod
   def eval_metrics(sums: dict) -> dict:
@@ -201,15 +210,16 @@ def _encoder_config(config, start: _Start, vocab_size: int, pad_id: int) -> Enco
   if start.fields and start.fields["vocab_size"] < vocab_size:
     raise RunError(f"config.data.tokenizer: ids up to {vocab_size - 1}, but {start.source}'s "
                    f"embedding has {start.fields['vocab_size']} rows")
-  try:
-    return EncoderConfig(vocab_size=start.fields.get("vocab_size", vocab_size), pad_id=pad_id,
-                         **fields)
-  except ValueError as e:
-    raise RunError(str(e).replace("EncoderConfig.", "config.model.")) from None
+  return settings.build_encoder(fields, start.fields.get("vocab_size", vocab_size), pad_id,
+                                config.train.seq_len)
 
 
-def _tokenizer(config, start: _Start):
-  """The tokenizer (offset config.data.id_offset) and its file name in the data directory."""
+def _tokenizer(config, start: _Start, paths: dict, fields: dict):
+  """The tokenizer (offset config.data.id_offset) and its file name in the data directory.
+
+  A pretraining run brings its own; otherwise config.data.tokenizer says: "bytes", a file, or
+  the kind of a vocabulary to train on the training texts; unset, from scratch, a SentencePiece
+  vocabulary trained on them, and from a PyTorch checkpoint, bytes."""
   given = config.data.tokenizer
   if start.tokenizer is not None:  # a pretraining run's
     if given is not None and _spec(given) != _fingerprint(start.tokenizer):
@@ -218,7 +228,11 @@ def _tokenizer(config, start: _Start):
                      f" leave it unset to take the run's")
     spec = start.tokenizer
   else:
-    spec = _as_spec(given or "bytes")
+    given = given or ("sentencepiece" if start.params is None else "bytes")
+    if given in TRAINED:
+      spec = _train_vocabulary(given, config.data.vocab_size, paths["train"], fields)
+    else:
+      spec = _as_spec(given)
   names = {"bytes": None, "sentencepiece": "tokenizer.model", "huggingface": "tokenizer.json"}
   try:
     return spec.load(config.data.id_offset), names[spec.kind]
@@ -227,14 +241,50 @@ def _tokenizer(config, start: _Start):
                    f"tokenizer ({type(e).__name__}: {e})") from None
 
 
+def _train_vocabulary(kind: str, vocab_size: int, path: str, fields: dict) -> TokenizerSpec:
+  """A `kind` vocabulary of `vocab_size` pieces trained on the texts of the training file
+  `path`, in a file of its own. Training is deterministic, so a resumed run trains the same
+  one (and the prepared examples, which record it, are reused)."""
+  texts = []
+  try:
+    for _, record in prepare.Source(path).records():
+      texts += [record[f] for f in (fields["text"], fields["pair"])
+                if isinstance(record.get(f), str) and record[f].strip()]
+  except prepare.PrepareError as e:
+    raise RunError(str(e)) from None
+  except FileNotFoundError:
+    raise RunError(f"config.data.train: {path!r}: no such file") from None
+  out = os.path.join(tempfile.mkdtemp(prefix="vocabulary-"),
+                     "tokenizer.model" if kind == "sentencepiece" else "tokenizer.json")
+  try:
+    prepare.train_vocabulary(kind, texts, vocab_size, out)
+  except Exception as e:  # noqa: BLE001 - the trainers' errors name no field
+    raise RunError(f"config.data.vocab_size: {vocab_size}, expected fewer ids than a {kind} "
+                   f"vocabulary can hold for the {len(texts)} training texts "
+                   f"({str(e).splitlines()[0][:200]}); lower it, or set "
+                   f"config.data.tokenizer='bytes'") from None
+  return TokenizerSpec("sentencepiece" if kind == "sentencepiece" else "huggingface", out)
+
+
 def _as_spec(given: str) -> TokenizerSpec:
   if given == "bytes":
     return TokenizerSpec("bytes")
   if not os.path.isfile(given):
-    raise RunError(f"config.data.tokenizer: {given!r}, expected 'bytes', a SentencePiece "
-                   f".model or a tokenizer.json")
+    raise RunError(f"config.data.tokenizer: {given!r}, expected 'bytes', one of {TRAINED} (a "
+                   f"vocabulary trained on the training texts), a SentencePiece .model or a "
+                   f"tokenizer.json")
   kind = "huggingface" if given.endswith(".json") else "sentencepiece"
   return TokenizerSpec(kind, os.path.abspath(given))
+
+
+def _same_tokenizer_file(directory: str, name: str | None, tokenizer) -> bool:
+  """Whether the data directory holds `tokenizer`'s file (a retrained vocabulary must be the
+  one the examples were encoded with)."""
+  if name is None:
+    return True
+  copy = os.path.join(directory, name)
+  return os.path.isfile(copy) and (
+      _fingerprint(TokenizerSpec(tokenizer.spec.kind, copy)) == _fingerprint(tokenizer.spec))
 
 
 def _fingerprint(spec: TokenizerSpec) -> tuple:
@@ -252,10 +302,9 @@ def _spec(given: str) -> tuple:
 # What the loop needs.
 
 
-def setup(config, workdir: str, resuming: bool, allow_changes: bool) -> Setup:
+def setup(config, workdir: str, resume: Resume) -> Setup:
   """Fine-tuning on config.data.train and config.data.eval, from config.init."""
   start = _start(config)
-  tokenizer, tokenizer_file = _tokenizer(config, start)
   paths = {"train": config.data.train, "eval": config.data.eval}
   if examples.BUILTIN in paths.values():
     if set(paths.values()) != {examples.BUILTIN}:
@@ -268,6 +317,7 @@ def setup(config, workdir: str, resuming: bool, allow_changes: bool) -> Setup:
       paths = {s: os.path.join(workdir, "builtin", f"{s}.jsonl") for s in paths}
   fields = {"text": config.data.text_field, "pair": config.data.pair_field,
             "label": config.data.label_field}
+  tokenizer, tokenizer_file = _tokenizer(config, start, paths, fields)
   directory = os.path.join(workdir, "data")
   request = {"seq_len": config.train.seq_len, "fields": fields,
              "tokenizer": {"kind": tokenizer.spec.kind, "file": tokenizer_file,
@@ -275,17 +325,16 @@ def setup(config, workdir: str, resuming: bool, allow_changes: bool) -> Setup:
              "vocab_size": tokenizer.vocab_size, "pad_id": config.data.pad_id,
              "separator_id": config.data.separator_id}
   same_request = lambda meta: (all(meta.get(k) == v for k, v in request.items()) and
-                               [i["path"] for i in meta["inputs"]] == list(paths.values()))
+                               [i["path"] for i in meta["inputs"]] == list(paths.values()) and
+                               _same_tokenizer_file(directory, tokenizer_file, tokenizer))
   build = lambda d: examples.prepare_examples(paths, d, tokenizer, tokenizer_file,
                                               config.train.seq_len, fields, config.data.pad_id,
                                               config.data.separator_id)
-  data.prepare_once(directory, same_request, build, resuming, allow_changes, "config.data")
+  data.prepare_once(directory, same_request, build, resume.resuming, resume.allow_changes,
+                    "config.data")
   loaded = examples.load_examples(directory)
   meta = loaded["meta"]
   cfg = _encoder_config(config, start, meta["vocab_size"], config.data.pad_id)
-  if config.train.seq_len > cfg.max_len:
-    raise RunError(f"config.train.seq_len: {config.train.seq_len}, expected <= the encoder's "
-                   f"max_len ({cfg.max_len})")
   labels = meta["labels"]
   params = _start_params(start, cfg, labels, config)
   counts = np.bincount(np.asarray(loaded["train"]["labels"]), minlength=len(labels))
@@ -300,7 +349,7 @@ def setup(config, workdir: str, resuming: bool, allow_changes: bool) -> Setup:
           file=sys.stderr)
   return Setup(task=task, encoder=cfg, train=loaded["train"], eval=loaded["eval"],
                eval_fill={"tokens": config.data.pad_id, "labels": -1},
-               record={"encoder": settings.encoder_record(cfg), "dataset": loaded["identity"],
+               record={"encoder": cfg.record(), "dataset": loaded["identity"],
                        "source": directory, "labels": labels, "start": start.source},
                start_params=params)
 
@@ -324,3 +373,71 @@ def _start_params(start: _Start, cfg: EncoderConfig, labels: list, config):
   dtype = np.dtype(cfg.param_dtype)
   return {"encoder": start.params,
           "classifier": {"kernel": kernel.astype(dtype), "bias": start.head["bias"].astype(dtype)}}
+
+
+# ---------------------------------------------------------------------------------------------
+# What the program knows of the task.
+
+
+def summary(metrics: dict) -> str:
+  return (f"eval accuracy {metrics['accuracy']:.3f}, macro-F1 {metrics['macro_f1']:.3f} "
+          f"(majority class {metrics['baseline_accuracy']:.3f}), eval loss "
+          f"{metrics['loss']:.3f}")
+
+
+def export(workdir: str, out: str) -> str:
+  """Writes the run's classifier (encoder, head, tokenizer and classes) to `out` (.msgpack), a
+  file `flax_encoder.text_classifier.TextClassifier.load` turns into text -> labels."""
+  from train.predict import Predictor
+  Predictor(workdir).text_classifier().save(out)
+  return out
+
+
+def _check(config) -> None:
+  _check_init(config.init)
+  given = config.data.tokenizer
+  if given is not None and given not in ("bytes", *TRAINED) and not os.path.isfile(given):
+    _as_spec(given)  # the one-line refusal
+
+
+def _check_init(init) -> None:
+  if init.run and init.torch_checkpoint:
+    raise RunError(f"config.init.torch_checkpoint: {init.torch_checkpoint!r}, expected unset "
+                   f"with config.init.run ({init.run!r}): the encoder starts from one of them")
+  if init.torch_checkpoint and init.n_heads is None:
+    raise RunError("config.init.n_heads: unset, expected the PyTorch encoder's number of heads "
+                   "(the weights' shapes do not show it)")
+  if init.torch_head and not init.torch_checkpoint:
+    raise RunError(f"config.init.torch_head: {init.torch_head!r}, expected it only with "
+                   f"config.init.torch_checkpoint")
+
+
+DEFINITION = Definition(
+    name="classify",
+    fields={
+        "task.pooling": Field(choice(POOLINGS)),
+        "data.train": Field(string),
+        "data.eval": Field(string),
+        "data.tokenizer": Field(optional(string)),
+        "data.vocab_size": Field(integer(2)),
+        "data.text_field": Field(string),
+        "data.pair_field": Field(string),
+        "data.label_field": Field(string),
+        "data.id_offset": Field(integer(0)),
+        "data.pad_id": Field(integer(0)),
+        "data.separator_id": Field(integer(0)),
+        "init.run": Field(optional(string)),
+        "init.torch_checkpoint": Field(optional(string)),
+        "init.n_heads": Field(optional(integer(1))),
+        "init.prefix": Field(lambda value: None if isinstance(value, str) else "a string"),
+        "init.torch_head": Field(optional(string)),
+    },
+    setup=setup,
+    plots=Plots(loss_title="Classification loss", loss_unit="nats / example",
+                train_loss="train", metrics={"accuracy": "accuracy", "macro_f1": "macro-F1"},
+                baseline=("baseline_accuracy", "baseline: majority class"),
+                accuracy_title="Held-out accuracy and macro-F1"),
+    summary=summary,
+    export=export,
+    check=_check,
+)

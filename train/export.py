@@ -1,11 +1,15 @@
-"""Exports a run's encoder: a weights file for JAX, PyTorch weights, or a jax.export program.
+"""Exports a run: a weights file for JAX, PyTorch weights, or a jax.export program.
 
   python -m train.export --workdir runs/demo --out encoder.msgpack
+  python -m train.export --workdir runs/cls --out classifier.msgpack
   python -m train.export --workdir runs/demo --out encoder.safetensors [--layout torch_nn]
   python -m train.export --workdir runs/demo --out encoder.jaxexport [--seq-len 64]
 
-A .msgpack file holds the encoder's config and parameters; any JAX program with the library
-installed loads it with `flax_encoder.weights.load_weights` (no checkout, no orbax). PyTorch
+A .msgpack file of a pretraining run holds the encoder's config and parameters; any JAX
+program with the library installed loads it with `flax_encoder.weights.load_weights` (no
+checkout, no orbax). Of a fine-tuning run, it holds what its task exports: the encoder, the
+classifier's head, the tokenizer and the classes, which
+`flax_encoder.text_classifier.TextClassifier.load` turns into a function from texts to labels. PyTorch
 weights (.safetensors, .pt, .pth, .bin) need the `torch` extra. A .jaxexport file is the
 compiled encoder with its weights (StableHLO for CPU and CUDA), taking int32 ids
 [batch, seq_len]; it runs with `jax.export.deserialize(data).call(tokens)` and no code of this
@@ -20,6 +24,8 @@ import sys
 
 from flax_encoder.inference import export_encoder
 from flax_encoder.weights import save_weights
+from train import tasks
+from train.errors import RunError
 from train.load import load_config, load_encoder
 
 _TORCH = (".safetensors", ".pt", ".pth", ".bin")
@@ -45,6 +51,13 @@ def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None
                         f"(pip install -e '.[torch]'): {e}") from None
     if layout not in LAYOUTS:
       raise ExportError(f"--layout must be one of {LAYOUTS}, got {layout!r}")
+  if out.endswith(".msgpack"):
+    definition = tasks.definition(load_config(workdir).task.get("name", "masked_lm"))
+    if definition.export is not None:
+      try:
+        return _readable_as_umask_allows(definition.export(workdir, out))
+      except RunError as e:
+        raise ExportError(str(e)) from None
   cfg, variables = load_encoder(workdir)
   if out.endswith(".msgpack"):
     save_weights(out, cfg, variables)
@@ -58,15 +71,15 @@ def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None
     else:
       import torch
       torch.save(state, out)
-  _readable_as_umask_allows(out)
-  return out
+  return _readable_as_umask_allows(out)
 
 
-def _readable_as_umask_allows(path: str) -> None:
+def _readable_as_umask_allows(path: str) -> str:
   """safetensors writes its files 0600; give the export the mode a new file gets here."""
   umask = os.umask(0)
   os.umask(umask)
   os.chmod(path, 0o666 & ~umask)
+  return path
 
 
 def main(argv=None) -> int:

@@ -20,9 +20,10 @@ from train import data, launch, memory, settings, tasks
 from train.checkpoint import Checkpointer
 from train.errors import RunError
 from train.metrics import MetricWriter, read_metrics
-from train.optim import make_optimizer
+from train.optim import make_optimizer, warmup_note
 from train.plots import plot_run
 from train.step import abstract_state, init_state, make_train_step
+from train.task import Resume
 from train.workdir import WorkdirLock, check_workdir
 
 # The held-out batches are masked once, with keys of their own (fold_in(PRNGKey(seed +
@@ -31,13 +32,15 @@ from train.workdir import WorkdirLock, check_workdir
 _EVAL_SEED_OFFSET = 2
 
 
-def evaluate(eval_fn, params, batches) -> dict:
-  """The sums of `eval_fn` over `batches`, added up on the host."""
+def evaluate(eval_fn, params, batches, show: bool = False) -> dict:
+  """The sums of `eval_fn` over `batches`, added up on the host; with a progress bar of its
+  own if `show` (an evaluation of many batches takes a while)."""
   # One batch at a time, summed on the host: with several processes on CPU, independent
   # computations in flight together can interleave their gloo collectives differently in
   # each process and deadlock.
   sums = {}
-  for batch in batches:
+  for batch in tqdm(batches, desc="eval", unit="batch", leave=False, dynamic_ncols=True,
+                    disable=not show):
     for name, value in jax.device_get(eval_fn(params, batch)).items():
       sums[name] = sums.get(name, 0.0) + np.asarray(value, np.float64)
   return sums
@@ -158,10 +161,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
   """Trains (or resumes) the run in `workdir`; returns the process exit code.
 
   Mistakes in the config, the data or the workdir raise RunError before the first step; a
-  resumed run must have its checkpoint's config, but for the fields settings.MAY_CHANGE
-  names, unless `allow_changes`.
+  resumed run must have its checkpoint's config, but for the fields that may change freely
+  (train.settings.resume_kind), unless `allow_changes`.
   """
-  settings.check(config)
+  definition = tasks.definition(config.task.get("name") if "task" in config else None)
+  settings.check(config, definition)
   train_config = config.train
   primary = jax.process_index() == 0  # the one process that writes metrics and plots
   if primary:
@@ -174,11 +178,17 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
                                 train_config.keep_checkpoints)
     stack.callback(checkpointer.close)
     stack.callback(checkpointer.wait)  # runs before close: the last save is on disk
-    resume = _resume_point(checkpointer, config, allow_changes)
-    setup = tasks.setup(config, workdir, resume is not None, allow_changes)
+    resume = _resume_point(checkpointer, config, allow_changes, definition)
+    setup = definition.setup(config, workdir, Resume(resume is not None, allow_changes))
     if resume is not None:
-      _check_same_data(resume, setup.record, allow_changes)
+      step, meta = resume
+      Resume(True, allow_changes).check_dataset(step, meta.get("dataset"),
+                                                setup.record["dataset"],
+                                                setup.record.get("source", "the data"))
     task = setup.task
+    note = warmup_note(config.optim, train_config.num_steps)
+    if note and primary:
+      print(note, file=sys.stderr)
     tx, schedule = make_optimizer(config.optim, setup.encoder.d_model, train_config.num_steps)
     mesh = _mesh(config)
     record = {"config": config.to_json(), **setup.record}
@@ -225,7 +235,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
       waited = time.perf_counter() - waiting
       state, metrics = train_step(state, batch)
       step += 1
-      progress.add(step, metrics, _token_count(batch), waited)
+      progress.add(step, metrics, task.token_count(batch), waited)
       profiler.after(step, metrics, progress)
       is_last = step == train_config.num_steps
       stopping = stop.stopping(step, train_config.log_every, after=metrics)
@@ -235,7 +245,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
         if bad is not None:
           raise _non_finite("training", *bad, checkpointer, early=bad[0] <= _EARLY_STEPS)
       if step % train_config.eval_every == 0 or is_last:
-        eval_metrics = task.eval_metrics(evaluate(eval_step, state.params, eval_data))
+        eval_metrics = task.eval_metrics(evaluate(eval_step, state.params, eval_data,
+                                                  show=primary and len(eval_data) > 1))
         if not np.isfinite(eval_metrics["loss"]):
           raise _non_finite("eval", step, eval_metrics["loss"], checkpointer, early=False)
         if writer:
@@ -250,11 +261,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
 
   if exit_code == 0 and primary:
     records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
-    plot_run(records, schedule, train_config.num_steps, os.path.join(workdir, "plots"))
+    plot_run(records, schedule, train_config.num_steps, os.path.join(workdir, "plots"),
+             definition.plots, config.optim.recipe)
     final = [r for r in records if r["split"] == "eval"][-1]
-    f1 = f", macro-F1 {final['macro_f1']:.3f}" if "macro_f1" in final else ""
-    print(f"step {step}: eval accuracy {final['accuracy']:.3f} (baseline "
-          f"{final['baseline_accuracy']:.3f}){f1}, eval loss {final['loss']:.3f}; plots in "
+    print(f"step {step}: {definition.summary(final)}; plots in "
           f"{os.path.join(workdir, 'plots')}")
   return exit_code
 
@@ -294,33 +304,17 @@ def _with_params(state, start_params: dict):
   return state.replace(params={**state.params, **placed})
 
 
-def _token_count(batch) -> int:
-  """Tokens in a batch of rows: windows of ids, or examples whose ids are batch['tokens']."""
-  return int(batch["tokens"].size if isinstance(batch, dict) else batch.size)
-
-
-def _resume_point(checkpointer: Checkpointer, config, allow_changes: bool):
+def _resume_point(checkpointer: Checkpointer, config, allow_changes: bool, definition):
   """(step, meta) of the checkpoint to resume from, or None; RunError if the config differs
   from the one it records in a way that needs --allow_changes or cannot resume at all."""
   newest = checkpointer.newest()
   if newest is None:
     return None
   step, meta = newest
-  changed = settings.check_resume(meta["config"], config, step, allow_changes)
+  changed = settings.check_resume(meta["config"], config, step, allow_changes, definition)
   if changed and jax.process_index() == 0:
     print(f"resuming with changed settings: {'; '.join(map(str, changed))}", file=sys.stderr)
   return newest
-
-
-def _check_same_data(resume, record: dict, allow_changes: bool) -> None:
-  """RunError if the data is not what the checkpoint was trained on."""
-  step, meta = resume
-  recorded = meta.get("dataset")
-  if recorded and recorded != record["dataset"] and not allow_changes:
-    raise RunError(f"config.data: {record.get('source', 'the data')} is not the data the "
-                   f"checkpoint (step {step}) was trained on: it was prepared again since (its "
-                   f"dataset.json differs); point at the run's data, train in a new workdir, or "
-                   f"pass --allow_changes to resume on it")
 
 
 def _mesh(config) -> jax.sharding.Mesh:

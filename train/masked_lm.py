@@ -1,8 +1,8 @@
 """Masked-token prediction, the pretraining task: BERT's corruption of the token ids, drawn on
 the device, the encoder plus an output layer at the chosen positions, and the losses.
 
-`MaskedLMTask` is what the training step (`train.step`) needs of it; fine-tuning
-(`train.classify`) is the other task of the same shape.
+`MaskedLMTask` is what the training step (`train.step`) needs of it, and `DEFINITION` what the
+program knows of the task (`train.task`); fine-tuning (`train.classify`) is the other task.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import optax
 from flax_encoder import Encoder, EncoderConfig, segment_positions
 from flax_encoder.dense import dense
 from train import data, settings
-from train.step import Setup
+from train.task import (FIXES_STATE, FREE, Definition, Field, Plots, Resume, Setup, boolean,
+                        integer, number, optional, paths, string)
 from train.tokens import FIRST_TOKEN_ID, MASK_ID, PAD_ID, SEPARATOR_ID
 
 
@@ -202,6 +203,11 @@ class MaskedLMTask:
     return {"loss": float(sums["ce"]) / count, "accuracy": float(sums["correct"]) / count,
             "baseline_accuracy": float(sums["baseline_correct"]) / count}
 
+  @staticmethod
+  def token_count(rows) -> int:
+    """Tokens in a batch of windows."""
+    return int(rows.size)
+
 
 def task(config, cfg: EncoderConfig, baseline_token: int) -> MaskedLMTask:
   """The task config.task describes (label smoothing from config.optim) for the encoder `cfg`."""
@@ -214,14 +220,42 @@ def task(config, cfg: EncoderConfig, baseline_token: int) -> MaskedLMTask:
       cross_document_attention=config.task.cross_document_attention)
 
 
-def setup(config, workdir: str, resuming: bool, allow_changes: bool) -> Setup:
+def setup(config, workdir: str, resume: Resume) -> Setup:
   """Pretraining on the windows config.data names (train.data.windows)."""
-  windows = data.windows(config, workdir, resuming, allow_changes)
+  windows = data.windows(config, workdir, resume.resuming, resume.allow_changes)
   cfg = settings.encoder_config(config.model, windows.vocab_size, windows.source,
                                 config.train.seq_len)
   return Setup(task=task(config, cfg, data.most_frequent_token(windows.train)), encoder=cfg,
                train=windows.train, eval=windows.eval[:config.data.max_eval_windows],
                eval_fill=PAD_ID,
-               record={"encoder": settings.encoder_record(cfg), "dataset": windows.identity,
+               record={"encoder": cfg.record(), "dataset": windows.identity,
                        "source": windows.source},
                sources=windows.sources)
+
+
+def summary(metrics: dict) -> str:
+  return (f"eval masked-token accuracy {metrics['accuracy']:.3f} (most frequent token "
+          f"{metrics['baseline_accuracy']:.3f}), eval loss {metrics['loss']:.3f}")
+
+
+DEFINITION = Definition(
+    name="masked_lm",
+    fields={
+        "task.mask_rate": Field(number(0, 1)),
+        "task.max_predictions_per_seq": Field(optional(integer(1))),
+        "task.tie_embeddings": Field(boolean, FIXES_STATE),
+        "task.cross_document_attention": Field(boolean),
+        "data.prepared": Field(optional(string)),
+        "data.weights": Field(optional(string)),
+        "data.paths": Field(paths),
+        "data.eval_fraction": Field(number(0, 1, high_open=True)),
+        "data.max_eval_windows": Field(integer(1), FREE),
+    },
+    setup=setup,
+    plots=Plots(loss_title="Masked-token loss", loss_unit="nats / masked token",
+                train_loss="train (label-smoothed)",
+                metrics={"accuracy": "masked-token accuracy"},
+                baseline=("baseline_accuracy", "baseline: most frequent token"),
+                accuracy_title="Held-out masked-token accuracy"),
+    summary=summary,
+)

@@ -34,6 +34,23 @@ def warmup_then_linear_decay(peak: float, warmup_steps: int, num_steps: int) -> 
        optax.linear_schedule(peak, 0.0, max(num_steps - warmup_steps, 1))], [warmup_steps])
 
 
+def warmup_steps(optim, num_steps: int) -> int:
+  """The warm-up the run gets: config.optim.warmup_steps, or for AdamW in a run no longer than
+  it (a quick try), its first tenth, so that the linear decay has steps to run."""
+  if optim.recipe == "adamw" and optim.warmup_steps >= num_steps:
+    return max(1, num_steps // 10)
+  return optim.warmup_steps
+
+
+def warmup_note(optim, num_steps: int) -> str | None:
+  """The one line that says a run warms up for fewer steps than config.optim.warmup_steps."""
+  steps = warmup_steps(optim, num_steps)
+  if steps == optim.warmup_steps:
+    return None
+  return (f"config.optim.warmup_steps: {optim.warmup_steps} is not shorter than the run's "
+          f"{num_steps} steps; warming up for its first tenth ({steps} steps) instead")
+
+
 def decays(params):
   """True for the weights weight decay applies to: not biases, not LayerNorm scales."""
   def leaf(path, _):
@@ -51,7 +68,8 @@ def make_optimizer(optim, d_model: int,
     schedule = paper_schedule(d_model, optim.warmup_steps, optim.lr_scale)
     tx = optax.adam(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps)
   else:
-    schedule = warmup_then_linear_decay(optim.learning_rate, optim.warmup_steps, num_steps)
+    schedule = warmup_then_linear_decay(optim.learning_rate, warmup_steps(optim, num_steps),
+                                        num_steps)
     tx = optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps,
                      weight_decay=optim.weight_decay, mask=decays)
   if optim.clip_norm is None:

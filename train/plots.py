@@ -1,4 +1,5 @@
-"""PNG plots of a run: loss, accuracy against the baseline, and the learning-rate schedule."""
+"""PNG plots of a run: loss, held-out scores against the baseline, and the learning-rate
+schedule, labelled as the task says (`train.task.Plots`)."""
 
 from __future__ import annotations
 
@@ -10,36 +11,45 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from train.task import Plots  # noqa: E402
+
 
 def _series(records, split, key):
   rows = [(r["step"], r[key]) for r in records if r["split"] == split and key in r]
   return np.array(rows).T if rows else np.zeros((2, 0))
 
 
-def plot_run(records: list[dict], schedule, num_steps: int, out_dir: str) -> list[str]:
-  """Writes loss.png, accuracy.png and learning_rate.png; returns their paths."""
+_SCHEDULE_TITLES = {"paper": "Warm-up, then 1/sqrt(step)",
+                   "adamw": "Linear warm-up, then linear decay"}
+
+
+def plot_run(records: list[dict], schedule, num_steps: int, out_dir: str, labels: Plots,
+             recipe: str = "paper") -> list[str]:
+  """Writes loss.png, accuracy.png and learning_rate.png, titled and labelled for the task
+  (`labels`, its definition's); returns their paths."""
   os.makedirs(out_dir, exist_ok=True)
   paths = []
 
   fig, ax = plt.subplots(figsize=(6, 4))
-  ax.plot(*_series(records, "train", "loss"), label="train (label-smoothed)")
+  ax.plot(*_series(records, "train", "loss"), label=labels.train_loss)
   ax.plot(*_series(records, "eval", "loss"), "o-", label="eval cross-entropy")
-  ax.set(xlabel="step", ylabel="loss (nats / masked token)", title="Masked-token loss")
+  ax.set(xlabel="step", ylabel=f"loss ({labels.loss_unit})", title=labels.loss_title)
   ax.legend()
   paths.append(_save(fig, out_dir, "loss.png"))
 
   fig, ax = plt.subplots(figsize=(6, 4))
-  ax.plot(*_series(records, "eval", "accuracy"), "o-", label="masked-token accuracy")
-  ax.plot(*_series(records, "eval", "baseline_accuracy"), "--",
-          label="baseline: most frequent token")
-  ax.set(xlabel="step", ylabel="accuracy", ylim=(0, 1), title="Eval accuracy")
+  for metric, label in labels.metrics.items():
+    ax.plot(*_series(records, "eval", metric), "o-", label=label)
+  metric, label = labels.baseline
+  ax.plot(*_series(records, "eval", metric), "--", label=label)
+  ax.set(xlabel="step", ylabel="held-out score", ylim=(0, 1), title=labels.accuracy_title)
   ax.legend()
   paths.append(_save(fig, out_dir, "accuracy.png"))
 
   fig, ax = plt.subplots(figsize=(6, 4))
   steps = np.arange(num_steps)
   ax.plot(steps + 1, np.asarray(schedule(steps)))
-  ax.set(xlabel="step", ylabel="learning rate", title="Warm-up, then 1/sqrt(step)")
+  ax.set(xlabel="step", ylabel="learning rate", title=_SCHEDULE_TITLES.get(recipe, recipe))
   paths.append(_save(fig, out_dir, "learning_rate.png"))
   return paths
 

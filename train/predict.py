@@ -3,8 +3,9 @@ r"""A fine-tuned run's predictions for new texts.
   python -m train.predict --workdir runs/cls --input new.jsonl --out predictions.jsonl
 
 Each line of --input is a JSON object with the text under the run's text field ("text"; a
-"text_pair" too if the run was trained on pairs; a label is ignored). Each line of --out is
-{"label": the most probable class, "probabilities": {class: p, ...}}, in input order. Lines are
+"text_pair" too if the run was trained on pairs). Each line of --out is {"label": the most
+probable class, "probabilities": {class: p, ...}}, in input order. Where lines carry a label
+(the run's label field), the command also reports accuracy and macro-F1 over them. Lines are
 read, predicted and written a chunk at a time, so any number of them takes bounded memory;
 in a chunk, examples are padded to the smallest of a few lengths that holds them (16, 32, …,
 the run's seq_len), so the model compiles once per length. The parameters are the newest
@@ -14,6 +15,7 @@ verified checkpoint's; the tokenizer and classes are the run's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -31,6 +33,27 @@ from train.errors import RunError
 from train.load import load_config, load_params
 
 _CHUNK = 1024  # lines in memory at once
+
+
+@dataclasses.dataclass(frozen=True)
+class Predicted:
+  """What a prediction run did: `count` lines predicted; of the `labelled` ones, `scores`
+  (accuracy and macro-F1), or None where no line had a label."""
+
+  count: int
+  labelled: int = 0
+  scores: dict | None = None
+
+
+def scores(true: np.ndarray, predicted: np.ndarray, num_labels: int) -> dict:
+  """Accuracy and macro-F1 (the mean F1 over the classes that occur in either), as the
+  evaluation of a fine-tuning run computes them (train.classify.ClassifyTask)."""
+  true_1hot, predicted_1hot = np.eye(num_labels)[true], np.eye(num_labels)[predicted]
+  sums = {"true_positives": (true_1hot * predicted_1hot).sum(0), "true": true_1hot.sum(0),
+          "predicted": predicted_1hot.sum(0)}
+  seen = (sums["true"] + sums["predicted"]) > 0
+  f1 = 2 * sums["true_positives"][seen] / (sums["true"] + sums["predicted"])[seen]
+  return {"accuracy": float(np.mean(true == predicted)), "macro_f1": float(np.mean(f1))}
 
 
 class Predictor:
@@ -80,11 +103,14 @@ class Predictor:
     return out
 
 
-def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64) -> int:
-  """Writes the predictions for `input_path` to `out_path`; returns how many."""
+def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
+            show: bool = False) -> Predicted:
+  """Writes the predictions for `input_path` to `out_path`, with a progress bar if `show`."""
   predictor = Predictor(workdir, batch_size)
   source = prepare.Source(input_path)
   text_field, pair_field = predictor.fields["text"], predictor.fields["pair"]
+  label_field = predictor.fields["label"]
+  classes = {label: i for i, label in enumerate(predictor.labels)}
 
   def lines():
     try:
@@ -93,25 +119,39 @@ def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64) 
         if not isinstance(text, str) or (pair is not None and not isinstance(pair, str)):
           raise RunError(f"{input_path}:{number}: expected a string {text_field!r} field (and "
                          f"optionally {pair_field!r})")
-        yield text, pair
+        label = record.get(label_field)
+        if label is not None and label not in classes:
+          raise RunError(f"{input_path}:{number}: label {label!r}, expected one of the run's "
+                         f"classes {predictor.labels[:10]}")
+        yield text, pair, classes.get(label, -1)
     except prepare.PrepareError as e:
       raise RunError(str(e)) from None
     except FileNotFoundError:
       raise RunError(f"--input {input_path}: no such file") from None
 
-  count, stream = 0, lines()
+  from tqdm import tqdm
+  true, predicted = [], []
+  stream = lines()
   tmp = out_path + ".tmp"
-  with open(tmp, "w") as out:
+  with open(tmp, "w") as out, tqdm(desc="predict", unit="line", dynamic_ncols=True,
+                                   disable=not show) as bar:
     while chunk := list(itertools.islice(stream, _CHUNK)):
-      probabilities = predictor.probabilities([t for t, _ in chunk], [p for _, p in chunk])
+      probabilities = predictor.probabilities([t for t, _, _ in chunk], [p for _, p, _ in chunk])
       for row in probabilities:
         out.write(json.dumps({"label": predictor.labels[int(np.argmax(row))],
                               "probabilities": {str(label): round(float(p), 6)
                                                 for label, p in zip(predictor.labels, row)}})
                   + "\n")
-      count += len(chunk)
+      true += [c for _, _, c in chunk]
+      predicted += np.argmax(probabilities, -1).tolist()
+      bar.update(len(chunk))
   os.replace(tmp, out_path)
-  return count
+  true, predicted = np.asarray(true, np.int64), np.asarray(predicted, np.int64)
+  labelled = true >= 0
+  if not labelled.any():
+    return Predicted(len(true))
+  return Predicted(len(true), int(labelled.sum()),
+                   scores(true[labelled], predicted[labelled], len(predictor.labels)))
 
 
 def main(argv=None) -> int:
@@ -123,11 +163,15 @@ def main(argv=None) -> int:
   parser.add_argument("--batch-size", type=int, default=64)
   args = parser.parse_args(argv)
   try:
-    count = predict(args.workdir, args.input, args.out, args.batch_size)
+    done = predict(args.workdir, args.input, args.out, args.batch_size, show=True)
   except (RunError, FileNotFoundError) as e:
     print(f"predict: error: {e}", file=sys.stderr)
     return 2
-  print(f"{args.out}: {count} predictions")
+  scored = ""
+  if done.scores is not None:
+    scored = (f"; over the {done.labelled} labelled lines: accuracy "
+              f"{done.scores['accuracy']:.3f}, macro-F1 {done.scores['macro_f1']:.3f}")
+  print(f"{args.out}: {done.count} predictions{scored}")
   return 0
 
 

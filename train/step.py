@@ -2,15 +2,14 @@
 
 `make_train_step` is the one place the training step is assembled: the loop, the benchmarks
 and the tests all call it, for pretraining (`train.masked_lm.MaskedLMTask`) and fine-tuning
-(`train.classify.ClassifyTask`) alike. A task says what differs between them (see `Task`);
+(`train.classify.ClassifyTask`) alike. A task says what differs between them (`train.task.Task`);
 the step does the rest: the step's keys, gradients (accumulated over microbatches when asked),
 the optimizer update and the metrics.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Protocol
+from typing import Any
 
 import flax
 import flax.linen as nn
@@ -19,53 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from flax_encoder import sharding
-
-
-class Task(Protocol):
-  """What a training task supplies to the step. Every method is pure and runs under jit."""
-
-  def init(self, rng: jax.Array, seq_len: int) -> Any:
-    """The model's parameters, boxed with their logical axes."""
-
-  def batch(self, rows: Any, key: jax.Array) -> dict:
-    """The host's rows of a batch -> the step's batch (a dict of arrays whose leading axis is
-    the batch); random choices (masking) are drawn from `key`."""
-
-  def loss_count(self, batch: dict) -> jax.Array:
-    """What the training loss of `batch` is averaged over (masked positions, examples)."""
-
-  def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
-    """The training loss summed over `batch` (dropout on)."""
-
-  def eval_sums(self, params, batch: dict) -> dict:
-    """Sums over `batch` that evaluation adds up over batches (dropout off)."""
-
-
-@dataclasses.dataclass
-class Setup:
-  """What a task gives the training loop (`masked_lm.setup`, `classify.setup`).
-
-  Attributes:
-    task: the task (model, batches, losses).
-    encoder: the encoder's config.
-    train: the training rows TrainBatches draws from: an array [n, ...] or a dict of them.
-    eval: the held-out rows, of the same kind, and `eval_fill` the value (or dict of values)
-      that pads their last batch without counting.
-    record: JSON the checkpoint records beside the config (the encoder, what identifies the
-      data, the labels), read back by readers and checked on resume (its "dataset").
-    start_params: parameters to start from by their top-level name (the encoder's, a
-      classifier's), replacing the fresh ones; None: a fresh init.
-    sources: where the training rows are those of several datasets (train.data.Sources).
-  """
-
-  task: Task
-  encoder: Any
-  train: Any
-  eval: Any
-  eval_fill: Any
-  record: dict
-  start_params: dict | None = None
-  sources: Any = None
+from train.task import Task
 
 
 @flax.struct.dataclass

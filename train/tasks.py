@@ -1,19 +1,25 @@
-"""The tasks `python -m train` runs, chosen by config.task.name, and what each sets up.
+"""The registry of the tasks `python -m train` runs, chosen by config.task.name.
 
   masked_lm  pretraining: masked-token prediction on windows of text (train.masked_lm)
   classify   fine-tuning: a label for each text or pair of texts (train.classify)
 
-Each returns a `train.step.Setup`; the loop, its checkpoints, metrics and plots are the same
-for both.
+Each task's module defines its `DEFINITION` (`train.task.Definition`); a new task adds its
+module here, and the program learns of it from that alone.
 """
 
 from __future__ import annotations
 
 from train import classify, masked_lm
-from train.step import Setup
+from train.errors import RunError
+from train.task import Definition
 
-SETUPS = {"masked_lm": masked_lm.setup, "classify": classify.setup}
+DEFINITIONS: dict[str, Definition] = {
+    module.DEFINITION.name: module.DEFINITION for module in (masked_lm, classify)}
 
 
-def setup(config, workdir: str, resuming: bool, allow_changes: bool) -> Setup:
-  return SETUPS[config.task.name](config, workdir, resuming, allow_changes)
+def definition(name) -> Definition:
+  """The task config.task.name names; RunError naming the field for any other."""
+  try:
+    return DEFINITIONS[name]
+  except (KeyError, TypeError):
+    raise RunError(f"config.task.name: {name!r}, expected one of {tuple(DEFINITIONS)}") from None
