@@ -11,7 +11,7 @@ from flax_encoder.attention import (
     MultiHeadAttention,
     scaled_dot_product_attention,
 )
-from flax_encoder.config import EncoderConfig
+from flax_encoder.config import ConfigError, EncoderConfig
 from flax_encoder.dropout import Dropout
 from flax_encoder.embedding import PositionalEncoding, sinusoidal_positions
 from flax_encoder.encoder import Encoder, stack_layers, unstack_layers
@@ -22,7 +22,7 @@ from flax_encoder.masks import padding_mask
 from flax_encoder.packing import segment_mask, segment_positions
 
 __all__ = [
-    "MASK_FILL", "Dropout", "Encoder", "EncoderConfig", "EncoderLayer", "MultiHeadAttention",
+    "MASK_FILL", "ConfigError", "Dropout", "Encoder", "EncoderConfig", "EncoderLayer", "MultiHeadAttention",
     "PositionalEncoding", "PositionwiseFeedForward", "check_token_shape", "check_token_values",
     "checked_apply", "padding_mask", "scaled_dot_product_attention", "segment_mask",
     "segment_positions", "sinusoidal_positions", "stack_layers", "unstack_layers",

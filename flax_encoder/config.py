@@ -1,4 +1,16 @@
-"""EncoderConfig: every size and switch of the encoder in one frozen dataclass."""
+"""EncoderConfig: every size and switch of the encoder in one frozen dataclass.
+
+Each field has one role:
+
+  architecture  what the model computes and the shapes of its parameters
+  parameters    how the parameters are stored (their dtype, layers stacked for nn.scan)
+  training      what training adds (dropout)
+  execution     how the model runs on the hardware (compute dtype, attention kernel, remat)
+
+What a model *is* (`record()`: architecture and parameters) travels with its weights; each
+reader picks how it runs (`from_record(record, dtype=..., attention_impl=...)`), so a model
+trained with cuDNN attention in bfloat16 loads, exports and predicts on a CPU.
+"""
 
 from __future__ import annotations
 
@@ -21,78 +33,140 @@ REMAT_POLICIES = ("none", "full", "save_dots")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
+ROLES = ("architecture", "parameters", "training", "execution")
+
+
+class ConfigError(ValueError):
+  """A field of EncoderConfig with a value it cannot take: `field`, the `value` given, and
+  what was `expected`, for callers to say as their own setting."""
+
+  def __init__(self, field: str, value: Any, expected: str):
+    super().__init__(f"EncoderConfig.{field}: {value!r}, expected {expected}")
+    self.field, self.value, self.expected = field, value, expected
+
+
 def _canonical_dtype(field: str, value: Any) -> np.dtype:
   try:
     dtype = jnp.dtype(value)
   except TypeError:
     dtype = None
   if dtype is None or dtype.name not in FLOAT_DTYPES:
-    raise ValueError(f"EncoderConfig.{field} must be one of {FLOAT_DTYPES}, got {value!r}")
+    raise ConfigError(field, value, f"one of {FLOAT_DTYPES}")
   return dtype
+
+
+def _field(default, role: str):
+  return dataclasses.field(default=default, metadata={"role": role})
+
+
+def _plain(value):
+  return value.name if isinstance(value, np.dtype) else value
 
 
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:
   """Sizes and options of the Transformer encoder ("Attention Is All You Need", section 3.1)."""
 
-  vocab_size: int
-  d_model: int = 512
-  n_heads: int = 8
-  d_ff: int = 2048
-  n_layers: int = 6
-  dropout: float = 0.1  # on embeddings + positions and on each sub-layer's output
-  attention_dropout: float = 0.0  # on the attention weights (the tutorial port has none)
-  max_len: int = 5000
-  pad_id: int = 0
-  norm_position: str = "post"  # "post": the paper's Add & Norm; "pre": x + f(norm(x))
-  final_norm: bool = True
+  vocab_size: int = dataclasses.field(metadata={"role": "architecture"})
+  d_model: int = _field(512, "architecture")
+  n_heads: int = _field(8, "architecture")
+  d_ff: int = _field(2048, "architecture")
+  n_layers: int = _field(6, "architecture")
+  max_len: int = _field(5000, "architecture")
+  pad_id: int = _field(0, "architecture")
+  norm_position: str = _field("post", "architecture")  # "post": Add & Norm; "pre": x + f(norm(x))
+  final_norm: bool = _field(True, "architecture")
   # PyTorch's LayerNorm uses eps=1e-5; Flax defaults to 1e-6.
-  layer_norm_eps: float = 1e-5
-  activation: str = "relu"
-  dtype: Any = jnp.float32  # compute dtype
-  param_dtype: Any = jnp.float32
-  attention_impl: str = "reference"
-  scan_layers: bool = False  # nn.scan over the layers: compile time independent of depth
-  remat: str = "none"  # rematerialise each layer in the backward pass
+  layer_norm_eps: float = _field(1e-5, "architecture")
+  activation: str = _field("relu", "architecture")
+  param_dtype: Any = _field(jnp.float32, "parameters")
+  scan_layers: bool = _field(False, "parameters")  # layers stacked for nn.scan: compile time
+  #                                                   independent of depth
+  dropout: float = _field(0.1, "training")  # on embeddings + positions and each sub-layer's output
+  attention_dropout: float = _field(0.0, "training")  # on the attention weights (the port has none)
+  dtype: Any = _field(jnp.float32, "execution")  # compute dtype
+  attention_impl: str = _field("reference", "execution")
+  remat: str = _field("none", "execution")  # rematerialise each layer in the backward pass
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"EncoderConfig.{name} must be a positive integer, got {value!r}")
+        raise ConfigError(name, value, "a positive integer")
     if self.d_model % self.n_heads:
-      raise ValueError(
-          f"EncoderConfig.d_model must be divisible by n_heads, got d_model={self.d_model}, "
-          f"n_heads={self.n_heads}")
+      raise ConfigError("d_model", self.d_model,
+                        f"a number divisible by n_heads ({self.n_heads})")
     if self.d_model % 2:
-      raise ValueError(
-          f"EncoderConfig.d_model must be even (sin/cos pairs of the positional encoding), "
-          f"got {self.d_model}")
-    if not 0 <= self.pad_id < self.vocab_size:
-      raise ValueError(
-          f"EncoderConfig.pad_id must lie in [0, vocab_size={self.vocab_size}), got {self.pad_id}")
+      raise ConfigError("d_model", self.d_model,
+                        "an even number (sin/cos pairs of the positional encoding)")
+    if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, (int, np.integer)) or not (
+        0 <= self.pad_id < self.vocab_size):
+      raise ConfigError("pad_id", self.pad_id, f"an id in [0, vocab_size={self.vocab_size})")
     for name in ("dropout", "attention_dropout"):
       value = getattr(self, name)
-      if not 0.0 <= value < 1.0:
-        raise ValueError(f"EncoderConfig.{name} must lie in [0, 1), got {value!r}")
-    if not self.layer_norm_eps > 0:
-      raise ValueError(f"EncoderConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ConfigError(name, value, "a number in [0, 1)")
+    if isinstance(self.layer_norm_eps, bool) or not isinstance(
+        self.layer_norm_eps, (int, float)) or not self.layer_norm_eps > 0:
+      raise ConfigError("layer_norm_eps", self.layer_norm_eps, "a number > 0")
     for name, allowed in (("norm_position", NORM_POSITIONS), ("activation", tuple(ACTIVATIONS)),
                           ("attention_impl", ATTENTION_IMPLS), ("remat", REMAT_POLICIES)):
       value = getattr(self, name)
       if value not in allowed:
-        raise ValueError(f"EncoderConfig.{name} must be one of {allowed}, got {value!r}")
+        raise ConfigError(name, value, f"one of {allowed}")
+    for name in ("final_norm", "scan_layers"):
+      if not isinstance(getattr(self, name), (bool, np.bool_)):
+        raise ConfigError(name, getattr(self, name), "True or False")
     object.__setattr__(self, "dtype", _canonical_dtype("dtype", self.dtype))
     object.__setattr__(self, "param_dtype", _canonical_dtype("param_dtype", self.param_dtype))
     if self.attention_impl == "cudnn" and self.dtype.name not in ("bfloat16", "float16"):
-      raise ValueError(
-          "EncoderConfig.attention_impl='cudnn' (cuDNN flash attention) needs dtype bfloat16 or "
-          f"float16, got dtype={self.dtype.name}; use attention_impl='xla' for {self.dtype.name}")
+      raise ConfigError(
+          "attention_impl", "cudnn",
+          f"'xla' for dtype {self.dtype.name}: cuDNN flash attention ('cudnn') needs dtype "
+          f"bfloat16 or float16")
     if self.attention_impl != "reference" and self.attention_dropout > 0:
-      raise ValueError(
-          f"EncoderConfig.attention_dropout={self.attention_dropout} needs "
-          f"attention_impl='reference'; jax.nn.dot_product_attention "
-          f"('{self.attention_impl}') has no dropout on the weights")
+      raise ConfigError(
+          "attention_dropout", self.attention_dropout,
+          f"0 with attention_impl={self.attention_impl!r}: jax.nn.dot_product_attention has no "
+          f"dropout on the weights (attention_impl='reference' has)")
+
+  @classmethod
+  def fields(cls, role: str) -> tuple[str, ...]:
+    """The names of the fields of `role` (one of ROLES), in declaration order."""
+    if role not in ROLES:
+      raise ValueError(f"role: {role!r}, expected one of {ROLES}")
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata["role"] == role)
+
+  @classmethod
+  def record_fields(cls) -> tuple[str, ...]:
+    """What a record holds: the architecture and parameters fields."""
+    return cls.fields("architecture") + cls.fields("parameters")
+
+  def to_dict(self) -> dict:
+    """Every field, JSON-able (dtypes by name)."""
+    return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+  def record(self) -> dict:
+    """What the model is: its architecture and parameters fields, JSON-able. The weights of a
+    model and this record rebuild it, whatever ran it (`from_record`)."""
+    return {name: _plain(getattr(self, name)) for name in self.record_fields()}
+
+  @classmethod
+  def from_record(cls, record: dict, **settings) -> EncoderConfig:
+    """The config of a model of `record` (`record()`), run as `settings` say: training and
+    execution fields (dropout, dtype, attention_impl, remat), each defaulting to the
+    library's. A setting of another role, or a field the record should not hold, is a
+    ConfigError naming it."""
+    own = set(cls.record_fields())
+    free = set(cls.fields("training") + cls.fields("execution"))
+    for name, value in settings.items():
+      if name not in free:
+        raise ConfigError(name, value, f"one of the settings a reader picks {sorted(free)}: "
+                                       f"what the model is comes from its record")
+    for name, value in record.items():
+      if name not in own:
+        raise ConfigError(name, value, f"a record of the fields {sorted(own)} only")
+    return cls(**record, **settings)
 
   @property
   def head_dim(self) -> int:

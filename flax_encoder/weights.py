@@ -1,16 +1,19 @@
-"""An encoder's config and parameters in one file, for pipelines that only import the library.
+"""A model's record and parameters in one file, for pipelines that only import the library.
 
     save_weights("encoder.msgpack", config, variables)
-    config, variables = load_weights("encoder.msgpack")
+    config, variables = load_weights("encoder.msgpack")            # run as the file's defaults
+    config, variables = load_weights("encoder.msgpack", dtype="bfloat16", attention_impl="xla")
     hidden = Encoder(config).apply(variables, tokens)
 
-The file is Flax's msgpack serialization of {"config": EncoderConfig fields, "params": ...};
-`python -m train.export --out encoder.msgpack` writes one from a training run.
+The file is Flax's msgpack serialization of {"format", "config": what the model is
+(EncoderConfig.record()), "params", ...}: how it runs (compute dtype, attention kernel, remat,
+dropout) is the reader's choice, never the file's. `python -m train.export --out
+encoder.msgpack` writes one from a training run; a fine-tuned classifier's file (its head, its
+tokenizer and classes too) is read by `flax_encoder.text_classifier`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import flax.linen as nn
@@ -20,31 +23,49 @@ from flax import serialization
 
 from flax_encoder.config import EncoderConfig
 
-_FORMAT = "flax-encoder weights 1"
+ENCODER_FORMAT = "flax-encoder weights 1"
+CLASSIFIER_FORMAT = "flax-encoder text classifier 1"
 
 
-def save_weights(path: str | os.PathLike, config: EncoderConfig, variables) -> None:
-  """Writes `config` and the encoder's `variables` ({'params': …}, boxed or not) to `path`."""
-  fields = dataclasses.asdict(config)
-  fields["dtype"], fields["param_dtype"] = config.dtype.name, config.param_dtype.name
-  params = jax.device_get(nn.unbox(variables)["params"])
-  data = serialization.msgpack_serialize({"format": _FORMAT, "config": fields,
-                                          "params": params})
+def write(path: str | os.PathLike, format_: str, config: EncoderConfig, params, **extra) -> None:
+  """Writes a file of `format_`: the record of `config`, `params` (boxed or not, on any
+  devices) and `extra` (msgpack-able values)."""
+  params = jax.device_get(nn.unbox(params))
+  data = serialization.msgpack_serialize({"format": format_, "config": config.record(),
+                                          "params": params, **extra})
   with open(path, "wb") as f:
     f.write(data)
 
 
-def load_weights(path: str | os.PathLike) -> tuple[EncoderConfig, dict]:
-  """(EncoderConfig, {'params': numpy arrays}) from a file `save_weights` wrote."""
+def read(path: str | os.PathLike, format_: str, **settings) -> tuple[EncoderConfig, dict, dict]:
+  """(EncoderConfig run as `settings` say, params as numpy arrays, the whole file's dict) of a
+  file of `format_`; ValueError naming the file for anything else."""
+  name = os.fspath(path)
   with open(path, "rb") as f:
     data = f.read()
+  what = {ENCODER_FORMAT: "an encoder weights file",
+          CLASSIFIER_FORMAT: "a text classifier file"}.get(format_, format_)
   try:
-    record = serialization.msgpack_restore(data)
+    contents = serialization.msgpack_restore(data)
   except Exception as e:  # noqa: BLE001 - msgpack's errors name no file
-    raise ValueError(f"{os.fspath(path)!r} is not an encoder weights file ({type(e).__name__}: "
-                     f"{e})") from None
-  if not isinstance(record, dict) or record.get("format") != _FORMAT:
-    raise ValueError(f"{os.fspath(path)!r} is not an encoder weights file: expected format "
-                     f"{_FORMAT!r}")
-  params = jax.tree.map(np.asarray, record["params"])
-  return EncoderConfig(**record["config"]), {"params": params}
+    raise ValueError(f"{name!r} is not {what} ({type(e).__name__}: {e})") from None
+  found = contents.get("format") if isinstance(contents, dict) else None
+  if found != format_:
+    raise ValueError(f"{name!r} is not {what}: its format is {found!r}, expected {format_!r}")
+  # A file may hold more fields than the record (how the run that wrote it ran): the reader's.
+  record = {k: v for k, v in contents["config"].items() if k in EncoderConfig.record_fields()}
+  config = EncoderConfig.from_record(record, **settings)
+  return config, jax.tree.map(np.asarray, contents["params"]), contents
+
+
+def save_weights(path: str | os.PathLike, config: EncoderConfig, variables) -> None:
+  """Writes `config`'s record and the encoder's `variables` ({'params': …}) to `path`."""
+  write(path, ENCODER_FORMAT, config, variables["params"])
+
+
+def load_weights(path: str | os.PathLike, **settings) -> tuple[EncoderConfig, dict]:
+  """(EncoderConfig, {'params': numpy arrays}) from a file `save_weights` wrote; `settings`
+  are how it runs (EncoderConfig's training and execution fields: dtype, attention_impl, remat,
+  dropout), the library's defaults where not given."""
+  config, params, _ = read(path, ENCODER_FORMAT, **settings)
+  return config, {"params": params}

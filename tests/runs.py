@@ -26,9 +26,11 @@ def environment(devices: int | None = None) -> dict:
 EIGHT_DEVICES = environment(8)
 
 
-def train(workdir, *overrides, check=True, popen=False, env=None):
-  """Runs the tiny config in `workdir`; with popen=True returns the running process."""
-  cmd = [sys.executable, "-m", "train", f"--config={TINY}", f"--workdir={workdir}", *overrides]
+def train(workdir, *overrides, check=True, popen=False, env=None, config=TINY):
+  """Runs the tiny config (or `config`; None: the overrides name it) in `workdir`; with
+  popen=True returns the running process."""
+  given = [f"--config={config}"] if config else []
+  cmd = [sys.executable, "-m", "train", *given, f"--workdir={workdir}", *overrides]
   env = env or environment()
   if popen:
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,

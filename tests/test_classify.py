@@ -18,6 +18,7 @@ from flax_encoder import Encoder, EncoderConfig
 from tests import runs
 from train import classify
 from train.errors import RunError
+from train.task import Resume
 
 CLASSES = {"digits": "0123456789", "letters": "abcdefghij", "symbols": "+-*/=<>!?%"}
 
@@ -100,7 +101,7 @@ def test_fine_tuning_from_a_run_starts_from_its_encoder_bitwise(reference_run, l
   config.data.train, config.data.eval = labelled
   config.train.update(seq_len=32, batch_size=8)
   config.init.run = reference_run
-  setup = classify.setup(config, str(tmp_path), False, False)
+  setup = classify.setup(config, str(tmp_path), Resume())
   tx, _ = make_optimizer(config.optim, setup.encoder.d_model, 10)
   state = init_state(setup.task, tx, 0, 32)
   state = _with_params(state, setup.start_params)
@@ -132,7 +133,7 @@ def test_a_fine_tuning_run_killed_and_restarted_has_the_same_losses_and_predicts
 
   from train.predict import predict
   out = tmp_path / "predictions.jsonl"
-  assert predict(straight, eval_, str(out)) == 30
+  assert predict(straight, eval_, str(out)).count == 30
   predictions = [json.loads(line) for line in out.read_text().splitlines()]
   truth = [json.loads(line)["label"] for line in open(eval_)]
   accuracy = np.mean([p["label"] == t for p, t in zip(predictions, truth)])
@@ -157,19 +158,19 @@ def test_fine_tuning_from_a_pytorch_checkpoint_takes_its_encoder_and_head(labell
   config.init.update(torch_checkpoint=str(path), n_heads=2, torch_head="head")
   # The head scores classes 0, 1, 2 in its rows' order: the labels must be those integers.
   with pytest.raises(RunError, match="scores classes 0 … 2 in its rows' order"):
-    classify.setup(config, str(tmp_path / "named"), False, False)
+    classify.setup(config, str(tmp_path / "named"), Resume())
   train, eval_ = (_write(tmp_path / f"{s}.jsonl", [
       {**json.loads(line), "label": list(CLASSES).index(json.loads(line)["label"])}
       for line in open(f)]) for s, f in zip(("train", "eval"), labelled))
   config.data.train, config.data.eval = train, eval_
-  setup = classify.setup(config, str(tmp_path / "ints"), False, False)
+  setup = classify.setup(config, str(tmp_path / "ints"), Resume())
   expected = from_torch_state_dict(model.encoder.state_dict(), cfg)["params"]
   chex.assert_trees_all_equal(setup.start_params["encoder"], expected)
   np.testing.assert_array_equal(setup.start_params["classifier"]["kernel"],
                                 model.head.weight.detach().numpy().T)
   config.model.d_model = 32  # disagrees with the checkpoint's 16
   with pytest.raises(RunError, match=r"config.model.d_model: 32, but .*model.pt has 16"):
-    classify.setup(config, str(tmp_path / "other"), False, False)
+    classify.setup(config, str(tmp_path / "other"), Resume())
 
 
 @pytest.mark.parametrize("case, words", [

@@ -81,13 +81,22 @@ def test_exported_encoder_runs_in_a_fresh_process_without_the_model_code(
   assert np.isnan(out[3]).all() and not np.isnan(out[good]).any()
 
 
-def test_weights_file_round_trips_config_and_parameters(tiny_config, variables, tmp_path):
+def test_weights_file_round_trips_the_model_and_the_reader_picks_how_it_runs(
+    tiny_config, variables, tmp_path):
   import dataclasses
-  cfg = dataclasses.replace(tiny_config, dtype="bfloat16", norm_position="pre")
+  cfg = dataclasses.replace(tiny_config, dtype="bfloat16", attention_impl="xla",
+                            norm_position="pre", dropout=0.0)
   save_weights(tmp_path / "encoder.msgpack", cfg, variables)
-  loaded_cfg, loaded = load_weights(tmp_path / "encoder.msgpack")
+  loaded_cfg, loaded = load_weights(tmp_path / "encoder.msgpack", dtype="bfloat16",
+                                    attention_impl="xla", dropout=0.0)
   assert loaded_cfg == cfg
   chex.assert_trees_all_equal(loaded, jax.device_get(variables))
+  # What the model is travels with it; how it ran does not: a reader on a CPU gets float32.
+  on_cpu, _ = load_weights(tmp_path / "encoder.msgpack")
+  assert on_cpu.norm_position == "pre" and on_cpu.dtype == np.float32
+  assert on_cpu.attention_impl == "reference"
+  with pytest.raises(ValueError, match="EncoderConfig.d_model: 32, expected one of the settings"):
+    load_weights(tmp_path / "encoder.msgpack", d_model=32)
   (tmp_path / "other.msgpack").write_bytes(b"not msgpack at all")
   with pytest.raises(ValueError, match="other.msgpack' is not an encoder weights file"):
     load_weights(tmp_path / "other.msgpack")

@@ -21,24 +21,21 @@ import dataclasses
 import hashlib
 import os
 import sys
-import tempfile
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from flax_encoder import Encoder, EncoderConfig
-from flax_encoder.dense import dense
-from flax_encoder.dropout import Dropout
+from flax_encoder import EncoderConfig
+from flax_encoder.classifier import POOLINGS
+from flax_encoder.classifier import SequenceClassifier as Classifier
 from train import data, examples, prepare, settings
 from train.errors import RunError
 from train.task import (Definition, Field, Plots, Resume, Setup, choice, integer, optional,
                         string)
 from train.tokens import TokenizerSpec
 
-POOLINGS = ("mean", "first")
 # The encoder's fields a pretrained encoder brings (what it is and how its parameters are
 # stored): a config that gives one must agree with it. The others (dropout, dtype, attention,
 # remat) are the fine-tuning run's own. pad_id is the data's.
@@ -47,33 +44,6 @@ ARCHITECTURE = tuple(name for role in ("architecture", "parameters")
 # What config.data.tokenizer may name besides a file: bytes, or a vocabulary trained on the
 # training texts (config.data.vocab_size ids), the default from scratch.
 TRAINED = prepare.TRAINED
-
-
-def pool(hidden: jax.Array, real: jax.Array, pooling: str) -> jax.Array:
-  """[batch, seq, d] -> [batch, d]: the mean over the real tokens (`real`: bool [batch, seq];
-  a row without one pools to 0), or the first token."""
-  if pooling == "first":
-    return hidden[:, 0]
-  weights = real.astype(hidden.dtype)[..., None]
-  return jnp.sum(hidden * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1)
-
-
-class Classifier(nn.Module):
-  """The encoder, pooled, then dropout and a dense layer to `num_labels` logits."""
-
-  config: EncoderConfig
-  num_labels: int
-  pooling: str = "mean"
-
-  @nn.compact
-  def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
-    """int [batch, seq] -> logits [batch, num_labels], float32."""
-    cfg = self.config
-    hidden = Encoder(cfg, name="encoder")(tokens, deterministic=deterministic)
-    pooled = pool(hidden, tokens != cfg.pad_id, self.pooling)
-    pooled = Dropout(cfg.dropout)(pooled, deterministic=deterministic)
-    logits = dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(pooled)
-    return logits.astype(jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,7 +184,7 @@ def _encoder_config(config, start: _Start, vocab_size: int, pad_id: int) -> Enco
                                 config.train.seq_len)
 
 
-def _tokenizer(config, start: _Start, paths: dict, fields: dict):
+def _tokenizer(config, start: _Start, paths: dict, fields: dict, workdir: str):
   """The tokenizer (offset config.data.id_offset) and its file name in the data directory.
 
   A pretraining run brings its own; otherwise config.data.tokenizer says: "bytes", a file, or
@@ -230,7 +200,7 @@ def _tokenizer(config, start: _Start, paths: dict, fields: dict):
   else:
     given = given or ("sentencepiece" if start.params is None else "bytes")
     if given in TRAINED:
-      spec = _train_vocabulary(given, config.data.vocab_size, paths["train"], fields)
+      spec = _train_vocabulary(given, config.data.vocab_size, paths["train"], fields, workdir)
     else:
       spec = _as_spec(given)
   names = {"bytes": None, "sentencepiece": "tokenizer.model", "huggingface": "tokenizer.json"}
@@ -241,9 +211,10 @@ def _tokenizer(config, start: _Start, paths: dict, fields: dict):
                    f"tokenizer ({type(e).__name__}: {e})") from None
 
 
-def _train_vocabulary(kind: str, vocab_size: int, path: str, fields: dict) -> TokenizerSpec:
-  """A `kind` vocabulary of `vocab_size` pieces trained on the texts of the training file
-  `path`, in a file of its own. Training is deterministic, so a resumed run trains the same
+def _train_vocabulary(kind: str, vocab_size: int, path: str, fields: dict,
+                      workdir: str) -> TokenizerSpec:
+  """A `kind` vocabulary of at most `vocab_size` pieces (fewer where the texts hold fewer)
+  trained on the texts of the training file `path`, into WORKDIR/vocabulary. Training is deterministic, so a resumed run trains the same
   one (and the prepared examples, which record it, are reused)."""
   texts = []
   try:
@@ -254,10 +225,15 @@ def _train_vocabulary(kind: str, vocab_size: int, path: str, fields: dict) -> To
     raise RunError(str(e)) from None
   except FileNotFoundError:
     raise RunError(f"config.data.train: {path!r}: no such file") from None
-  out = os.path.join(tempfile.mkdtemp(prefix="vocabulary-"),
-                     "tokenizer.model" if kind == "sentencepiece" else "tokenizer.json")
+  if not texts:
+    raise RunError(f"{path}: no examples, expected JSON lines with a text and a label")
+  # Each process its own file: they train the same vocabulary, and none waits on another.
+  directory = os.path.join(workdir, "vocabulary", str(jax.process_index()))
+  os.makedirs(directory, exist_ok=True)
+  out = os.path.join(directory, "tokenizer.model" if kind == "sentencepiece" else "tokenizer.json")
   try:
-    prepare.train_vocabulary(kind, texts, vocab_size, out)
+    prepare.train_vocabulary(kind, texts, vocab_size, out + ".tmp", exact=False)
+    os.replace(out + ".tmp", out)
   except Exception as e:  # noqa: BLE001 - the trainers' errors name no field
     raise RunError(f"config.data.vocab_size: {vocab_size}, expected fewer ids than a {kind} "
                    f"vocabulary can hold for the {len(texts)} training texts "
@@ -317,7 +293,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
       paths = {s: os.path.join(workdir, "builtin", f"{s}.jsonl") for s in paths}
   fields = {"text": config.data.text_field, "pair": config.data.pair_field,
             "label": config.data.label_field}
-  tokenizer, tokenizer_file = _tokenizer(config, start, paths, fields)
+  tokenizer, tokenizer_file = _tokenizer(config, start, paths, fields, workdir)
   directory = os.path.join(workdir, "data")
   request = {"seq_len": config.train.seq_len, "fields": fields,
              "tokenizer": {"kind": tokenizer.spec.kind, "file": tokenizer_file,

@@ -32,6 +32,7 @@ import numpy as np
 
 from train import prepare
 from train.errors import RunError
+from flax_encoder import tokenizer as tokenizer_lib
 from train.tokens import Tokenizer
 
 FORMAT = "flax-encoder examples 1"
@@ -95,18 +96,7 @@ def _examples(source: prepare.Source, fields: dict, classes: dict) -> Iterator[t
     yield text, pair, classes[label]
 
 
-def example_ids(first: np.ndarray, second: np.ndarray | None, seq_len: int,
-         separator: int) -> tuple[np.ndarray, bool]:
-  """One example's ids, truncated to seq_len (the longer text first); and whether it was."""
-  if second is None:
-    return first[:seq_len], len(first) > seq_len
-  room, truncated = seq_len - 1, len(first) + len(second) + 1 > seq_len
-  while len(first) + len(second) > room:
-    if len(first) >= len(second):
-      first = first[:-1]
-    else:
-      second = second[:-1]
-  return np.concatenate([first, [separator], second]), truncated
+example_ids = tokenizer_lib.example_ids  # one layout for training, predict and the library
 
 
 def prepare_examples(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_file,

@@ -32,22 +32,29 @@ def _open_checkpoints(workdir: str) -> Checkpointer:
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config of the run in `workdir`, as saved with its newest checkpoint."""
+  """The config of the run in `workdir`, as saved with its newest checkpoint whose record
+  reads (one cut short by a crash is passed over, as the readers of parameters do)."""
   checkpointer = _open_checkpoints(workdir)
   try:
-    meta = checkpointer.read_meta(checkpointer.steps()[-1])
+    for step in reversed(checkpointer.steps()):
+      try:
+        meta = checkpointer.read_meta(step)
+      except (FileNotFoundError, ValueError, OSError):
+        continue
+      return ml_collections.ConfigDict(json.loads(meta["config"]))
   finally:
     checkpointer.close()
-  return ml_collections.ConfigDict(json.loads(meta["config"]))
+  raise FileNotFoundError(f"no checkpoint under workdir {workdir!r} has a readable record")
 
 
-def recorded_encoder_config(meta: dict) -> EncoderConfig:
-  """The EncoderConfig a checkpoint's meta records."""
-  if "encoder" in meta:
-    return EncoderConfig(**meta["encoder"])
-  # Checkpoints written before the record had its own entry: the config, with the data's
-  # vocabulary written into it.
-  return EncoderConfig(**json.loads(meta["config"])["model"])
+def recorded_encoder_config(meta: dict, **settings) -> EncoderConfig:
+  """The EncoderConfig of the model a checkpoint's meta records, run as `settings` say
+  (EncoderConfig's training and execution fields; the library's defaults where not given)."""
+  # Checkpoints written before the record had its own entry hold the config, with the data's
+  # vocabulary written into it; records of all fields hold how their run ran too: the reader's.
+  recorded = meta.get("encoder") or json.loads(meta["config"])["model"]
+  return EncoderConfig.from_record(
+      {k: v for k, v in recorded.items() if k in EncoderConfig.record_fields()}, **settings)
 
 
 def abstract_params(init, mesh: Mesh):

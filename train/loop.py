@@ -32,15 +32,13 @@ from train.workdir import WorkdirLock, check_workdir
 _EVAL_SEED_OFFSET = 2
 
 
-def evaluate(eval_fn, params, batches, show: bool = False) -> dict:
-  """The sums of `eval_fn` over `batches`, added up on the host; with a progress bar of its
-  own if `show` (an evaluation of many batches takes a while)."""
+def evaluate(eval_fn, params, batches) -> dict:
+  """The sums of `eval_fn` over `batches`, added up on the host."""
   # One batch at a time, summed on the host: with several processes on CPU, independent
   # computations in flight together can interleave their gloo collectives differently in
   # each process and deadlock.
   sums = {}
-  for batch in tqdm(batches, desc="eval", unit="batch", leave=False, dynamic_ncols=True,
-                    disable=not show):
+  for batch in batches:
     for name, value in jax.device_get(eval_fn(params, batch)).items():
       sums[name] = sums.get(name, 0.0) + np.asarray(value, np.float64)
   return sums
@@ -245,8 +243,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
         if bad is not None:
           raise _non_finite("training", *bad, checkpointer, early=bad[0] <= _EARLY_STEPS)
       if step % train_config.eval_every == 0 or is_last:
-        eval_metrics = task.eval_metrics(evaluate(eval_step, state.params, eval_data,
-                                                  show=primary and len(eval_data) > 1))
+        # Its own bar: an evaluation of many batches takes a while (compiling, the first time).
+        shown = tqdm(eval_data, desc=f"eval at step {step}", unit="batch", leave=False,
+                     dynamic_ncols=True, disable=not primary)
+        eval_metrics = task.eval_metrics(evaluate(eval_step, state.params, shown))
         if not np.isfinite(eval_metrics["loss"]):
           raise _non_finite("eval", step, eval_metrics["loss"], checkpointer, early=False)
         if writer:

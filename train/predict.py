@@ -9,7 +9,8 @@ probable class, "probabilities": {class: p, ...}}, in input order. Where lines c
 read, predicted and written a chunk at a time, so any number of them takes bounded memory;
 in a chunk, examples are padded to the smallest of a few lengths that holds them (16, 32, …,
 the run's seq_len), so the model compiles once per length. The parameters are the newest
-verified checkpoint's; the tokenizer and classes are the run's.
+verified checkpoint's; the tokenizer and classes are the run's. It computes what the file
+`python -m train.export --out classifier.msgpack` writes computes outside the checkout.
 """
 
 from __future__ import annotations
@@ -25,14 +26,34 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder import EncoderConfig
-from flax_encoder.inference import DEFAULT_BUCKETS
+from flax_encoder.classifier import SequenceClassifier
+from flax_encoder.text_classifier import TextClassifier
 from train import examples, prepare, tokens
-from train.classify import Classifier
 from train.errors import RunError
-from train.load import load_config, load_params
+from train.load import load_config, load_params, recorded_encoder_config
 
 _CHUNK = 1024  # lines in memory at once
+
+
+@dataclasses.dataclass(frozen=True)
+class Predicted:
+  """What a prediction run did: `count` lines predicted; of the `labelled` ones, `scores`
+  (accuracy and macro-F1), or None where no line had a label."""
+
+  count: int
+  labelled: int = 0
+  scores: dict | None = None
+
+
+def scores(true: np.ndarray, predicted: np.ndarray, num_labels: int) -> dict:
+  """Accuracy and macro-F1 (the mean F1 over the classes that occur in either), as the
+  evaluation of a fine-tuning run computes them (train.classify.ClassifyTask)."""
+  true_1hot, predicted_1hot = np.eye(num_labels)[true], np.eye(num_labels)[predicted]
+  sums = {"true_positives": (true_1hot * predicted_1hot).sum(0), "true": true_1hot.sum(0),
+          "predicted": predicted_1hot.sum(0)}
+  seen = (sums["true"] + sums["predicted"]) > 0
+  f1 = 2 * sums["true_positives"][seen] / (sums["true"] + sums["predicted"])[seen]
+  return {"accuracy": float(np.mean(true == predicted)), "macro_f1": float(np.mean(f1))}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +122,39 @@ class Predictor:
           ids[j, :len(rows[i])] = rows[i]
         out[batch] = np.asarray(self._probabilities(self.params, ids))[:len(batch)]
     return out
+
+
+class Predictor:
+  """A fine-tuned run's classifier, tokenizer and classes, read from its workdir (the newest
+  verified checkpoint's parameters) as a `flax_encoder.text_classifier.TextClassifier`."""
+
+  def __init__(self, workdir: str, batch_size: int = 64):
+    config = load_config(workdir)
+    if config.task.get("name") != "classify":
+      raise RunError(f"--workdir {workdir}: a {config.task.get('name', 'masked_lm')} run, "
+                     f"expected a fine-tuning (classify) run")
+    directory = os.path.join(workdir, "data")
+    meta = examples.load_examples(directory)["meta"]
+    tokenizer = tokens.spec_of_dataset(directory, meta).load(meta["tokenizer"]["offset"])
+    self.fields = meta["fields"]
+
+    def init_for(record):
+      model = SequenceClassifier(recorded_encoder_config(record), len(record["labels"]),
+                                 config.task.pooling)
+      return lambda: model.init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
+
+    params, record = load_params(workdir, init_for)
+    self.classifier = TextClassifier(recorded_encoder_config(record), params, record["labels"],
+                                     tokenizer, meta["seq_len"], meta["separator_id"],
+                                     config.task.pooling, batch_size)
+    self.labels = self.classifier.labels
+
+  def probabilities(self, texts: list[str], pairs: list[str | None]) -> np.ndarray:
+    """[len(texts), classes]: each example's class probabilities, in order."""
+    return self.classifier.probabilities(texts, pairs)
+
+  def text_classifier(self) -> TextClassifier:
+    return self.classifier
 
 
 def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,

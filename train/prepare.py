@@ -484,8 +484,11 @@ def sample_lines(paths: list[str], text_field: str, sample_mb: float,
           for line in text.splitlines(keepends) if line.strip() and rng.random() < keep]
 
 
-def train_vocabulary(kind: str, sample: list[str], vocab_size: int, path: str) -> None:
-  """Trains a `kind` (one of TRAINED) tokenizer of `vocab_size` ids on `sample` into `path`.
+def train_vocabulary(kind: str, sample: list[str], vocab_size: int, path: str,
+                     exact: bool = True) -> None:
+  """Trains a `kind` (one of TRAINED) tokenizer of `vocab_size` ids on `sample` into `path`;
+  unless `exact`, of at most `vocab_size` (SentencePiece otherwise refuses a sample too small
+  for it; the others stop where the sample runs out).
   SentencePiece falls back to bytes and BPE is byte-level, so they encode any text; unigram
   and WordPiece map characters the sample never held to their unknown token."""
   if kind == "sentencepiece":
@@ -496,7 +499,8 @@ def train_vocabulary(kind: str, sample: list[str], vocab_size: int, path: str) -
           sentence_iterator=iter(sample), model_writer=model, vocab_size=vocab_size,
           model_type="unigram", byte_fallback=True, character_coverage=0.9995,
           pad_id=-1, bos_id=-1, eos_id=-1, unk_id=0, num_threads=1,
-          max_sentence_length=1 << 16, train_extremely_large_corpus=False, minloglevel=2)
+          max_sentence_length=1 << 16, train_extremely_large_corpus=False, minloglevel=2,
+          hard_vocab_limit=exact)
     return
   from tokenizers import Tokenizer as HFTokenizer
   from tokenizers import decoders, models, pre_tokenizers, trainers

@@ -15,10 +15,12 @@ import os
 
 import numpy as np
 
+from flax_encoder import tokenizer as library
+
 PAD_ID, MASK_ID, SEPARATOR_ID = 0, 1, 2
 FIRST_TOKEN_ID = 4  # tokenizer id i is stored as FIRST_TOKEN_ID + i; ids below are never targets
 BYTE_VOCAB_SIZE = FIRST_TOKEN_ID + 256
-KINDS = ("bytes", "sentencepiece", "huggingface")
+KINDS = library.KINDS
 
 
 def encode_bytes(text: str) -> np.ndarray:
@@ -43,60 +45,26 @@ class TokenizerSpec:
     return Tokenizer(self, offset)
 
 
-class Tokenizer:
+class Tokenizer(library.Tokenizer):
   """Text -> ids: the tokenizer's own ids + `offset`, FIRST_TOKEN_ID in this project's
-  numbering (0 for a model trained on the tokenizer's own ids, elsewhere)."""
+  numbering (0 for a model trained on the tokenizer's own ids, elsewhere); `spec` says which
+  file it came from."""
 
   def __init__(self, spec: TokenizerSpec, offset: int = FIRST_TOKEN_ID):
     if spec.kind not in KINDS:
       raise ValueError(f"tokenizer kind must be one of {KINDS}, got {spec.kind!r}")
-    self.spec, self.offset = spec, offset
-    self._model = None
-    if spec.kind == "sentencepiece":
-      import sentencepiece as spm
-      self._model = spm.SentencePieceProcessor(model_file=spec.path)
-    elif spec.kind == "huggingface":
-      from tokenizers import Tokenizer as HFTokenizer
-      self._model = HFTokenizer.from_file(spec.path)
-
-  @property
-  def size(self) -> int:
-    """The tokenizer's own vocabulary (without the special ids)."""
-    if self.spec.kind == "bytes":
-      return 256
-    if self.spec.kind == "sentencepiece":
-      return self._model.get_piece_size()
-    return self._model.get_vocab_size()
-
-  @property
-  def vocab_size(self) -> int:
-    """Ids the encoded texts can hold: offset + size."""
-    return self.offset + self.size
-
-  def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-    """Each text's ids (int32), special ids not added."""
-    if self.spec.kind == "bytes":
-      ids = [np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts]
-    elif self.spec.kind == "sentencepiece":
-      ids = self._model.encode(texts)
-    else:
-      ids = [e.ids for e in self._model.encode_batch(texts, add_special_tokens=False)]
-    return [np.asarray(i, np.int32) + self.offset for i in ids]
+    model = None
+    if spec.kind != "bytes":
+      with open(spec.path, "rb") as f:
+        model = f.read()
+    super().__init__(spec.kind, model, offset)
+    self.spec = spec
 
   def pieces(self, ids) -> list[str]:
     """A readable label for each id (a byte, a piece), for plots."""
-    labels = []
-    for i in np.asarray(ids).ravel().tolist():
-      own = i - self.offset
-      if own < 0:
-        labels.append({PAD_ID: "<pad>", MASK_ID: "<mask>", SEPARATOR_ID: "<sep>"}.get(i, "<?>"))
-      elif self.spec.kind == "bytes":
-        labels.append(bytes([own]).decode("latin-1"))
-      elif self.spec.kind == "sentencepiece":
-        labels.append(self._model.id_to_piece(own))
-      else:
-        labels.append(self._model.id_to_token(own))
-    return labels
+    specials = {PAD_ID: "<pad>", MASK_ID: "<mask>", SEPARATOR_ID: "<sep>"}
+    return [specials.get(i, "<?>") if i < self.offset else self.piece(i - self.offset)
+            for i in np.asarray(ids).ravel().tolist()]
 
 
 def spec_of_dataset(directory: str, meta: dict) -> TokenizerSpec:

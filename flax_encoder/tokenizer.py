@@ -1,0 +1,103 @@
+"""Text -> token ids, for models trained on a tokenizer's ids plus an offset.
+
+  tokenizer = Tokenizer.from_file("sentencepiece", "tokenizer.model", offset=4)
+  ids = encode_examples(tokenizer, ["a text"], None, seq_len=128, separator_id=2)
+
+Three kinds: "bytes" (UTF-8 bytes, 256 ids), "sentencepiece" (a SentencePiece model) and
+"huggingface" (a `tokenizers` tokenizer.json). A tokenizer keeps its model's bytes, so that it
+can be saved inside another file (a text classifier's) and rebuilt from there with no file
+of its own. sentencepiece and tokenizers are imported only for their kind (the `text` extra).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+KINDS = ("bytes", "sentencepiece", "huggingface")
+
+
+class Tokenizer:
+  """A tokenizer whose id i is stored as i + `offset` (ids below the offset are the model's
+  special ids: padding, mask, separator)."""
+
+  def __init__(self, kind: str, model: bytes | None = None, offset: int = 0):
+    if kind not in KINDS:
+      raise ValueError(f"tokenizer kind: {kind!r}, expected one of {KINDS}")
+    if (model is None) != (kind == "bytes"):
+      raise ValueError(f"tokenizer model: expected {'none' if kind == 'bytes' else 'its bytes'} "
+                       f"for kind {kind!r}")
+    self.kind, self.model, self.offset = kind, model, offset
+    self._model = None
+    if kind == "sentencepiece":
+      import sentencepiece as spm
+      self._model = spm.SentencePieceProcessor(model_proto=model)
+    elif kind == "huggingface":
+      from tokenizers import Tokenizer as HFTokenizer
+      self._model = HFTokenizer.from_str(model.decode("utf-8"))
+
+  @classmethod
+  def from_file(cls, kind: str, path: str | os.PathLike | None, offset: int = 0) -> Tokenizer:
+    """The tokenizer of `kind` whose model is the file `path` (None for bytes)."""
+    if kind == "bytes":
+      return cls("bytes", None, offset)
+    with open(path, "rb") as f:
+      return cls(kind, f.read(), offset)
+
+  @property
+  def size(self) -> int:
+    """The tokenizer's own vocabulary (without the ids below the offset)."""
+    if self.kind == "bytes":
+      return 256
+    if self.kind == "sentencepiece":
+      return self._model.get_piece_size()
+    return self._model.get_vocab_size()
+
+  @property
+  def vocab_size(self) -> int:
+    """Ids the encoded texts can hold: offset + size."""
+    return self.offset + self.size
+
+  def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+    """Each text's ids (int32), no special ids added."""
+    if self.kind == "bytes":
+      ids = [np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts]
+    elif self.kind == "sentencepiece":
+      ids = self._model.encode(list(texts))
+    else:
+      ids = [e.ids for e in self._model.encode_batch(list(texts), add_special_tokens=False)]
+    return [np.asarray(i, np.int32) + self.offset for i in ids]
+
+  def piece(self, own_id: int) -> str:
+    """The tokenizer's own id `own_id` (without the offset) as text: a byte, a piece."""
+    if self.kind == "bytes":
+      return bytes([own_id]).decode("latin-1")
+    if self.kind == "sentencepiece":
+      return self._model.id_to_piece(own_id)
+    return self._model.id_to_token(own_id)
+
+
+def example_ids(first: np.ndarray, second: np.ndarray | None, seq_len: int,
+                separator_id: int) -> tuple[np.ndarray, bool]:
+  """One example's ids, at most `seq_len`: the text's, or the text's, the separator and the
+  pair's, the longer of the two cut first; and whether anything was cut."""
+  if second is None:
+    return first[:seq_len], len(first) > seq_len
+  room, truncated = seq_len - 1, len(first) + len(second) + 1 > seq_len
+  while len(first) + len(second) > room:
+    if len(first) >= len(second):
+      first = first[:-1]
+    else:
+      second = second[:-1]
+  return np.concatenate([first, [separator_id], second]).astype(first.dtype), truncated
+
+
+def encode_examples(tokenizer: Tokenizer, texts: list[str], pairs: list[str | None] | None,
+                    seq_len: int, separator_id: int) -> list[np.ndarray]:
+  """Each example's ids (`example_ids`; a pair of None: the text alone), not padded."""
+  pairs = [None] * len(texts) if pairs is None else pairs
+  firsts = tokenizer.encode_batch(texts)
+  seconds = tokenizer.encode_batch([p or "" for p in pairs])
+  return [example_ids(a, b if p is not None else None, seq_len, separator_id)[0]
+          for a, b, p in zip(firsts, seconds, pairs)]

@@ -1,0 +1,198 @@
+"""The task contract: each task's facts come from its definition (checks, what may change on
+resume, plots, summary), and the last mile of fine-tuning (a trained vocabulary from scratch,
+predictions scored against labels, an export that turns text into labels outside the
+checkout)."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from configs import classify as classify_config
+from flax_encoder import EncoderConfig
+from tests import runs
+from train import settings, tasks
+from train.errors import RunError
+from train.task import CHANGES_RUN, FIXES_STATE, FREE
+
+CLASSES = {"digits": "0123456789", "letters": "abcdefghij", "symbols": "+-*/=<>!?%"}
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory):
+  """(train.jsonl, eval.jsonl): texts of digits, of letters or of symbols, labelled so."""
+  directory = tmp_path_factory.mktemp("labelled")
+  rng = np.random.default_rng(1)
+
+  def write(name, n):
+    path = directory / name
+    with open(path, "w") as f:
+      for i in range(n):
+        label = list(CLASSES)[i % 3]
+        text = " ".join("".join(rng.choice(list(CLASSES[label]), rng.integers(2, 6)))
+                        for _ in range(rng.integers(2, 8)))
+        f.write(json.dumps({"text": text, "label": label}) + "\n")
+    return str(path)
+
+  return write("train.jsonl", 240), write("eval.jsonl", 30)
+
+
+def _fine_tuning(train, eval_, *overrides):
+  return [f"--config={os.path.join(runs.ROOT, 'configs', 'classify.py')}",
+          f"--config.data.train={train}", f"--config.data.eval={eval_}",
+          "--config.train.num_steps=24", "--config.train.batch_size=8",
+          "--config.train.seq_len=32", "--config.train.eval_every=12",
+          "--config.train.checkpoint_every=12", "--config.optim.warmup_steps=4",
+          "--config.model.d_model=16", "--config.model.n_heads=2", "--config.model.d_ff=32",
+          "--config.model.n_layers=1", "--config.model.max_len=32", *overrides]
+
+
+@pytest.fixture(scope="module")
+def fine_tuned(labelled, tmp_path_factory):
+  """A fine-tuning run from scratch with the default tokenizer (a trained vocabulary)."""
+  workdir = str(tmp_path_factory.mktemp("fine_tuned") / "run")
+  result = runs.train(workdir, *_fine_tuning(*labelled), config=None)
+  return workdir, result
+
+
+def test_what_may_change_on_resume_follows_each_fields_role():
+  masked_lm = tasks.definition("masked_lm")
+  kinds = {field: settings.resume_kind(field, masked_lm) for field in (
+      "model.dtype", "model.attention_impl", "model.remat", "model.dropout", "model.d_model",
+      "model.param_dtype", "model.scan_layers", "train.num_steps", "train.seed",
+      "task.tie_embeddings", "task.mask_rate", "data.max_eval_windows", "task.name")}
+  assert kinds == {
+      "model.dtype": FREE, "model.attention_impl": FREE, "model.remat": FREE,
+      "model.dropout": CHANGES_RUN, "model.d_model": FIXES_STATE,
+      "model.param_dtype": FIXES_STATE, "model.scan_layers": FIXES_STATE,
+      "train.num_steps": FREE, "train.seed": CHANGES_RUN, "task.tie_embeddings": FIXES_STATE,
+      "task.mask_rate": CHANGES_RUN, "data.max_eval_windows": FREE, "task.name": FIXES_STATE}
+  # Every field of the encoder has its rule, and a pretrained encoder brings exactly those
+  # that are not the run's own.
+  assert {f"model.{f.name}" for f in __import__("dataclasses").fields(EncoderConfig)} - {
+      "model.pad_id"} == set(settings.MODEL)
+  config = classify_config.get_config()
+  unset = {name for name, value in config.model.to_dict().items() if value is None}
+  assert unset == {n for r in ("architecture", "parameters") for n in EncoderConfig.fields(r)
+                   } - {"pad_id"}
+
+
+def test_fine_tuning_checks_the_sizes_it_will_use_not_the_librarys_defaults():
+  config = classify_config.get_config()
+  config.model.d_model = 100  # from scratch with configs/default.py's 4 heads: fine
+  settings.check(config)
+  config = classify_config.get_config()
+  config.data.tokenizer = "no-such-file.model"
+  with pytest.raises(RunError, match=r"^config.data.tokenizer: 'no-such-file.model', expected"):
+    settings.check(config)
+
+
+def test_an_unknown_task_is_one_line_naming_the_field():
+  config = classify_config.get_config()
+  config.task.name = "tagging"
+  with pytest.raises(RunError, match=r"^config.task.name: 'tagging', expected one of "):
+    settings.check(config)
+
+
+def test_a_run_shorter_than_its_warm_up_says_what_it_does_instead(tmp_path):
+  result = runs.train(str(tmp_path / "run"), "--config.optim.recipe=adamw",
+                      "--config.optim.learning_rate=1e-3", "--config.train.num_steps=5",
+                      "--config.train.eval_every=5")
+  note = [line for line in result.stderr.splitlines() if "warmup_steps" in line]
+  assert len(note) == 1 and "first tenth (1 steps)" in note[0] and "10" in note[0]
+
+
+def test_plots_are_titled_and_labelled_for_the_task(tmp_path, monkeypatch):
+  import matplotlib.pyplot as plt
+
+  from train import plots
+  axes = []
+  subplots = plt.subplots
+
+  def keep(*args, **kwargs):
+    fig, ax = subplots(*args, **kwargs)
+    axes.append(ax)
+    return fig, ax
+
+  monkeypatch.setattr(plots.plt, "subplots", keep)
+  records = [{"split": "train", "step": 1, "loss": 1.0},
+             {"split": "eval", "step": 1, "loss": 1.0, "accuracy": 0.5, "macro_f1": 0.4,
+              "baseline_accuracy": 0.3}]
+  plots.plot_run(records, lambda s: s * 0.0, 2, str(tmp_path),
+                 tasks.definition("classify").plots, "adamw")
+  loss, scores, rate = axes
+  assert loss.get_title() == "Classification loss" and "example" in loss.get_ylabel()
+  legend = [t.get_text() for t in scores.get_legend().get_texts()]
+  assert legend == ["accuracy", "macro-F1", "baseline: majority class"]
+  assert rate.get_title() == "Linear warm-up, then linear decay"
+  assert sorted(os.listdir(tmp_path)) == ["accuracy.png", "learning_rate.png", "loss.png"]
+
+
+def test_fine_tuning_from_scratch_trains_a_vocabulary_on_the_training_texts(fine_tuned):
+  workdir, result = fine_tuned
+  meta = json.load(open(os.path.join(workdir, "data", "dataset.json")))
+  assert meta["tokenizer"]["kind"] == "sentencepiece"
+  assert os.path.isfile(os.path.join(workdir, "data", "tokenizer.model"))
+  assert meta["vocab_size"] > 4 and meta["vocab_size"] != 260  # not bytes
+  last = result.stdout.strip().splitlines()[-1]
+  assert "eval accuracy" in last and "macro-F1" in last and "majority class" in last
+
+
+def test_bytes_on_request(labelled, tmp_path):
+  workdir = str(tmp_path / "run")
+  runs.train(workdir, *_fine_tuning(*labelled, "--config.data.tokenizer=bytes",
+                                    "--config.train.num_steps=2"), config=None)
+  meta = json.load(open(os.path.join(workdir, "data", "dataset.json")))
+  assert meta["tokenizer"]["kind"] == "bytes" and meta["vocab_size"] == 260
+
+
+def test_predict_scores_labelled_input_as_the_evaluation_does(fine_tuned, labelled, tmp_path):
+  from train.predict import main, predict
+  workdir, _ = fine_tuned
+  final = [r for r in runs.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+           if r["split"] == "eval"][-1]
+  done = predict(workdir, labelled[1], str(tmp_path / "p.jsonl"))
+  assert done.count == done.labelled == 30
+  assert done.scores["accuracy"] == pytest.approx(final["accuracy"], abs=1.5 / 30)
+  assert done.scores["macro_f1"] == pytest.approx(final["macro_f1"], abs=0.06)
+  # Without labels: predictions, no scores.
+  unlabelled = tmp_path / "texts.jsonl"
+  unlabelled.write_text("".join(json.dumps({"text": json.loads(line)["text"]}) + "\n"
+                                for line in open(labelled[1])))
+  assert predict(workdir, str(unlabelled), str(tmp_path / "q.jsonl")).scores is None
+  assert main(["--workdir", workdir, "--input", labelled[1], "--out",
+               str(tmp_path / "r.jsonl")]) == 0
+
+
+def test_a_fine_tuned_export_turns_text_into_labels_outside_the_checkout(fine_tuned, labelled,
+                                                                          tmp_path):
+  from train.export import export
+  from train.predict import predict
+  workdir, _ = fine_tuned
+  out = export(workdir, str(tmp_path / "classifier.msgpack"))
+  predict(workdir, labelled[1], str(tmp_path / "p.jsonl"))
+  expected = [json.loads(line) for line in open(tmp_path / "p.jsonl")]
+  texts = [json.loads(line)["text"] for line in open(labelled[1])]
+  # A program that imports only the library (no train, no checkout on its path).
+  moved = tmp_path / "elsewhere"
+  moved.mkdir()
+  shutil.copy(out, moved / "classifier.msgpack")
+  code = ("import json, sys\n"
+          "from flax_encoder.text_classifier import TextClassifier\n"
+          "classifier = TextClassifier.load('classifier.msgpack')\n"
+          "texts = json.load(sys.stdin)\n"
+          "print(json.dumps({'labels': classifier(texts),\n"
+          "                  'p': classifier.probabilities(texts).tolist()}))\n"
+          "assert 'train' not in sys.modules\n")
+  import subprocess
+  import sys
+  env = {k: v for k, v in runs.environment().items() if k != "PYTHONPATH"}
+  result = subprocess.run([sys.executable, "-c", code], cwd=moved, env=env, text=True,
+                          input=json.dumps(texts), capture_output=True, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  got = json.loads(result.stdout)
+  assert got["labels"] == [p["label"] for p in expected]
+  np.testing.assert_allclose(
+      got["p"], [list(p["probabilities"].values()) for p in expected], atol=2e-5)
