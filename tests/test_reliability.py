@@ -143,13 +143,13 @@ def test_a_corpus_changed_since_it_was_prepared_is_refused(tmp_path):
     ("model.attention_impl", "flash", "one of"),
 ])
 def test_every_field_is_checked_with_one_line_naming_it(field, value, expected):
-  from train import settings
+  from train import tasks
   from train.errors import RunError
   config = tiny.get_config()
   section, name = field.split(".")
   config[section][name] = value
   with pytest.raises(RunError) as e:
-    settings.check(config)
+    tasks.checked(config)
   assert str(e.value).startswith(f"config.{field}: {value!r}") and expected in str(e.value)
   assert "\n" not in str(e.value)
 

@@ -82,18 +82,18 @@ def test_what_may_change_on_resume_follows_each_fields_role():
 def test_fine_tuning_checks_the_sizes_it_will_use_not_the_librarys_defaults():
   config = classify_config.get_config()
   config.model.d_model = 100  # from scratch with configs/default.py's 4 heads: fine
-  settings.check(config)
+  tasks.checked(config)
   config = classify_config.get_config()
   config.data.tokenizer = "no-such-file.model"
   with pytest.raises(RunError, match=r"^config.data.tokenizer: 'no-such-file.model', expected"):
-    settings.check(config)
+    tasks.checked(config)
 
 
 def test_an_unknown_task_is_one_line_naming_the_field():
   config = classify_config.get_config()
   config.task.name = "tagging"
   with pytest.raises(RunError, match=r"^config.task.name: 'tagging', expected one of "):
-    settings.check(config)
+    tasks.checked(config)
 
 
 def test_a_run_shorter_than_its_warm_up_says_what_it_does_instead(tmp_path):

@@ -162,8 +162,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
   resumed run must have its checkpoint's config, but for the fields that may change freely
   (train.settings.resume_kind), unless `allow_changes`.
   """
-  definition = tasks.definition(config.task.get("name") if "task" in config else None)
-  settings.check(config, definition)
+  definition = tasks.checked(config)
   train_config = config.train
   primary = jax.process_index() == 0  # the one process that writes metrics and plots
   if primary:

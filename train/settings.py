@@ -111,15 +111,10 @@ def flatten(config: ml_collections.ConfigDict | dict) -> dict:
   return flat
 
 
-def _definition(config) -> Definition:
-  from train.tasks import definition  # the registry imports the tasks, which import this
-  return definition(config.task.get("name") if "task" in config else None)
-
-
-def check(config: ml_collections.ConfigDict, task: Definition | None = None) -> None:
+def check(config: ml_collections.ConfigDict, task: Definition) -> None:
   """Raises RunError naming the first field whose type or range is wrong, or that the program
-  does not know (a field the model does not have, say). `task`: config.task.name's."""
-  task = task or _definition(config)
+  does not know (a field the model does not have, say). `task`: config.task.name's
+  (`train.tasks.checked` finds it and calls this)."""
   flat = flatten(config)
   fields = {**COMMON, **task.fields}
   for field in flat:
@@ -184,10 +179,9 @@ def resume_kind(field: str, task: Definition) -> str:
 
 
 def check_resume(recorded_json: str, config: ml_collections.ConfigDict, step: int,
-                 allow_changes: bool, task: Definition | None = None) -> list[Change]:
+                 allow_changes: bool, task: Definition) -> list[Change]:
   """The changes a resumed run makes to the checkpoint's config; RunError for a change that
   cannot resume, or that changes the run without `allow_changes`."""
-  task = task or _definition(config)
   # task.name first: another task's fields all differ, and the name says why.
   found = sorted((c for c in changes(recorded_json, config)
                   if resume_kind(c.field, task) != FREE), key=lambda c: c.field != "task.name")

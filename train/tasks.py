@@ -9,7 +9,7 @@ module here, and the program learns of it from that alone.
 
 from __future__ import annotations
 
-from train import classify, masked_lm
+from train import classify, masked_lm, settings
 from train.errors import RunError
 from train.task import Definition
 
@@ -23,3 +23,11 @@ def definition(name) -> Definition:
     return DEFINITIONS[name]
   except (KeyError, TypeError):
     raise RunError(f"config.task.name: {name!r}, expected one of {tuple(DEFINITIONS)}") from None
+
+
+def checked(config) -> Definition:
+  """The task of `config`, after every field of `config` is checked against it (RunError
+  naming the first wrong one)."""
+  task = definition(config.task.get("name") if "task" in config else None)
+  settings.check(config, task)
+  return task
