@@ -4,26 +4,38 @@ Computes what the PyTorch tutorial port of the encoder computes (Post-LN, -1e9 m
 LayerNorm eps 1e-5, embedding * sqrt(d_model), interleaved sinusoids). Importing it imports no
 torch: the PyTorch bridge (weight conversion, the reference port, the parity report) is
 `flax_encoder.pytorch`, behind the `torch` extra.
+
+The names below load with their module on first use, so that a module that needs no JAX
+(`flax_encoder.tokenizer`, imported by tokenizing worker processes) does not start it.
 """
 
-from flax_encoder.attention import (
-    MASK_FILL,
-    MultiHeadAttention,
-    scaled_dot_product_attention,
-)
-from flax_encoder.config import ConfigError, EncoderConfig
-from flax_encoder.dropout import Dropout
-from flax_encoder.embedding import PositionalEncoding, sinusoidal_positions
-from flax_encoder.encoder import Encoder, stack_layers, unstack_layers
-from flax_encoder.feed_forward import PositionwiseFeedForward
-from flax_encoder.inputs import check_token_shape, check_token_values, checked_apply
-from flax_encoder.layer import EncoderLayer
-from flax_encoder.masks import padding_mask
-from flax_encoder.packing import segment_mask, segment_positions
+import importlib
 
-__all__ = [
-    "MASK_FILL", "ConfigError", "Dropout", "Encoder", "EncoderConfig", "EncoderLayer", "MultiHeadAttention",
-    "PositionalEncoding", "PositionwiseFeedForward", "check_token_shape", "check_token_values",
-    "checked_apply", "padding_mask", "scaled_dot_product_attention", "segment_mask",
-    "segment_positions", "sinusoidal_positions", "stack_layers", "unstack_layers",
-]
+_MODULES = {
+    "MASK_FILL": "attention", "MultiHeadAttention": "attention",
+    "scaled_dot_product_attention": "attention",
+    "ConfigError": "config", "EncoderConfig": "config",
+    "Dropout": "dropout",
+    "PositionalEncoding": "embedding", "sinusoidal_positions": "embedding",
+    "Encoder": "encoder", "stack_layers": "encoder", "unstack_layers": "encoder",
+    "PositionwiseFeedForward": "feed_forward",
+    "check_token_shape": "inputs", "check_token_values": "inputs", "checked_apply": "inputs",
+    "EncoderLayer": "layer",
+    "padding_mask": "masks",
+    "segment_mask": "packing", "segment_positions": "packing",
+}
+
+__all__ = sorted(_MODULES)
+
+
+def __getattr__(name):
+  module = _MODULES.get(name)
+  if module is None:
+    raise AttributeError(f"module 'flax_encoder' has no attribute {name!r}")
+  value = getattr(importlib.import_module(f"flax_encoder.{module}"), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_MODULES))

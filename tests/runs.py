@@ -1,24 +1,34 @@
-"""Helpers for tests that run `python -m train` in a subprocess on the tiny config."""
+"""Helpers for tests that run `python -m train` on the tiny config: in this process (as
+Flax's lm1b tests train), or in a subprocess where a test needs a process of its own (to
+signal or kill it, or to give it other devices)."""
 
+import contextlib
+import dataclasses
+import io
 import os
 import subprocess
 import sys
 import time
+import warnings
 
 from train.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "tiny.py")
+COMPILE_CACHE = os.path.join(ROOT, ".pytest_cache", "jax")
+# On a CPU the tests compile far more than they compute: XLA's quicker backend optimisation.
+QUICK_CPU = "--xla_backend_optimization_level=0"
 
 
 def environment(devices: int | None = None) -> dict:
   """The environment of a training subprocess: `devices` CPU devices, and a compilation cache
   shared by all of them (each would otherwise compile the same tiny step again)."""
-  env = {**os.environ,
-         "JAX_COMPILATION_CACHE_DIR": os.path.join(ROOT, ".pytest_cache", "jax"),
-         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": COMPILE_CACHE,
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+         "JAX_DEFAULT_MATMUL_PRECISION": "highest"}
   if devices:  # simulated CPU devices, on a machine with an accelerator too
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} {QUICK_CPU}"
     env["JAX_PLATFORMS"] = "cpu"
   return env
 
@@ -26,11 +36,59 @@ def environment(devices: int | None = None) -> dict:
 EIGHT_DEVICES = environment(8)
 
 
+@dataclasses.dataclass
+class Result:
+  """What a run of the program left: its exit code and what it printed (as
+  subprocess.CompletedProcess has them)."""
+
+  returncode: int
+  stdout: str
+  stderr: str
+
+
+def command(args: list[str]) -> Result:
+  """`python -m train ARGS` run in this process: the program's own flag parsing, error lines
+  and exit codes, its stdout and stderr (warnings included) captured."""
+  from absl import flags
+
+  from train import __main__ as program
+  flag_values = flags.FlagValues()
+  given = program.define_flags(flag_values)
+  argv = ["train", *args]
+  out, err = io.StringIO(), io.StringIO()
+  saved = sys.argv
+  sys.argv = argv  # the program names a mistaken flag from its arguments
+
+  def show(message, category, filename, lineno, file=None, line=None):
+    err.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+  try:
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+        warnings.catch_warnings():
+      warnings.simplefilter("always", UserWarning)
+      warnings.showwarning = show
+      try:
+        program.main(program.parse_flags(argv, flag_values), given)
+        code = 0
+      except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+  finally:
+    sys.argv = saved
+  return Result(code, out.getvalue(), err.getvalue())
+
+
 def train(workdir, *overrides, check=True, popen=False, env=None, config=TINY):
-  """Runs the tiny config (or `config`; None: the overrides name it) in `workdir`; with
-  popen=True returns the running process."""
+  """Runs the tiny config (or `config`; None: the overrides name it) in `workdir`: in this
+  process, or in a subprocess with `env` (devices, say); with popen=True returns the running
+  process."""
   given = [f"--config={config}"] if config else []
-  cmd = [sys.executable, "-m", "train", *given, f"--workdir={workdir}", *overrides]
+  args = [*given, f"--workdir={workdir}", *overrides]
+  if not popen and env is None:
+    result = command(args)
+    if check:
+      assert result.returncode == 0, result.stderr[-3000:]
+    return result
+  cmd = [sys.executable, "-m", "train", *args]
   env = env or environment()
   if popen:
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,

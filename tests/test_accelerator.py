@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests import runs
 
 
@@ -21,6 +23,7 @@ def test_the_training_step_and_the_exported_encoder_lower_for_tpu_and_cuda():
   assert "encoder exported for tpu,cuda: deserialized for tpu,cuda" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   out = tmp_path / "accelerator"
   env = {**runs.environment(), "JAX_PLATFORMS": "cpu"}

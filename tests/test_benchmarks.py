@@ -36,6 +36,7 @@ def test_the_jax_and_pytorch_steps_compute_the_same_losses():
     np.testing.assert_allclose(float(jax_train()), float(torch_train()), rtol=2e-5)
 
 
+@pytest.mark.slow
 def test_side_by_side_run_and_report(tmp_path, monkeypatch):
   pytest.importorskip("torch")
   monkeypatch.setattr(bench, "PAUSE_S", 0.0)

@@ -60,17 +60,7 @@ SCRATCH = ["--config.model.d_model=16", "--config.model.n_heads=2", "--config.mo
 
 
 def _train(workdir, *args, **kwargs):
-  import subprocess
-  import sys
-  cmd = [sys.executable, "-m", "train", f"--workdir={workdir}", *args]
-  if kwargs.get("popen"):
-    return subprocess.Popen(cmd, cwd=runs.ROOT, env=runs.environment(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  result = subprocess.run(cmd, cwd=runs.ROOT, env=runs.environment(), capture_output=True,
-                          text=True, timeout=600, check=False)
-  if kwargs.get("check", True):
-    assert result.returncode == 0, result.stderr[-3000:]
-  return result
+  return runs.train(workdir, *args, config=None, **kwargs)
 
 
 def test_the_mean_pooled_head_on_a_padded_batch_equals_each_row_alone():
@@ -113,6 +103,7 @@ def test_fine_tuning_from_a_run_starts_from_its_encoder_bitwise(reference_run, l
   assert setup.task.model.config.vocab_size == 260
 
 
+@pytest.mark.slow
 def test_a_fine_tuning_run_killed_and_restarted_has_the_same_losses_and_predicts_its_eval(
     labelled, tmp_path):
   train, eval_ = labelled

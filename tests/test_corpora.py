@@ -223,6 +223,7 @@ def _interrupt(tmp_path, args, wait_for, sig):
   return code, time.monotonic() - start, rest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase, sig, code", [("encoding", signal.SIGINT, 130),
                                               ("vocabulary: training", signal.SIGTERM, 143)])
 def test_a_signal_ends_a_prepare_promptly_in_any_phase_with_nothing_left(

@@ -19,6 +19,8 @@ from tests import runs
 from train import launch
 from train.load import load_encoder
 
+pytestmark = pytest.mark.slow  # real processes: minutes on 2 cores
+
 # The tiny config, shorter: 16 steps, a checkpoint every 4, one evaluation at the end.
 STEPS = 16
 MESH = ["--config.mesh.data=2", "--config.mesh.fsdp=2", f"--config.train.num_steps={STEPS}",

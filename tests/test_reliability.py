@@ -43,6 +43,7 @@ def _tree(directory):
 # --- One run per workdir --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_run_on_the_same_workdir_exits_at_once_naming_the_first(tmp_path):
   workdir = str(tmp_path / "run")
   first = runs.train(workdir, "--config.train.num_steps=100000", popen=True)
@@ -253,6 +254,7 @@ def _one_error_line_any_code(result, *words):
 # --- metrics.jsonl consistent with the checkpoints -------------------------------------------
 
 
+@pytest.mark.slow
 def test_kill_9_before_the_first_checkpoint_leaves_no_duplicate_records(tmp_path):
   workdir = str(tmp_path / "run")
   proc = runs.train(workdir, "--config.train.checkpoint_every=1000", popen=True)
@@ -268,6 +270,7 @@ def test_kill_9_before_the_first_checkpoint_leaves_no_duplicate_records(tmp_path
 # --- The launcher's children die with it ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_killing_the_launcher_stops_its_processes_within_seconds(tmp_path):
   workdir = str(tmp_path / "run")
   cmd = [sys.executable, "-m", "train.launch", "--processes", "2", "--devices-per-process", "1",
@@ -320,6 +323,7 @@ def _with_file_size_limit(limit, *args):
   return [sys.executable, "-c", code]
 
 
+@pytest.mark.slow
 def test_a_save_that_cannot_be_written_is_one_line_and_loses_nothing(eight_steps, tmp_path):
   workdir = str(tmp_path / "run")
   shutil.copytree(eight_steps, workdir)

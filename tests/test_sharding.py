@@ -50,6 +50,7 @@ def test_mesh_and_batch_errors_name_the_argument():
     sharding.check_batch_divisible(12, fake, "config.train.batch_size")
 
 
+@pytest.mark.slow
 def test_eight_device_data_fsdp_run_matches_the_one_device_run(reference_run, tmp_path):
   workdir = str(tmp_path / "sharded")
   result = runs.train(workdir, "--config.mesh.data=2", "--config.mesh.fsdp=4",
@@ -78,6 +79,7 @@ def test_eight_device_data_fsdp_run_matches_the_one_device_run(reference_run, tm
   jax.tree.map(close, variables, expected)
 
 
+@pytest.mark.slow
 def test_checkpoint_saved_on_8_devices_restores_on_4_and_on_1(tmp_path):
   result = subprocess.run([sys.executable, "-m", "tests.sharded_checkpoint", str(tmp_path)],
                           cwd=runs.ROOT, env=runs.EIGHT_DEVICES, capture_output=True,

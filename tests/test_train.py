@@ -103,6 +103,7 @@ def test_uninterrupted_run_learns_and_writes_its_outputs(reference_run):
   assert sorted(os.listdir(os.path.join(reference_run, "checkpoints"))) == ["16", "24", "30", "8"]
 
 
+@pytest.mark.slow
 def test_kill_9_and_restart_gives_the_same_losses_bit_for_bit(reference_run, tmp_path):
   workdir = str(tmp_path)
   proc = runs.train(workdir, popen=True)
@@ -117,6 +118,7 @@ def test_kill_9_and_restart_gives_the_same_losses_bit_for_bit(reference_run, tmp
   assert runs.losses(workdir) == runs.losses(reference_run)  # exact float equality, every step
 
 
+@pytest.mark.slow
 def test_sigterm_saves_at_the_step_reached_then_resumes_with_other_data_workers(
     reference_run, tmp_path):
   # Two grain worker processes, then one after the restart; the reference run read in-process.

@@ -50,6 +50,7 @@ def test_accumulating_gradients_over_microbatches_gives_the_same_losses():
     assert int(other.step) == int(state.step)
 
 
+@pytest.mark.slow
 def test_a_run_with_microbatches_resumes_exactly(tmp_path):
   def config(steps):
     c = tiny.get_config()

@@ -33,21 +33,22 @@ def _no_such_field(error: BaseException) -> None:
   sys.exit(2)
 
 
-def _config_flag():
+def _config_flag(flag_values: flags.FlagValues):
   """--config, with the file's fields as --config.x.y flags (the default file's fields are
   read, and a wrong one fails, while the flag is defined)."""
   default = os.path.join(os.path.dirname(configs.__file__), "default.py")
   try:
     return config_flags.DEFINE_config_file(
-        "config", default, "A configs/*.py file; override fields as --config.train.seed=1.")
+        "config", default, "A configs/*.py file; override fields as --config.train.seed=1.",
+        flag_values=flag_values)
   except (AttributeError, KeyError) as e:
     _no_such_field(e)
 
 
-def _parse_flags(argv):
+def parse_flags(argv, flag_values: flags.FlagValues = flags.FLAGS):
   """absl's parsing, with a wrong field or value as one line (exit 2)."""
   try:
-    return flags.FLAGS(argv)
+    return flag_values(argv)
   except (AttributeError, KeyError) as e:
     _no_such_field(e)
   except flags.Error as e:
@@ -55,23 +56,35 @@ def _parse_flags(argv):
     sys.exit(2)
 
 
-_CONFIG = _config_flag()
-_MULTIHOST = flags.DEFINE_bool(
-    "multihost", False, "Start with jax.distributed.initialize(), one process per host. On "
-    "Cloud TPU, SLURM, Open MPI and the like the cluster is detected; elsewhere pass "
-    "--coordinator_address, --num_processes and --process_id.")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
-_HEARTBEAT = flags.DEFINE_integer(
-    "heartbeat_timeout_s", 100, "Seconds without a heartbeat after which the coordination "
-    "service declares a process dead and stops the others (instead of letting them hang in a "
-    "collective).")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, plots. "
-                               "A workdir with checkpoints resumes.", required=True)
-_ALLOW_CHANGES = flags.DEFINE_bool(
-    "allow_changes", False, "Resume even though settings that change what the run computes "
-    "(batch size, seq_len, optimizer, seed, data, ...) differ from its checkpoint's config.")
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> dict:
+  """Defines the program's flags in `flag_values`; returns their holders by name."""
+  return {
+      "config": _config_flag(flag_values),
+      "multihost": flags.DEFINE_bool(
+          "multihost", False, "Start with jax.distributed.initialize(), one process per host. "
+          "On Cloud TPU, SLURM, Open MPI and the like the cluster is detected; elsewhere pass "
+          "--coordinator_address, --num_processes and --process_id.", flag_values=flag_values),
+      "coordinator_address": flags.DEFINE_string(
+          "coordinator_address", None, "host:port of process 0.", flag_values=flag_values),
+      "num_processes": flags.DEFINE_integer(
+          "num_processes", None, "Processes in the job.", flag_values=flag_values),
+      "process_id": flags.DEFINE_integer(
+          "process_id", None, "This process's index.", flag_values=flag_values),
+      "heartbeat_timeout_s": flags.DEFINE_integer(
+          "heartbeat_timeout_s", 100, "Seconds without a heartbeat after which the coordination "
+          "service declares a process dead and stops the others (instead of letting them hang "
+          "in a collective).", flag_values=flag_values),
+      "workdir": flags.DEFINE_string(
+          "workdir", None, "Run directory: checkpoints, metrics, plots. A workdir with "
+          "checkpoints resumes.", required=True, flag_values=flag_values),
+      "allow_changes": flags.DEFINE_bool(
+          "allow_changes", False, "Resume even though settings that change what the run "
+          "computes (batch size, seq_len, optimizer, seed, data, ...) differ from its "
+          "checkpoint's config.", flag_values=flag_values),
+  }
+
+
+_FLAGS = define_flags()
 
 
 class _NotOrbaxErrors(logging.Filter):
@@ -83,9 +96,12 @@ class _NotOrbaxErrors(logging.Filter):
         "orbax" in record.pathname or "orbax" in record.getMessage()))
 
 
-def main(argv):
+def main(argv, given: dict | None = None):
+  """The program, its flags parsed (`given`: define_flags' holders; the process's own by
+  default). Exits with the run's code."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  given = given or _FLAGS
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file it writes at INFO
   absl_logging.get_absl_handler().addFilter(_NotOrbaxErrors())
   keep_freed_memory()  # before JAX starts its threads; see train/host.py
@@ -93,18 +109,19 @@ def main(argv):
   if why:  # it died before this process could ask to be stopped with it
     print(f"error: {why} before this process started", file=sys.stderr)
     sys.exit(143)
-  if _MULTIHOST.value:
+  if given["multihost"].value:
     import jax
-    jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
-                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
-                               heartbeat_timeout_seconds=_HEARTBEAT.value)
+    jax.distributed.initialize(coordinator_address=given["coordinator_address"].value,
+                               num_processes=given["num_processes"].value,
+                               process_id=given["process_id"].value,
+                               heartbeat_timeout_seconds=given["heartbeat_timeout_s"].value)
   from train.loop import run
   try:
-    sys.exit(run(_CONFIG.value, _WORKDIR.value, _ALLOW_CHANGES.value))
+    sys.exit(run(given["config"].value, given["workdir"].value, given["allow_changes"].value))
   except RunError as e:
     print(f"\nerror: {e}", file=sys.stderr)
     sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=parse_flags)
