@@ -26,7 +26,7 @@ import numpy as np
 
 from benchmarks.workload import paper_base, paper_optimizer, paper_task
 from flax_encoder import sharding
-from train import data
+from train import pipeline
 from train.checkpoint import Checkpointer
 from train.host import keep_freed_memory
 from train.step import abstract_state, init_state
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
   target = abstract_state(task, tx, 128, sharding.make_mesh())
   size = sum(x.nbytes for x in jax.tree.leaves(state))
   tokens = np.random.default_rng(0).integers(4, 260, (64, 128)).astype(np.uint16)
-  iterator = data.TrainBatches(tokens, 8, 0)
+  iterator = pipeline.TrainBatches(tokens, 8, 0)
 
   root = args.dir or tempfile.mkdtemp(prefix="checkpoint_bench_")
   directory = os.path.join(root, "checkpoints")

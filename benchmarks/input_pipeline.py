@@ -3,7 +3,7 @@ r"""Tokens per second the training input pipeline delivers on the host, ready fo
   python -m benchmarks.input_pipeline [--prepared DIR] [--megabytes 100] [--workers 0,1,2]
                                       [--batch 64] [--batches 300]
 
-`train.data.TrainBatches` as `python -m train` runs it (grain: an exact shuffle of the window
+`train.pipeline.TrainBatches` as `python -m train` runs it (grain: an exact shuffle of the window
 indices, reshuffled every epoch, batched, one read of the batch's rows from the memory-mapped
 windows; masking happens later, in the jitted step) over the training windows of DIR, a
 directory `python -m train.prepare` wrote. Without DIR: a generated text corpus of
@@ -24,11 +24,11 @@ import time
 from absl import flags
 
 from benchmarks.prepare import write_corpus
-from train import data, prepare
+from train import dataset, pipeline, prepare
 
 
-def tokens_per_s(windows: data.Windows, batch: int, batches: int, workers: int) -> float:
-  iterator = data.TrainBatches(windows.train, batch, 0, workers)
+def tokens_per_s(windows: dataset.Windows, batch: int, batches: int, workers: int) -> float:
+  iterator = pipeline.TrainBatches(windows.train, batch, 0, workers)
   try:
     for _ in range(10):
       next(iterator)
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     for directory in directories:
       with open(os.path.join(directory, "dataset.json")) as f:
         seq_len = json.load(f)["seq_len"]
-      windows = data.load_prepared(directory, seq_len)
+      windows = dataset.load_prepared(directory, seq_len)
       for workers in [int(w) for w in args.workers.split(",")]:
         rate = tokens_per_s(windows, args.batch, args.batches, workers)
         print(f"{args.batch} x {seq_len} ({len(windows.train):,} windows), {workers} "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from flax_encoder.config import EncoderConfig
 from flax_encoder.dense import dense
@@ -29,6 +30,16 @@ def pool(hidden: jax.Array, real: jax.Array, pooling: str) -> jax.Array:
     return hidden[:, 0]
   weights = real.astype(hidden.dtype)[..., None]
   return jnp.sum(hidden * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1)
+
+
+def macro_f1(true_positives, true, predicted) -> float:
+  """The mean F1 over the classes that occur in the labels or the predictions, from each
+  class's counts of true positives, labels and predictions ([num_labels] each)."""
+  true_positives, true, predicted = (np.asarray(x, np.float64) for x in
+                                     (true_positives, true, predicted))
+  seen = (true + predicted) > 0
+  f1 = 2 * true_positives[seen] / (true + predicted)[seen]
+  return float(np.mean(f1)) if f1.size else 0.0
 
 
 class SequenceClassifier(nn.Module):

@@ -14,7 +14,7 @@ import numpy as np
 
 from flax_encoder import sharding
 from tests import tiny
-from train import data
+from train import pipeline
 from train.checkpoint import Checkpointer
 
 
@@ -26,7 +26,7 @@ def main(directory):
   batches = tiny.batches(config)
   step = tiny.jitted_step(task, tx, schedule)
   for _ in range(2):
-    state, _ = step(state, data.to_devices(next(batches), mesh8))
+    state, _ = step(state, pipeline.to_devices(next(batches), mesh8))
   kernel = state.params["encoder"]["layers_0"]["feed_forward"]["w_1"]["kernel"]
   assert len(kernel.sharding.device_set) == 8 and kernel.addressable_shards[0].data.shape[0] == 2
 

@@ -46,3 +46,42 @@ def test_invalid_fields_raise_naming_field_value_and_allowed(overrides, words):
     EncoderConfig(**{**fields, **overrides})
   for word in words:
     assert word in str(e.value)
+
+
+def test_every_field_has_one_role_and_a_record_rebuilds_the_model():
+  from flax_encoder.config import ROLES
+  by_role = {role: EncoderConfig.fields(role) for role in ROLES}
+  names = [n for fields in by_role.values() for n in fields]
+  assert sorted(names) == sorted(f.name for f in dataclasses.fields(EncoderConfig))
+  assert len(names) == len(set(names))
+  assert set(by_role["execution"]) == {"dtype", "attention_impl", "remat"}
+  cfg = EncoderConfig(50, d_model=8, n_heads=2, d_ff=16, n_layers=1, dtype="bfloat16",
+                      attention_impl="xla", scan_layers=True, param_dtype="float16",
+                      dropout=0.2)
+  record = cfg.record()
+  assert set(record) == set(by_role["architecture"] + by_role["parameters"])
+  assert record["param_dtype"] == "float16"  # JSON-able
+  assert EncoderConfig.from_record(record, dtype="bfloat16", attention_impl="xla",
+                                   dropout=0.2) == cfg
+  plain = EncoderConfig.from_record(record)
+  assert plain.dtype == jnp.float32 and plain.attention_impl == "reference"
+  assert plain.scan_layers and plain.param_dtype == jnp.float16
+
+
+def test_a_reader_may_not_change_what_the_model_is():
+  from flax_encoder import ConfigError
+  record = EncoderConfig(50, d_model=8, n_heads=2, d_ff=16, n_layers=1).record()
+  with pytest.raises(ConfigError) as e:
+    EncoderConfig.from_record(record, d_model=16)
+  assert e.value.field == "d_model" and "what the model is comes from its record" in str(e.value)
+  with pytest.raises(ConfigError, match="^EncoderConfig.remat: 'full', expected a record"):
+    EncoderConfig.from_record({**record, "remat": "full"})
+
+
+def test_config_errors_carry_the_field_the_value_and_what_was_expected():
+  from flax_encoder import ConfigError
+  with pytest.raises(ConfigError) as e:
+    EncoderConfig(20, d_model=10, n_heads=4)
+  assert (e.value.field, e.value.value) == ("d_model", 10)
+  assert e.value.expected == "a number divisible by n_heads (4)"
+  assert str(e.value) == "EncoderConfig.d_model: 10, expected a number divisible by n_heads (4)"

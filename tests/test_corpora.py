@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests import runs
-from train import data, prepare
+from train import dataset, pipeline, prepare
 from train.errors import RunError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -129,11 +129,11 @@ def test_shards_prepared_apart_hold_the_windows_of_one_prepare_and_train_as_one(
     union = sorted(w for s in range(3) for w in _windows(tmp_path / f"part-{s}", split))
     assert union == _windows(tmp_path / "whole", split)
 
-  together = data.load_prepared(f"{tmp_path}/part-*", 64)  # the glob syntax of the config
+  together = dataset.load_prepared(f"{tmp_path}/part-*", 64)  # the glob syntax of the config
   assert sorted(r.tobytes() for r in together.train[:]) == _windows(tmp_path / "whole", "train")
-  listed = data.load_prepared(",".join(f"{tmp_path}/part-{s}" for s in range(3)), 64)
+  listed = dataset.load_prepared(",".join(f"{tmp_path}/part-{s}" for s in range(3)), 64)
   np.testing.assert_array_equal(listed.train[:], together.train[:])
-  batches = data.TrainBatches(together.train, 16, seed=0, rows=slice(None))
+  batches = pipeline.TrainBatches(together.train, 16, seed=0, rows=slice(None))
   epoch = np.concatenate([next(batches) for _ in range(len(together.train) // 16)])
   drawn, held = Counter(r.tobytes() for r in epoch), Counter(_windows(tmp_path / "whole", "train"))
   assert not drawn - held  # one epoch: no window more often than the union holds it
@@ -153,13 +153,13 @@ def test_datasets_that_disagree_are_refused_naming_them(documents, tmp_path):
                     seq_len=32, eval_fraction=0.1, progress=False)
   with pytest.raises(RunError, match=r"config.data.prepared: .*sp and .*bytes differ in their "
                      r"vocabulary \(504 and 260\)"):
-    data.load_prepared(f"{tmp_path}/bytes,{tmp_path}/sp", 32)
+    dataset.load_prepared(f"{tmp_path}/bytes,{tmp_path}/sp", 32)
   with pytest.raises(RunError, match=r"config.data.weights: '1', expected 2 positive"):
-    data.load_prepared(f"{tmp_path}/bytes,{tmp_path}/bytes2", 32, "1")
+    dataset.load_prepared(f"{tmp_path}/bytes,{tmp_path}/bytes2", 32, "1")
   with pytest.raises(RunError, match=r"'.*/nothing-\*' matches no directory"):
-    data.load_prepared(f"{tmp_path}/nothing-*", 32)
+    dataset.load_prepared(f"{tmp_path}/nothing-*", 32)
   with pytest.raises(RunError, match=r"names .*bytes twice"):
-    data.load_prepared(f"{tmp_path}/bytes,{tmp_path}/bytes", 32)
+    dataset.load_prepared(f"{tmp_path}/bytes,{tmp_path}/bytes", 32)
 
 
 def _two_sources(tmp_path, documents, seq_len=32):
@@ -171,10 +171,10 @@ def _two_sources(tmp_path, documents, seq_len=32):
 
 
 def test_a_mixture_draws_its_weights_deterministically_and_resumes_exactly(documents, tmp_path):
-  windows = data.load_prepared(_two_sources(tmp_path, documents), 32, "0.8,0.2")
+  windows = dataset.load_prepared(_two_sources(tmp_path, documents), 32, "0.8,0.2")
   sizes = np.diff(windows.sources.starts)
   assert sizes[1] / sizes.sum() > 0.4 and windows.sources.weights == (0.8, 0.2)  # not b's share
-  batches = data.TrainBatches(windows.train, 8, seed=0, rows=slice(None),
+  batches = pipeline.TrainBatches(windows.train, 8, seed=0, rows=slice(None),
                               sources=windows.sources)
   rows = np.concatenate([next(batches) for _ in range(1000)])
   shares = batches.shares()
@@ -182,12 +182,12 @@ def test_a_mixture_draws_its_weights_deterministically_and_resumes_exactly(docum
   drawn_b = np.mean([r.tobytes() in b_rows for r in rows])
   assert abs(drawn_b - 0.2) < 0.02 and abs(shares[f"share {tmp_path}/b"] - 0.2) < 0.02
 
-  again = data.TrainBatches(windows.train, 8, seed=0, rows=slice(None),
+  again = pipeline.TrainBatches(windows.train, 8, seed=0, rows=slice(None),
                             sources=windows.sources)
   again.set_state({"batches": 600})
   np.testing.assert_array_equal(np.concatenate([next(again) for _ in range(400)]),
                                 rows[600 * 8:])
-  uniform = data.load_prepared(f"{tmp_path}/a,{tmp_path}/b", 32)
+  uniform = dataset.load_prepared(f"{tmp_path}/a,{tmp_path}/b", 32)
   assert uniform.sources.weights is None
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests import runs
-from train import data, prepare, tokens
+from train import dataset, prepare, tokens
 from train.errors import RunError
 
 DOCS = ["first document\nwith two lines\n", "zweites Dokument: äöü\n", "a third"]
@@ -39,7 +39,7 @@ def _all_windows(out):
   """Every window in the order prepare cut them, from the two splits."""
   with open(os.path.join(out, "dataset.json")) as f:
     meta = json.load(f)
-  w = data.load_prepared(out, meta["seq_len"])
+  w = dataset.load_prepared(out, meta["seq_len"])
   every, rows, train, held_out = meta["held_out_every"], [], iter(w.train), iter(w.eval)
   for i in range(len(w.train) + len(w.eval)):
     rows.append(next(held_out) if i % every == every - 1 else next(train))
@@ -171,9 +171,9 @@ def test_training_reads_prepared_windows_and_refuses_what_does_not_match(topics,
   os.makedirs(interrupted)
   os.rename(os.path.join(prepared, "train.bin"), os.path.join(interrupted, "train.bin"))
   with pytest.raises(RunError, match="expected a prepared dataset: it holds no dataset.json"):
-    data.load_prepared(interrupted, 32)
+    dataset.load_prepared(interrupted, 32)
   with pytest.raises(RunError, match="train.bin: None bytes, expected"):
-    data.load_prepared(prepared, 32)
+    dataset.load_prepared(prepared, 32)
 
 
 def test_config_data_paths_are_prepared_into_the_workdir_as_bytes(tmp_path):
@@ -181,7 +181,7 @@ def test_config_data_paths_are_prepared_into_the_workdir_as_bytes(tmp_path):
   (tmp_path / "mine.txt").write_text("my own text " * 100)
   config = tiny.get_config()
   config.data.paths = (str(tmp_path / "mine.txt"),)
-  windows = data.windows(config, str(tmp_path / "run"))
+  windows = dataset.windows(config, str(tmp_path / "run"))
   assert windows.vocab_size == tokens.BYTE_VOCAB_SIZE and windows.train.shape[1] == 32
   assert os.path.isfile(tmp_path / "run" / "data" / "dataset.json")
   _, ids = _all_windows(str(tmp_path / "run" / "data"))
@@ -189,13 +189,15 @@ def test_config_data_paths_are_prepared_into_the_workdir_as_bytes(tmp_path):
   config.data.paths = (str(tmp_path / "missing.txt"),)
   with pytest.raises(RunError, match=r"config.data.paths: \('.*missing.txt',\): --input "
                      r"'.*missing.txt': no such file"):
-    data.windows(config, str(tmp_path / "run"))
+    dataset.windows(config, str(tmp_path / "run"))
 
 
 def test_characters_and_errors_split_across_read_blocks(corpus, tmp_path, monkeypatch):
   whole = prepare.prepare(corpus, str(tmp_path / "whole"), seq_len=8, eval_fraction=0.25,
                           progress=False)
-  monkeypatch.setattr(prepare, "_CHUNK_CHARS", 3)  # 'ä' and 'ö' straddle block boundaries
+  from train import sources
+  monkeypatch.setattr(sources, "_READ_BYTES", 3)  # 'ä' and 'ö' straddle block boundaries
+  monkeypatch.setattr(prepare, "_CHUNK_CHARS", 3)  # and units of work
   blocks = prepare.prepare(corpus, str(tmp_path / "blocks"), seq_len=8, eval_fraction=0.25,
                            progress=False)
   assert blocks["windows"] == whole["windows"]

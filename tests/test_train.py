@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests import runs, tiny
-from train import data, settings, tokens
+from train import dataset, settings, tokens
 from train.errors import RunError
 from train.checkpoint import MANIFEST, Checkpointer, checkpoint_files, verify_share
 from train.metrics import read_metrics
@@ -285,7 +285,7 @@ def test_every_config_builds_a_valid_encoder_config(name, tmp_path):
   config = importlib.import_module(f"configs.{name}").get_config()
   assert config.model.vocab_size is None  # taken from the data
   config.data.prepared = None  # subword.py's, prepared by a command of its own
-  windows = data.windows(config, str(tmp_path))
+  windows = dataset.windows(config, str(tmp_path))
   cfg = settings.encoder_config(config.model, windows.vocab_size, windows.source,
                                 config.train.seq_len)
   assert cfg.vocab_size == tokens.BYTE_VOCAB_SIZE and config.train.seq_len <= cfg.max_len

@@ -41,12 +41,12 @@ def state(task, tx, config, seed=0, mesh=None):
 def batches(config, seed=0, rows=None):
   """The training pipeline over the built-in corpus, at its start: this process's rows (or
   `rows` of each global batch)."""
-  from train import data, prepare
+  from train import dataset, pipeline, prepare
   with tempfile.TemporaryDirectory() as directory:
     prepare.prepare([prepare.BUILTIN], directory + "/data", seq_len=config.train.seq_len,
                     eval_fraction=config.data.eval_fraction, workers=1, progress=False)
-    train = np.array(data.load_prepared(directory + "/data", config.train.seq_len).train)
-  return data.TrainBatches(train, config.train.batch_size, seed, rows=rows)
+    train = np.array(dataset.load_prepared(directory + "/data", config.train.seq_len).train)
+  return pipeline.TrainBatches(train, config.train.batch_size, seed, rows=rows)
 
 
 def jitted_step(task, tx, schedule):

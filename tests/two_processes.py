@@ -20,7 +20,7 @@ from jax.experimental import multihost_utils
 
 from flax_encoder import sharding
 from tests import tiny
-from train import data
+from train import pipeline
 from train.load import load_encoder
 
 
@@ -31,8 +31,8 @@ def main(port: str, process_id: str, workdir: str, expected_npz: str):
   config = tiny.get_config()
   batch = next(tiny.batches(config, rows=slice(None)))  # the whole global batch
   rows = next(tiny.batches(config))  # what this process reads of it
-  np.testing.assert_array_equal(rows, batch[data.process_rows(len(batch))])
-  arrays = data.to_devices(rows, mesh)
+  np.testing.assert_array_equal(rows, batch[pipeline.process_rows(len(batch))])
+  arrays = pipeline.to_devices(rows, mesh)
   shards = arrays.addressable_shards
   for shard in shards:
     np.testing.assert_array_equal(shard.data, batch[shard.index])

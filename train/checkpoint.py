@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
-import hashlib
 import json
 import os
 import shutil
@@ -37,19 +36,11 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from train.errors import RunError
+from train.files import sha256_file
 
 MANIFEST = "sha256sums.json"
 # Orbax rewrites _CHECKPOINT_METADATA at the commit, after the manifest is written.
 _UNRECORDED = {MANIFEST, "_CHECKPOINT_METADATA"}
-_CHUNK = 1 << 24
-
-
-def file_digest(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    while chunk := f.read(_CHUNK):
-      digest.update(chunk)
-  return digest.hexdigest()
 
 
 def checkpoint_files(directory: str) -> list[str]:
@@ -64,7 +55,7 @@ def checkpoint_files(directory: str) -> list[str]:
 
 
 def write_manifest(directory: str) -> None:
-  digests = {f: file_digest(os.path.join(directory, f)) for f in checkpoint_files(directory)}
+  digests = {f: sha256_file(os.path.join(directory, f)) for f in checkpoint_files(directory)}
   with open(os.path.join(directory, MANIFEST), "w") as f:
     json.dump(digests, f, indent=0)
 
@@ -83,7 +74,7 @@ def verify_share(directory: str, index: int, count: int) -> str | None:
     path = os.path.join(directory, name)
     if not os.path.isfile(path):
       return f"is missing {name}, one of the files it was saved with"
-    if file_digest(path) != recorded[name]:
+    if sha256_file(path) != recorded[name]:
       return f"failed its checksum: {name} differs from what was saved"
   return None
 

@@ -18,7 +18,6 @@ classifier's Linear from `config.init.torch_head` if given), or from scratch. Th
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import sys
 
@@ -28,9 +27,10 @@ import numpy as np
 import optax
 
 from flax_encoder import EncoderConfig
-from flax_encoder.classifier import POOLINGS
+from flax_encoder.classifier import POOLINGS, macro_f1
 from flax_encoder.classifier import SequenceClassifier as Classifier
-from train import data, examples, prepare, settings
+from train import dataset, examples, settings, sources, vocabulary
+from train.files import sha256_file
 from train.errors import RunError
 from train.task import (Definition, Field, Plots, Resume, Setup, choice, integer, optional,
                         string)
@@ -43,7 +43,7 @@ ARCHITECTURE = tuple(name for role in ("architecture", "parameters")
                      for name in EncoderConfig.fields(role) if name != "pad_id")
 # What config.data.tokenizer may name besides a file: bytes, or a vocabulary trained on the
 # training texts (config.data.vocab_size ids), the default from scratch.
-TRAINED = prepare.TRAINED
+TRAINED = vocabulary.TRAINED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,11 +94,9 @@ class ClassifyTask:
     """Summed eval_sums -> loss, accuracy, the majority-class baseline's accuracy, and
     macro-F1: the mean F1 over the classes that occur in the labels or the predictions."""
     count = max(float(sums["count"]), 1.0)
-    seen = (sums["true"] + sums["predicted"]) > 0
-    f1 = 2 * sums["true_positives"][seen] / (sums["true"] + sums["predicted"])[seen]
     return {"loss": float(sums["ce"]) / count, "accuracy": float(sums["correct"]) / count,
             "baseline_accuracy": float(sums["baseline_correct"]) / count,
-            "macro_f1": float(np.mean(f1)) if f1.size else 0.0}
+            "macro_f1": macro_f1(sums["true_positives"], sums["true"], sums["predicted"])}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,7 +126,7 @@ def _from_run(config) -> _Start:
                    f"pretraining (masked_lm) run")
   fields = {name: getattr(cfg, name) for name in ARCHITECTURE}
   fields["param_dtype"] = np.dtype(fields["param_dtype"]).name
-  return _Start(fields, variables["params"], data.run_tokenizer(run_config, run), run)
+  return _Start(fields, variables["params"], dataset.run_tokenizer(run_config, run), run)
 
 
 def _from_torch(config) -> _Start:
@@ -218,10 +216,10 @@ def _train_vocabulary(kind: str, vocab_size: int, path: str, fields: dict,
   one (and the prepared examples, which record it, are reused)."""
   texts = []
   try:
-    for _, record in prepare.Source(path).records():
+    for _, record in sources.Source(path).records():
       texts += [record[f] for f in (fields["text"], fields["pair"])
                 if isinstance(record.get(f), str) and record[f].strip()]
-  except prepare.PrepareError as e:
+  except sources.PrepareError as e:
     raise RunError(str(e)) from None
   except FileNotFoundError:
     raise RunError(f"config.data.train: {path!r}: no such file") from None
@@ -232,7 +230,7 @@ def _train_vocabulary(kind: str, vocab_size: int, path: str, fields: dict,
   os.makedirs(directory, exist_ok=True)
   out = os.path.join(directory, "tokenizer.model" if kind == "sentencepiece" else "tokenizer.json")
   try:
-    prepare.train_vocabulary(kind, texts, vocab_size, out + ".tmp", exact=False)
+    vocabulary.train_vocabulary(kind, texts, vocab_size, out + ".tmp", exact=False)
     os.replace(out + ".tmp", out)
   except Exception as e:  # noqa: BLE001 - the trainers' errors name no field
     raise RunError(f"config.data.vocab_size: {vocab_size}, expected fewer ids than a {kind} "
@@ -266,8 +264,7 @@ def _same_tokenizer_file(directory: str, name: str | None, tokenizer) -> bool:
 def _fingerprint(spec: TokenizerSpec) -> tuple:
   if spec.path is None:
     return (spec.kind, None)
-  with open(spec.path, "rb") as f:
-    return (spec.kind, hashlib.sha256(f.read()).hexdigest())
+  return (spec.kind, sha256_file(spec.path))
 
 
 def _spec(given: str) -> tuple:
@@ -306,7 +303,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   build = lambda d: examples.prepare_examples(paths, d, tokenizer, tokenizer_file,
                                               config.train.seq_len, fields, config.data.pad_id,
                                               config.data.separator_id)
-  data.prepare_once(directory, same_request, build, resume.resuming, resume.allow_changes,
+  dataset.prepare_once(directory, same_request, build, resume.resuming, resume.allow_changes,
                     "config.data")
   loaded = examples.load_examples(directory)
   meta = loaded["meta"]

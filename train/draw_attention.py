@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_encoder import Encoder
-from train import data
+from train import dataset
 from train.tokens import Tokenizer
 
 
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
   if not args.text:
     parser.error("--text must not be empty")
   from train.load import load_config, load_encoder
-  tokenizer = data.run_tokenizer(load_config(args.workdir), args.workdir).load()
+  tokenizer = dataset.run_tokenizer(load_config(args.workdir), args.workdir).load()
   cfg, variables = load_encoder(args.workdir)
   weights, labels = attention_weights(cfg, variables, tokenizer, args.text)
   out = args.out or os.path.join(args.workdir, "plots", "attention.png")

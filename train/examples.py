@@ -30,7 +30,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from train import prepare
+from train import sources
+from train.files import sha256_bytes, temporary_directory
 from train.errors import RunError
 from flax_encoder import tokenizer as tokenizer_lib
 from train.tokens import Tokenizer
@@ -42,7 +43,7 @@ _CHUNK = 2048  # examples tokenized at once
 
 def read_labels(path: str, label_field: str) -> list:
   """The sorted classes of a file's labels, every line checked."""
-  source, labels, kind = prepare.Source(path), set(), None
+  source, labels, kind = sources.Source(path), set(), None
   for number, record in _records(source):
     label = record.get(label_field, _MISSING)
     if label is _MISSING:
@@ -70,16 +71,16 @@ def read_labels(path: str, label_field: str) -> list:
 _MISSING = object()
 
 
-def _records(source: prepare.Source) -> Iterator[tuple[int, dict]]:
+def _records(source: sources.Source) -> Iterator[tuple[int, dict]]:
   try:
     yield from source.records()
-  except prepare.PrepareError as e:
+  except sources.PrepareError as e:
     raise RunError(str(e)) from None
   except FileNotFoundError:
     raise RunError(f"{source.path}: no such file") from None
 
 
-def _examples(source: prepare.Source, fields: dict, classes: dict) -> Iterator[tuple]:
+def _examples(source: sources.Source, fields: dict, classes: dict) -> Iterator[tuple]:
   """(text, pair or None, class index) of each line, checked."""
   for number, record in _records(source):
     text, pair = record.get(fields["text"]), record.get(fields["pair"])
@@ -106,9 +107,9 @@ def prepare_examples(paths: dict, directory: str, tokenizer: Tokenizer, tokenize
   classes = {label: i for i, label in enumerate(read_labels(paths["train"], fields["label"]))}
   dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
   counts, truncated, inputs = {}, {}, []
-  with prepare.temporary_directory(directory) as tmp:
+  with temporary_directory(directory) as tmp:
     for split, path in paths.items():
-      source = prepare.Source(path)
+      source = sources.Source(path)
       counts[split] = truncated[split] = 0
       with open(os.path.join(tmp, f"{split}.tokens.bin"), "wb") as ids_file, open(
           os.path.join(tmp, f"{split}.labels.bin"), "wb") as labels_file:
@@ -151,7 +152,7 @@ def load_examples(directory: str) -> dict:
   if meta.get("format") != FORMAT:
     raise RunError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
   dtype = np.dtype(meta["dtype"])
-  loaded = {"meta": meta, "identity": hashlib.sha256(raw).hexdigest()}
+  loaded = {"meta": meta, "identity": sha256_bytes(raw)}
   for split, n in meta["examples"].items():
     tokens = np.memmap(os.path.join(directory, f"{split}.tokens.bin"), dtype, "r",
                        shape=(n, meta["seq_len"]))

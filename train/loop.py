@@ -16,7 +16,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from flax_encoder import sharding
-from train import data, launch, memory, settings, tasks
+from train import launch, memory, pipeline, settings, tasks
 from train.checkpoint import Checkpointer
 from train.errors import RunError
 from train.metrics import MetricWriter, read_metrics
@@ -190,7 +190,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     mesh = _mesh(config)
     record = {"config": config.to_json(), **setup.record}
 
-    train_iter = data.TrainBatches(setup.train, train_config.batch_size, train_config.seed,
+    train_iter = pipeline.TrainBatches(setup.train, train_config.batch_size, train_config.seed,
                                    config.data.workers, sources=setup.sources)
     stack.callback(train_iter.close)
     writer = MetricWriter(workdir) if primary else None
@@ -199,8 +199,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
       writer.truncate_after(resume[0] if resume else 0)  # records past the checkpoint go
     eval_key = jax.random.PRNGKey(train_config.seed + _EVAL_SEED_OFFSET)
     eval_batch = jax.jit(task.batch)
-    eval_data = [eval_batch(data.to_devices(rows, mesh), jax.random.fold_in(eval_key, i))
-                 for i, rows in enumerate(data.eval_batches(
+    eval_data = [eval_batch(pipeline.to_devices(rows, mesh), jax.random.fold_in(eval_key, i))
+                 for i, rows in enumerate(pipeline.eval_batches(
                      setup.eval, train_config.batch_size, setup.eval_fill))]
     if resume is None:
       state = init_state(task, tx, train_config.seed, train_config.seq_len, mesh)
@@ -228,7 +228,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     while step < train_config.num_steps:
       profiler.before(step + 1)
       waiting = time.perf_counter()
-      batch = data.to_devices(next(train_iter), mesh)
+      batch = pipeline.to_devices(next(train_iter), mesh)
       waited = time.perf_counter() - waiting
       state, metrics = train_step(state, batch)
       step += 1

@@ -17,7 +17,7 @@ import optax
 
 from flax_encoder import Encoder, EncoderConfig, segment_positions
 from flax_encoder.dense import dense
-from train import data, settings
+from train import dataset, settings
 from train.task import (FIXES_STATE, FREE, Definition, Field, Plots, Resume, Setup, boolean,
                         integer, number, optional, paths, string)
 from train.tokens import FIRST_TOKEN_ID, MASK_ID, PAD_ID, SEPARATOR_ID
@@ -221,11 +221,11 @@ def task(config, cfg: EncoderConfig, baseline_token: int) -> MaskedLMTask:
 
 
 def setup(config, workdir: str, resume: Resume) -> Setup:
-  """Pretraining on the windows config.data names (train.data.windows)."""
-  windows = data.windows(config, workdir, resume.resuming, resume.allow_changes)
+  """Pretraining on the windows config.data names (train.dataset.windows)."""
+  windows = dataset.windows(config, workdir, resume.resuming, resume.allow_changes)
   cfg = settings.encoder_config(config.model, windows.vocab_size, windows.source,
                                 config.train.seq_len)
-  return Setup(task=task(config, cfg, data.most_frequent_token(windows.train)), encoder=cfg,
+  return Setup(task=task(config, cfg, dataset.most_frequent_token(windows.train)), encoder=cfg,
                train=windows.train, eval=windows.eval[:config.data.max_eval_windows],
                eval_fill=PAD_ID,
                record={"encoder": cfg.record(), "dataset": windows.identity,

@@ -26,9 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder.classifier import SequenceClassifier
+from flax_encoder.classifier import SequenceClassifier, macro_f1
 from flax_encoder.text_classifier import TextClassifier
-from train import examples, prepare, tokens
+from train import examples, sources, tokens
 from train.errors import RunError
 from train.load import load_config, load_params, recorded_encoder_config
 
@@ -49,79 +49,9 @@ def scores(true: np.ndarray, predicted: np.ndarray, num_labels: int) -> dict:
   """Accuracy and macro-F1 (the mean F1 over the classes that occur in either), as the
   evaluation of a fine-tuning run computes them (train.classify.ClassifyTask)."""
   true_1hot, predicted_1hot = np.eye(num_labels)[true], np.eye(num_labels)[predicted]
-  sums = {"true_positives": (true_1hot * predicted_1hot).sum(0), "true": true_1hot.sum(0),
-          "predicted": predicted_1hot.sum(0)}
-  seen = (sums["true"] + sums["predicted"]) > 0
-  f1 = 2 * sums["true_positives"][seen] / (sums["true"] + sums["predicted"])[seen]
-  return {"accuracy": float(np.mean(true == predicted)), "macro_f1": float(np.mean(f1))}
-
-
-@dataclasses.dataclass(frozen=True)
-class Predicted:
-  """What a prediction run did: `count` lines predicted; of the `labelled` ones, `scores`
-  (accuracy and macro-F1), or None where no line had a label."""
-
-  count: int
-  labelled: int = 0
-  scores: dict | None = None
-
-
-def scores(true: np.ndarray, predicted: np.ndarray, num_labels: int) -> dict:
-  """Accuracy and macro-F1 (the mean F1 over the classes that occur in either), as the
-  evaluation of a fine-tuning run computes them (train.classify.ClassifyTask)."""
-  true_1hot, predicted_1hot = np.eye(num_labels)[true], np.eye(num_labels)[predicted]
-  sums = {"true_positives": (true_1hot * predicted_1hot).sum(0), "true": true_1hot.sum(0),
-          "predicted": predicted_1hot.sum(0)}
-  seen = (sums["true"] + sums["predicted"]) > 0
-  f1 = 2 * sums["true_positives"][seen] / (sums["true"] + sums["predicted"])[seen]
-  return {"accuracy": float(np.mean(true == predicted)), "macro_f1": float(np.mean(f1))}
-
-
-class Predictor:
-  """A fine-tuned run's classifier, tokenizer and classes, read from its workdir."""
-
-  def __init__(self, workdir: str, batch_size: int = 64):
-    config = load_config(workdir)
-    if config.task.get("name") != "classify":
-      raise RunError(f"--workdir {workdir}: a {config.task.get('name', 'masked_lm')} run, "
-                     f"expected a fine-tuning (classify) run")
-    directory = os.path.join(workdir, "data")
-    meta = examples.load_examples(directory)["meta"]
-    self.spec = tokens.spec_of_dataset(directory, meta)
-    self.tokenizer = self.spec.load(meta["tokenizer"]["offset"])
-    self.fields, self.seq_len, self.batch_size = meta["fields"], meta["seq_len"], batch_size
-    self.pad_id, self.separator_id = meta["pad_id"], meta["separator_id"]
-
-    def init_for(record):
-      model = Classifier(EncoderConfig(**record["encoder"]), len(record["labels"]),
-                         config.task.pooling)
-      return lambda: model.init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
-
-    self.params, record = load_params(workdir, init_for)
-    self.labels = record["labels"]
-    model = Classifier(EncoderConfig(**record["encoder"]), len(self.labels), config.task.pooling)
-    self._probabilities = jax.jit(
-        lambda params, ids: jax.nn.softmax(model.apply({"params": params}, ids)))
-    self.buckets = [b for b in DEFAULT_BUCKETS if b < self.seq_len] + [self.seq_len]
-
-  def probabilities(self, texts: list[str], pairs: list[str | None]) -> np.ndarray:
-    """[len(texts), classes]: each example's class probabilities, in order."""
-    firsts = self.tokenizer.encode_batch(texts)
-    seconds = self.tokenizer.encode_batch([p or "" for p in pairs])
-    rows = [examples.example_ids(a, b if p is not None else None, self.seq_len,
-                                 self.separator_id)[0] for a, b, p in zip(firsts, seconds, pairs)]
-    out = np.zeros((len(rows), len(self.labels)), np.float32)
-    by_bucket = {}
-    for i, row in enumerate(rows):
-      by_bucket.setdefault(next(b for b in self.buckets if len(row) <= b), []).append(i)
-    for bucket, indices in sorted(by_bucket.items()):
-      for start in range(0, len(indices), self.batch_size):
-        batch = indices[start:start + self.batch_size]
-        ids = np.full((self.batch_size, bucket), self.pad_id, np.int32)  # one shape a bucket
-        for j, i in enumerate(batch):
-          ids[j, :len(rows[i])] = rows[i]
-        out[batch] = np.asarray(self._probabilities(self.params, ids))[:len(batch)]
-    return out
+  return {"accuracy": float(np.mean(true == predicted)),
+          "macro_f1": macro_f1((true_1hot * predicted_1hot).sum(0), true_1hot.sum(0),
+                               predicted_1hot.sum(0))}
 
 
 class Predictor:
@@ -161,7 +91,7 @@ def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
             show: bool = False) -> Predicted:
   """Writes the predictions for `input_path` to `out_path`, with a progress bar if `show`."""
   predictor = Predictor(workdir, batch_size)
-  source = prepare.Source(input_path)
+  source = sources.Source(input_path)
   text_field, pair_field = predictor.fields["text"], predictor.fields["pair"]
   label_field = predictor.fields["label"]
   classes = {label: i for i, label in enumerate(predictor.labels)}
@@ -178,7 +108,7 @@ def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
           raise RunError(f"{input_path}:{number}: label {label!r}, expected one of the run's "
                          f"classes {predictor.labels[:10]}")
         yield text, pair, classes.get(label, -1)
-    except prepare.PrepareError as e:
+    except sources.PrepareError as e:
       raise RunError(str(e)) from None
     except FileNotFoundError:
       raise RunError(f"--input {input_path}: no such file") from None

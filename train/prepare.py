@@ -43,21 +43,11 @@ arguments give byte-identical files, whatever the number of `--workers`.
 from __future__ import annotations
 
 import argparse
-import bz2
-import codecs
 import contextlib
-import fnmatch
-import glob
-import gzip
-import hashlib
-import io
 import itertools
 import json
-import lzma
 import multiprocessing
 import os
-import queue
-import shutil
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -65,323 +55,20 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from train.tokens import (FIRST_TOKEN_ID, MASK_ID, PAD_ID, SEPARATOR_ID, Tokenizer,
-                          TokenizerSpec)
+from train.files import temporary_directory
+from train.sources import BUILTIN, PrepareError, Source, documents, expand, plan, shard_of
+from train.tokens import FIRST_TOKEN_ID, MASK_ID, PAD_ID, SEPARATOR_ID, Tokenizer, TokenizerSpec
+from train.vocabulary import TRAINED, tokenizer_in
+
+__all__ = ["BUILTIN", "FORMAT", "PrepareError", "Source", "expand", "prepare", "main"]
 
 FORMAT = "flax-encoder windows 1"
-BUILTIN = "builtin:pydoc_data.topics"
-_CHUNK_CHARS = 1 << 20  # characters of text per unit of work; bytes read at once
+_CHUNK_CHARS = 1 << 20  # characters of text per unit of work
 _UNITS_IN_FLIGHT = 4  # per worker: bounds the memory held by the work queue
-_PARQUET_ROWS = 1024  # rows read at a time
-
-
-class PrepareError(Exception):
-  """Bad input: reported as one line, without a traceback."""
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading: --input patterns to files; each file a Source that hashes its bytes as stored while
-# it reads them (decompressing as it goes); its documents come as (text, ends a document).
-
-
-def expand(patterns: list[str], include: list[str] | None = None) -> list[str]:
-  """The files `patterns` name, in order, each once: a file as given; a directory, every file
-  below it (in sorted order, names starting with '.' left out); a glob (`**` crossing
-  directories), what it matches, a matched directory again every file below it. Files found
-  below a directory or by a glob are kept only if their name matches one of `include`
-  (fnmatch patterns such as '*.c'), where given."""
-  paths = []
-  for pattern in patterns:
-    if pattern == BUILTIN:
-      paths.append(pattern)
-      continue
-    found = _below(pattern) if os.path.isdir(pattern) else None
-    if found is None and glob.has_magic(pattern):
-      found = [f for match in sorted(glob.glob(pattern, recursive=True))
-               for f in (_below(match) if os.path.isdir(match) else [match])]
-      if not found:
-        raise PrepareError(f"--input {pattern!r} matches no file")
-    if found is None:
-      if not os.path.isfile(pattern):
-        raise PrepareError(f"--input {pattern!r}: no such file")
-      paths.append(pattern)
-      continue
-    kept = [f for f in found
-            if not include or any(fnmatch.fnmatch(os.path.basename(f), i) for i in include)]
-    if not kept:
-      raise PrepareError(f"--input {pattern!r}: no file below it matches --include "
-                         f"{' '.join(include or [])}")
-    paths.extend(kept)
-  return list(dict.fromkeys(paths))
-
-
-def _below(directory: str) -> list[str]:
-  files = []
-  for root, dirs, names in os.walk(directory):
-    dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-    files.extend(os.path.join(root, n) for n in sorted(names) if not n.startswith("."))
-  return files
-
-
-def _builtin_topics() -> list[str]:
-  from pydoc_data.topics import topics
-  return [topics[name] for name in sorted(topics)]
-
-
-COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
-
-
-def stored_format(path: str) -> tuple[str, str | None]:
-  """(what the file holds: 'text', 'jsonl' or 'parquet'; its compression or None), from its
-  name: a `.gz`, `.bz2`, `.xz` or `.zst` ending, before it `.jsonl` / `.json` or `.parquet`."""
-  name = path.lower()
-  compression = next((c for c in COMPRESSIONS if name.endswith(c)), None)
-  if compression:
-    name = name[:-len(compression)]
-  if name.endswith(".parquet"):
-    return "parquet", compression
-  return ("jsonl" if name.endswith((".jsonl", ".json")) else "text"), compression
-
-
-class _Hashing(io.RawIOBase):
-  """A binary file read through, its bytes added to `digest` as they are read."""
-
-  def __init__(self, file, digest):
-    self._file, self._digest = file, digest
-
-  def readable(self) -> bool:
-    return True
-
-  def readinto(self, buffer) -> int:
-    n = self._file.readinto(buffer)
-    self._digest.update(memoryview(buffer)[:n])
-    return n
-
-
-def _decompressing(raw, compression: str | None):
-  """A buffered binary stream of what `raw` holds, decompressed."""
-  if compression == ".gz":
-    return gzip.GzipFile(fileobj=raw)
-  if compression == ".bz2":
-    return bz2.BZ2File(raw)
-  if compression == ".xz":
-    return lzma.LZMAFile(raw)
-  if compression == ".zst":
-    import zstandard
-    return io.BufferedReader(
-        zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True))
-  return io.BufferedReader(raw, _CHUNK_CHARS)
-
-
-class Source:
-  """One input file. Reads its documents, hashing the file's bytes as stored; `record()`
-  describes it after. A file too big for one part of the corpus is read as `parts` parts:
-  record r (line, row, block of text) is in part r % parts, and only the parts in `keep` are
-  read (the ones this shard prepares)."""
-
-  def __init__(self, path: str, first: int = 0, parts: int = 1):
-    self.path, self.first, self.parts = path, first, parts  # its parts: first ... first+parts-1
-    self.keep = set(range(parts))
-    self.format, self.compression = stored_format(path) if path != BUILTIN else ("text", None)
-    self._digest = hashlib.sha256()
-
-  def size(self) -> int:
-    return _stored_size(self.path)
-
-  def record(self) -> dict:
-    """{'path', 'bytes', 'sha256'}: what dataset.json records of it, once it has been read."""
-    return {"path": self.path, "bytes": self.size(), "sha256": self._digest.hexdigest()}
-
-  def differs_from(self, record: dict) -> str | None:
-    """How this input differs from what `record` describes (the size first, then the SHA-256
-    when the size matches), or None."""
-    if self.path != BUILTIN and not os.path.isfile(self.path):
-      return "it is gone"
-    if self.size() != record["bytes"]:
-      return f"{record['bytes']} bytes then, {self.size()} now"
-    same = _file_digest(self.path).hexdigest() == record["sha256"]
-    return None if same else "same size, other SHA-256"
-
-  def documents(self, text_field: str) -> Iterator[tuple[int, str, bool]]:
-    """(part, text, whether it ends a document), in file order, of the parts kept."""
-    if self.path == BUILTIN:
-      for text in _builtin_topics():
-        self._digest.update(text.encode("utf-8"))
-        yield self.first, text, True
-    elif self.format == "parquet":
-      for part, (number, row) in self._parts(self._parquet_rows(text_field)):
-        text = row[text_field]
-        if not isinstance(text, str):
-          raise PrepareError(f"{self.path}: row {number}: {text_field!r} (--text-field) is "
-                             f"{type(text).__name__}, expected a string")
-        yield part, text, True
-    elif self.format == "jsonl":
-      for part, (number, record) in self._parts(self.records()):
-        text = record.get(text_field)
-        if not isinstance(text, str):
-          raise PrepareError(f"{self.path}:{number}: not a JSON object with a string field "
-                             f"{text_field!r} (--text-field)")
-        yield part, text, True
-    else:
-      previous = None
-      for part, block in self._parts(self._blocks()):
-        if previous is not None:
-          yield *previous, self.parts > 1  # a part's blocks lie apart in the file
-        previous = part, block
-      if previous is not None:
-        yield *previous, True
-
-  def records(self) -> Iterator[tuple[int, dict]]:
-    """(line number, JSON object) of each non-blank line of a JSON-lines file; (row number,
-    {column: value}) of each row of a Parquet file."""
-    if self.format == "parquet":
-      yield from self._parquet_rows()
-      return
-    for number, line in self._lines():
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except ValueError as e:
-        raise PrepareError(f"{self.path}:{number}: not valid JSON ({e})") from None
-      if not isinstance(record, dict):
-        raise PrepareError(f"{self.path}:{number}: not a JSON object")
-      yield number, record
-
-  def _parts(self, records: Iterator) -> Iterator[tuple[int, object]]:
-    """(part, record) of the records in the parts kept."""
-    for r, record in enumerate(records):
-      if r % self.parts in self.keep:
-        yield self.first + r % self.parts, record
-
-  @contextlib.contextmanager
-  def _stream(self):
-    """The file's bytes, decompressed; all of the file as stored is hashed once it is read."""
-    self._digest = hashlib.sha256()
-    with open(self.path, "rb") as stored:
-      raw = _Hashing(stored, self._digest)
-      try:
-        yield _decompressing(raw, self.compression)
-      except (OSError, EOFError, lzma.LZMAError) as e:
-        if not self.compression:
-          raise
-        raise PrepareError(f"{self.path}: not a readable {self.compression} file "
-                           f"({type(e).__name__}: {e})") from None
-      except Exception as e:
-        if type(e).__module__ == "zstd" or "Zstd" in type(e).__name__:
-          raise PrepareError(f"{self.path}: not a readable .zst file ({e})") from None
-        raise
-      while raw.read(_CHUNK_CHARS):  # what follows the compressed stream, if anything
-        pass
-
-  def _lines(self) -> Iterator[tuple[int, str]]:
-    """(line number, text) of a UTF-8 file."""
-    offset = 0
-    with self._stream() as f:
-      for number, raw in enumerate(f, 1):
-        try:
-          yield number, raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-          self._invalid_utf8(offset + e.start, e.reason)
-        offset += len(raw)
-
-  def _blocks(self) -> Iterator[str]:
-    """The text of a UTF-8 file in blocks of about _CHUNK_CHARS."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    offset = 0
-    with self._stream() as f:
-      while True:
-        block = f.read(_CHUNK_CHARS)
-        held = len(decoder.getstate()[0])  # the start of a character split by the last block
-        try:
-          text = decoder.decode(block, final=not block)
-        except UnicodeDecodeError as e:
-          self._invalid_utf8(offset - held + e.start, e.reason)
-        offset += len(block)
-        if text:
-          yield text
-        if not block:
-          return
-
-  def _invalid_utf8(self, at: int, reason: str):
-    with open(self.path, "rb") as stored, _decompressing(stored, self.compression) as f:
-      line = f.read(at).count(b"\n") + 1
-    where = "of the file" if not self.compression else "decompressed"
-    raise PrepareError(f"{self.path}:{line}: invalid UTF-8 at byte {at} {where} ({reason})")
-
-  def _parquet(self):
-    import pyarrow.parquet as pq
-    try:
-      return pq.ParquetFile(self.path)
-    except Exception as e:  # noqa: BLE001 - pyarrow's errors, whichever: name the file
-      raise PrepareError(f"{self.path}: not a readable Parquet file ({e})") from None
-
-  def _parquet_rows(self, text_field: str | None = None) -> Iterator[tuple[int, dict]]:
-    """(row number, {column: value}) of a Parquet file's rows, a row group at a time: only
-    the column `text_field`, where given. The file is hashed once read (Parquet is read by
-    seeking, not as one stream)."""
-    with self._parquet() as table:
-      if text_field is not None and text_field not in table.schema_arrow.names:
-        raise PrepareError(f"{self.path}: no column {text_field!r} (--text-field); it has "
-                           f"{', '.join(table.schema_arrow.names)}")
-      columns = None if text_field is None else [text_field]
-      yield from enumerate((row for batch in table.iter_batches(_PARQUET_ROWS, columns=columns)
-                            for row in batch.to_pylist()), 1)
-    self._digest = _file_digest(self.path)
-
-
-def _stored_size(path: str) -> int:
-  if path == BUILTIN:
-    return sum(len(t.encode("utf-8")) for t in _builtin_topics())
-  return os.path.getsize(path)
-
-
-def _file_digest(path: str):
-  """The SHA-256 (a hashlib object) of a file as stored, or of the built-in corpus's texts."""
-  digest = hashlib.sha256()
-  if path == BUILTIN:
-    for text in _builtin_topics():
-      digest.update(text.encode("utf-8"))
-  else:
-    with open(path, "rb") as f:
-      while block := f.read(_CHUNK_CHARS):
-        digest.update(block)
-  return digest
-
-
-def plan(paths: list[str], part_bytes: int) -> list[Source]:
-  """The inputs as Sources numbered into parts of the corpus: consecutive files together up to
-  `part_bytes` (as stored), a bigger file split into parts of its own. The numbering depends
-  only on the inputs and `part_bytes`, so every shard of a prepare agrees on it."""
-  sources, part, filled = [], 0, 0  # filled: bytes in part `part` so far
-  for path in paths:
-    size = _stored_size(path)
-    if size > part_bytes:
-      part += filled > 0
-      sources.append(Source(path, part, parts=-(-size // part_bytes)))
-      part, filled = part + sources[-1].parts, 0
-    else:
-      if filled and filled + size > part_bytes:
-        part, filled = part + 1, 0
-      sources.append(Source(path, part))
-      filled += size
-  return sources
-
-
-def shard_of(sources: list[Source], shard: int, num_shards: int) -> list[Source]:
-  """The sources that hold parts of shard `shard` (part u % num_shards == shard), each keeping
-  only those parts."""
-  mine = []
-  for source in sources:
-    source.keep = {k for k in range(source.parts) if (source.first + k) % num_shards == shard}
-    if source.keep:
-      mine.append(source)
-  return mine
-
-
-def _documents(sources: list[Source], text_field: str) -> Iterator[tuple[int, str, bool]]:
-  for source in sources:
-    yield from source.documents(text_field)
+# Reading (train.sources): the documents of the inputs, grouped into units of work.
 
 
 def _chunks(documents: Iterator[tuple[int, str, bool]]) -> Iterator[tuple[list, list, list]]:
@@ -465,152 +152,12 @@ def default_workers(tokenizer: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# The tokenizer: given as a file, or trained on a sample of the corpus (in a process of its
-# own, so that Ctrl-C stops it at once).
-
-TRAINED = ("sentencepiece", "bpe", "wordpiece", "unigram")
-# Seconds per MB of sample, measured (BENCHMARKS.md): for the estimate printed before training.
-_TRAINING_SECONDS_PER_MB = {"sentencepiece": 0.8, "bpe": 0.4, "wordpiece": 0.4, "unigram": 1.0}
-
-
-def sample_lines(paths: list[str], text_field: str, sample_mb: float,
-                 keepends: bool = False) -> list[str]:
-  """The corpus's non-blank lines (with their line ends if `keepends`), all of them up to
-  `sample_mb` MB of text, else an evenly spread, deterministic subset."""
-  sources = [Source(p) for p in paths]
-  keep = min(1.0, sample_mb * 1e6 / max(sum(s.size() for s in sources), 1))
-  rng = np.random.default_rng(0)
-  return [line for _, text, _ in _documents(sources, text_field)
-          for line in text.splitlines(keepends) if line.strip() and rng.random() < keep]
-
-
-def train_vocabulary(kind: str, sample: list[str], vocab_size: int, path: str,
-                     exact: bool = True) -> None:
-  """Trains a `kind` (one of TRAINED) tokenizer of `vocab_size` ids on `sample` into `path`;
-  unless `exact`, of at most `vocab_size` (SentencePiece otherwise refuses a sample too small
-  for it; the others stop where the sample runs out).
-  SentencePiece falls back to bytes and BPE is byte-level, so they encode any text; unigram
-  and WordPiece map characters the sample never held to their unknown token."""
-  if kind == "sentencepiece":
-    import sentencepiece as spm
-    # One thread: sentencepiece's multi-threaded training gives different models run to run.
-    with open(path, "wb") as model:
-      spm.SentencePieceTrainer.train(
-          sentence_iterator=iter(sample), model_writer=model, vocab_size=vocab_size,
-          model_type="unigram", byte_fallback=True, character_coverage=0.9995,
-          pad_id=-1, bos_id=-1, eos_id=-1, unk_id=0, num_threads=1,
-          max_sentence_length=1 << 16, train_extremely_large_corpus=False, minloglevel=2,
-          hard_vocab_limit=exact)
-    return
-  from tokenizers import Tokenizer as HFTokenizer
-  from tokenizers import decoders, models, pre_tokenizers, trainers
-  if kind == "bpe":
-    tokenizer = HFTokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-  elif kind == "wordpiece":
-    tokenizer = HFTokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, show_progress=False,
-                                        special_tokens=["[UNK]"])
-  else:
-    tokenizer = HFTokenizer(models.Unigram())
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
-    tokenizer.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, show_progress=False,
-                                      special_tokens=["<unk>"], unk_token="<unk>")
-  tokenizer.train_from_iterator(sample, trainer)
-  tokenizer.save(path)
-
-
-def _train_in_child(kind, paths, text_field, vocab_size, sample_mb, path, messages) -> None:
-  """The child process's work: sample, train, report (('sample', MB) then ('done', None) or
-  ('error', message)) through the queue `messages`."""
-  signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends this process
-  try:
-    # The subword trainers of `tokenizers` learn pieces that hold line ends (code's indents).
-    sample = sample_lines(paths, text_field, sample_mb, keepends=kind != "sentencepiece")
-    if not sample:
-      raise PrepareError("the inputs hold no text")
-    messages.put(("sample", sum(len(line) for line in sample) / 1e6))
-    train_vocabulary(kind, sample, vocab_size, path)
-    messages.put(("done", None))
-  except PrepareError as e:
-    messages.put(("error", str(e)))
-  except Exception as e:  # noqa: BLE001 - the libraries' errors: a vocabulary they refuse
-    messages.put(("error", f"--vocab-size {vocab_size}: {kind} cannot train it on this corpus "
-                           f"({str(e).strip()})"))
-
-
-def _trained(kind: str, paths: list[str], text_field: str, vocab_size: int, sample_mb: float,
-             path: str, say: Callable[[str], None]) -> None:
-  """Trains the vocabulary in a child process, saying what it does; a signal to this process
-  ends the child too."""
-  context = multiprocessing.get_context("spawn")
-  messages = context.Queue()
-  child = context.Process(target=_train_in_child, args=(kind, paths, text_field, vocab_size,
-                                                        sample_mb, path, messages), daemon=True)
-  say(f"vocabulary: sampling up to {sample_mb:g} MB of text")
-  child.start()
-  try:
-    while True:
-      try:
-        what, value = messages.get(timeout=1)
-      except queue.Empty:
-        if not child.is_alive():
-          raise PrepareError(f"training the {kind} vocabulary failed: its process ended with "
-                             f"exit code {child.exitcode}") from None
-        continue
-      if what == "sample":
-        estimate = _TRAINING_SECONDS_PER_MB[kind] * value
-        say(f"vocabulary: training {vocab_size} {kind} pieces on {value:.1f} MB of text "
-            f"(about {max(estimate, 1):.0f} s)")
-      elif what == "error":
-        raise PrepareError(value)
-      else:
-        return
-  finally:
-    if child.is_alive():
-      child.terminate()
-    child.join()
-
-
-def _tokenizer_in(directory, tokenizer, vocab_size, paths, text_field, sample_mb, say):
-  """(TokenizerSpec with its file in `directory`, that file's name or None)."""
-  if tokenizer == "bytes":
-    if vocab_size not in (None, 256):
-      raise PrepareError(f"--vocab-size {vocab_size}: the bytes tokenizer has 256 tokens")
-    return TokenizerSpec("bytes"), None
-  if tokenizer in TRAINED:
-    if vocab_size is None:
-      raise PrepareError(f"--tokenizer {tokenizer} needs --vocab-size")
-    kind, name = (("sentencepiece", "tokenizer.model") if tokenizer == "sentencepiece"
-                  else ("huggingface", "tokenizer.json"))
-    path = os.path.join(directory, name)
-    _trained(tokenizer, paths, text_field, vocab_size, sample_mb, path, say)
-    return TokenizerSpec(kind, path), name
-  if not os.path.isfile(tokenizer):
-    raise PrepareError(f"--tokenizer {tokenizer!r}: not bytes, {', '.join(TRAINED)} or a file")
-  kind, name = (("huggingface", "tokenizer.json") if tokenizer.endswith(".json")
-                else ("sentencepiece", "tokenizer.model"))
-  path = os.path.join(directory, name)
-  shutil.copyfile(tokenizer, path)
-  spec = TokenizerSpec(kind, path)
-  try:
-    size = spec.load().size
-  except Exception as e:  # noqa: BLE001 - whatever the library says, name the file
-    raise PrepareError(f"--tokenizer {tokenizer!r}: not a readable {kind} tokenizer "
-                       f"({type(e).__name__}: {e})") from None
-  if vocab_size not in (None, size):
-    raise PrepareError(f"--vocab-size {vocab_size}: {tokenizer!r} has {size} tokens")
-  return spec, name
-
-
-# ---------------------------------------------------------------------------------------------
 # Packing into windows.
+
+
+def held_out_every(eval_fraction: float) -> int:
+  """n: one window in n is held out, for a held-out fraction `eval_fraction`."""
+  return round(1 / eval_fraction)
 
 
 class _WindowWriter:
@@ -653,20 +200,6 @@ class _WindowWriter:
       self.counts[split] += len(rows)
 
 
-@contextlib.contextmanager
-def temporary_directory(out: str):
-  """A fresh directory beside `out`, renamed to `out` if the block completes, else removed."""
-  tmp = f"{out.rstrip(os.sep)}.tmp-{os.getpid()}"
-  shutil.rmtree(tmp, ignore_errors=True)
-  os.makedirs(tmp)
-  try:
-    yield tmp
-    os.rename(tmp, out)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
-
-
 def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size: int | None = None,
             seq_len: int = 512, eval_fraction: float = 0.01, text_field: str = "text",
             workers: int | None = None, sample_mb: float = 100.0, progress: bool = True,
@@ -697,7 +230,7 @@ def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size:
       raise PrepareError(f"--vocab-only trains a vocabulary: --tokenizer {tokenizer!r}, "
                          f"expected one of {', '.join(TRAINED)}")
     with temporary_directory(out) as tmp:
-      spec, name = _tokenizer_in(tmp, tokenizer, vocab_size, paths, text_field, sample_mb, say)
+      spec, name = tokenizer_in(tmp, tokenizer, vocab_size, paths, text_field, sample_mb, say)
     return {"tokenizer": os.path.join(out, name)}
   sources = plan(paths, max(1, int(part_mb * 1e6)))
   num_parts = max(s.first + s.parts for s in sources)
@@ -705,14 +238,14 @@ def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size:
     raise PrepareError(f"--num-shards {num_shards}: the inputs make {num_parts} part(s) of "
                        f"--part-mb {part_mb:g}; use fewer shards or smaller parts")
   sources = shard_of(sources, shard, num_shards)
-  held_out_every = round(1 / eval_fraction)
+  every = held_out_every(eval_fraction)
   with temporary_directory(out) as tmp:
-    spec, tokenizer_file = _tokenizer_in(tmp, tokenizer, vocab_size, paths, text_field,
+    spec, tokenizer_file = tokenizer_in(tmp, tokenizer, vocab_size, paths, text_field,
                                          sample_mb, say)
     tokenizer_vocab = spec.load().size
     vocab = FIRST_TOKEN_ID + tokenizer_vocab
     dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
-    windows = _WindowWriter(tmp, seq_len, dtype, held_out_every)
+    windows = _WindowWriter(tmp, seq_len, dtype, every)
     # The bar counts text: the stored size is its total only for plain files read whole.
     plain = all(s.compression is None and s.format != "parquet" and len(s.keep) == s.parts
                 for s in sources)
@@ -721,7 +254,7 @@ def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size:
     with (tqdm(total=total, unit="B", unit_scale=True, desc=desc,
                disable=not progress) as bar,
           _encoder(spec, workers) as encode):
-      chunks = _chunks(_documents(sources, text_field))
+      chunks = _chunks(documents(sources, text_field))
       for (_, texts, _), part_ids in _encoded(chunks, encode, workers * _UNITS_IN_FLIGHT):
         for part, ids in part_ids:
           windows.add(part, ids)
@@ -731,7 +264,7 @@ def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size:
       raise PrepareError("the inputs hold no text")
     if not windows.counts["eval"] and num_shards == 1:
       raise PrepareError(f"{windows.counts['train']} window(s) of {seq_len} tokens are too few "
-                         f"to hold out one in {held_out_every} (--eval-fraction "
+                         f"to hold out one in {every} (--eval-fraction "
                          f"{eval_fraction})")
     meta = {
         "format": FORMAT,
@@ -742,7 +275,7 @@ def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size:
         "seq_len": seq_len,
         "dtype": np.dtype(dtype).name,
         "windows": windows.counts,
-        "held_out_every": held_out_every,
+        "held_out_every": every,
         "tokens": windows.text_tokens,
         "shard": {"index": shard, "count": num_shards, "parts": num_parts,
                   "part_bytes": max(1, int(part_mb * 1e6))},

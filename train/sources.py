@@ -1,0 +1,331 @@
+r"""The inputs of a prepare, as they are stored: files, directories, globs, compressed or not,
+text, JSON lines or Parquet; each a `Source` that reads its documents while hashing its bytes
+as stored, so that `dataset.json` records what was read.
+
+`train.prepare` packs them into windows; `train.examples` and `train.predict` read labelled
+records from them; `train.dataset` checks that a run's inputs are still what it was trained on.
+"""
+
+from __future__ import annotations
+
+import bz2
+import codecs
+import contextlib
+import fnmatch
+import glob
+import gzip
+import hashlib
+import io
+import json
+import lzma
+import os
+from collections.abc import Iterator
+
+from train.files import sha256_file
+
+BUILTIN = "builtin:pydoc_data.topics"
+_READ_BYTES = 1 << 20  # bytes read at once
+_PARQUET_ROWS = 1024  # rows read at a time
+
+
+class PrepareError(Exception):
+  """Bad input: reported as one line, without a traceback."""
+
+
+def expand(patterns: list[str], include: list[str] | None = None) -> list[str]:
+  """The files `patterns` name, in order, each once: a file as given; a directory, every file
+  below it (in sorted order, names starting with '.' left out); a glob (`**` crossing
+  directories), what it matches, a matched directory again every file below it. Files found
+  below a directory or by a glob are kept only if their name matches one of `include`
+  (fnmatch patterns such as '*.c'), where given."""
+  paths = []
+  for pattern in patterns:
+    if pattern == BUILTIN:
+      paths.append(pattern)
+      continue
+    found = _below(pattern) if os.path.isdir(pattern) else None
+    if found is None and glob.has_magic(pattern):
+      found = [f for match in sorted(glob.glob(pattern, recursive=True))
+               for f in (_below(match) if os.path.isdir(match) else [match])]
+      if not found:
+        raise PrepareError(f"--input {pattern!r} matches no file")
+    if found is None:
+      if not os.path.isfile(pattern):
+        raise PrepareError(f"--input {pattern!r}: no such file")
+      paths.append(pattern)
+      continue
+    kept = [f for f in found
+            if not include or any(fnmatch.fnmatch(os.path.basename(f), i) for i in include)]
+    if not kept:
+      raise PrepareError(f"--input {pattern!r}: no file below it matches --include "
+                         f"{' '.join(include or [])}")
+    paths.extend(kept)
+  return list(dict.fromkeys(paths))
+
+
+def _below(directory: str) -> list[str]:
+  files = []
+  for root, dirs, names in os.walk(directory):
+    dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    files.extend(os.path.join(root, n) for n in sorted(names) if not n.startswith("."))
+  return files
+
+
+def _builtin_topics() -> list[str]:
+  from pydoc_data.topics import topics
+  return [topics[name] for name in sorted(topics)]
+
+
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
+
+
+def stored_format(path: str) -> tuple[str, str | None]:
+  """(what the file holds: 'text', 'jsonl' or 'parquet'; its compression or None), from its
+  name: a `.gz`, `.bz2`, `.xz` or `.zst` ending, before it `.jsonl` / `.json` or `.parquet`."""
+  name = path.lower()
+  compression = next((c for c in COMPRESSIONS if name.endswith(c)), None)
+  if compression:
+    name = name[:-len(compression)]
+  if name.endswith(".parquet"):
+    return "parquet", compression
+  return ("jsonl" if name.endswith((".jsonl", ".json")) else "text"), compression
+
+
+class _Hashing(io.RawIOBase):
+  """A binary file read through, its bytes added to `digest` as they are read."""
+
+  def __init__(self, file, digest):
+    self._file, self._digest = file, digest
+
+  def readable(self) -> bool:
+    return True
+
+  def readinto(self, buffer) -> int:
+    n = self._file.readinto(buffer)
+    self._digest.update(memoryview(buffer)[:n])
+    return n
+
+
+def _decompressing(raw, compression: str | None):
+  """A buffered binary stream of what `raw` holds, decompressed."""
+  if compression == ".gz":
+    return gzip.GzipFile(fileobj=raw)
+  if compression == ".bz2":
+    return bz2.BZ2File(raw)
+  if compression == ".xz":
+    return lzma.LZMAFile(raw)
+  if compression == ".zst":
+    import zstandard
+    return io.BufferedReader(
+        zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True))
+  return io.BufferedReader(raw, _READ_BYTES)
+
+
+class Source:
+  """One input file. Reads its documents, hashing the file's bytes as stored; `record()`
+  describes it after. A file too big for one part of the corpus is read as `parts` parts:
+  record r (line, row, block of text) is in part r % parts, and only the parts in `keep` are
+  read (the ones this shard prepares)."""
+
+  def __init__(self, path: str, first: int = 0, parts: int = 1):
+    self.path, self.first, self.parts = path, first, parts  # its parts: first ... first+parts-1
+    self.keep = set(range(parts))
+    self.format, self.compression = stored_format(path) if path != BUILTIN else ("text", None)
+    self._digest, self._sha256 = hashlib.sha256(), None
+
+  def size(self) -> int:
+    return _stored_size(self.path)
+
+  def record(self) -> dict:
+    """{'path', 'bytes', 'sha256'}: what dataset.json records of it, once it has been read."""
+    return {"path": self.path, "bytes": self.size(),
+            "sha256": self._sha256 or self._digest.hexdigest()}
+
+  def differs_from(self, record: dict) -> str | None:
+    """How this input differs from what `record` describes (the size first, then the SHA-256
+    when the size matches), or None."""
+    if self.path != BUILTIN and not os.path.isfile(self.path):
+      return "it is gone"
+    if self.size() != record["bytes"]:
+      return f"{record['bytes']} bytes then, {self.size()} now"
+    same = _stored_sha256(self.path) == record["sha256"]
+    return None if same else "same size, other SHA-256"
+
+  def documents(self, text_field: str) -> Iterator[tuple[int, str, bool]]:
+    """(part, text, whether it ends a document), in file order, of the parts kept."""
+    if self.path == BUILTIN:
+      for text in _builtin_topics():
+        self._digest.update(text.encode("utf-8"))
+        yield self.first, text, True
+    elif self.format == "parquet":
+      for part, (number, row) in self._parts(self._parquet_rows(text_field)):
+        text = row[text_field]
+        if not isinstance(text, str):
+          raise PrepareError(f"{self.path}: row {number}: {text_field!r} (--text-field) is "
+                             f"{type(text).__name__}, expected a string")
+        yield part, text, True
+    elif self.format == "jsonl":
+      for part, (number, record) in self._parts(self.records()):
+        text = record.get(text_field)
+        if not isinstance(text, str):
+          raise PrepareError(f"{self.path}:{number}: not a JSON object with a string field "
+                             f"{text_field!r} (--text-field)")
+        yield part, text, True
+    else:
+      previous = None
+      for part, block in self._parts(self._blocks()):
+        if previous is not None:
+          yield *previous, self.parts > 1  # a part's blocks lie apart in the file
+        previous = part, block
+      if previous is not None:
+        yield *previous, True
+
+  def records(self) -> Iterator[tuple[int, dict]]:
+    """(line number, JSON object) of each non-blank line of a JSON-lines file; (row number,
+    {column: value}) of each row of a Parquet file."""
+    if self.format == "parquet":
+      yield from self._parquet_rows()
+      return
+    for number, line in self._lines():
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except ValueError as e:
+        raise PrepareError(f"{self.path}:{number}: not valid JSON ({e})") from None
+      if not isinstance(record, dict):
+        raise PrepareError(f"{self.path}:{number}: not a JSON object")
+      yield number, record
+
+  def _parts(self, records: Iterator) -> Iterator[tuple[int, object]]:
+    """(part, record) of the records in the parts kept."""
+    for r, record in enumerate(records):
+      if r % self.parts in self.keep:
+        yield self.first + r % self.parts, record
+
+  @contextlib.contextmanager
+  def _stream(self):
+    """The file's bytes, decompressed; all of the file as stored is hashed once it is read."""
+    self._digest, self._sha256 = hashlib.sha256(), None
+    with open(self.path, "rb") as stored:
+      raw = _Hashing(stored, self._digest)
+      try:
+        yield _decompressing(raw, self.compression)
+      except (OSError, EOFError, lzma.LZMAError) as e:
+        if not self.compression:
+          raise
+        raise PrepareError(f"{self.path}: not a readable {self.compression} file "
+                           f"({type(e).__name__}: {e})") from None
+      except Exception as e:
+        if type(e).__module__ == "zstd" or "Zstd" in type(e).__name__:
+          raise PrepareError(f"{self.path}: not a readable .zst file ({e})") from None
+        raise
+      while raw.read(_READ_BYTES):  # what follows the compressed stream, if anything
+        pass
+
+  def _lines(self) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a UTF-8 file."""
+    offset = 0
+    with self._stream() as f:
+      for number, raw in enumerate(f, 1):
+        try:
+          yield number, raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+          self._invalid_utf8(offset + e.start, e.reason)
+        offset += len(raw)
+
+  def _blocks(self) -> Iterator[str]:
+    """The text of a UTF-8 file in blocks of about _READ_BYTES."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with self._stream() as f:
+      while True:
+        block = f.read(_READ_BYTES)
+        held = len(decoder.getstate()[0])  # the start of a character split by the last block
+        try:
+          text = decoder.decode(block, final=not block)
+        except UnicodeDecodeError as e:
+          self._invalid_utf8(offset - held + e.start, e.reason)
+        offset += len(block)
+        if text:
+          yield text
+        if not block:
+          return
+
+  def _invalid_utf8(self, at: int, reason: str):
+    with open(self.path, "rb") as stored, _decompressing(stored, self.compression) as f:
+      line = f.read(at).count(b"\n") + 1
+    where = "of the file" if not self.compression else "decompressed"
+    raise PrepareError(f"{self.path}:{line}: invalid UTF-8 at byte {at} {where} ({reason})")
+
+  def _parquet(self):
+    import pyarrow.parquet as pq
+    try:
+      return pq.ParquetFile(self.path)
+    except Exception as e:  # noqa: BLE001 - pyarrow's errors, whichever: name the file
+      raise PrepareError(f"{self.path}: not a readable Parquet file ({e})") from None
+
+  def _parquet_rows(self, text_field: str | None = None) -> Iterator[tuple[int, dict]]:
+    """(row number, {column: value}) of a Parquet file's rows, a row group at a time: only
+    the column `text_field`, where given. The file is hashed once read (Parquet is read by
+    seeking, not as one stream)."""
+    with self._parquet() as table:
+      if text_field is not None and text_field not in table.schema_arrow.names:
+        raise PrepareError(f"{self.path}: no column {text_field!r} (--text-field); it has "
+                           f"{', '.join(table.schema_arrow.names)}")
+      columns = None if text_field is None else [text_field]
+      yield from enumerate((row for batch in table.iter_batches(_PARQUET_ROWS, columns=columns)
+                            for row in batch.to_pylist()), 1)
+    self._sha256 = _stored_sha256(self.path)  # Parquet is read by pyarrow, not streamed here
+
+
+def _stored_size(path: str) -> int:
+  if path == BUILTIN:
+    return sum(len(t.encode("utf-8")) for t in _builtin_topics())
+  return os.path.getsize(path)
+
+
+def _stored_sha256(path: str) -> str:
+  """The SHA-256 of a file as stored, or of the built-in corpus's texts."""
+  if path != BUILTIN:
+    return sha256_file(path)
+  digest = hashlib.sha256()
+  for text in _builtin_topics():
+    digest.update(text.encode("utf-8"))
+  return digest.hexdigest()
+
+
+def plan(paths: list[str], part_bytes: int) -> list[Source]:
+  """The inputs as Sources numbered into parts of the corpus: consecutive files together up to
+  `part_bytes` (as stored), a bigger file split into parts of its own. The numbering depends
+  only on the inputs and `part_bytes`, so every shard of a prepare agrees on it."""
+  sources, part, filled = [], 0, 0  # filled: bytes in part `part` so far
+  for path in paths:
+    size = _stored_size(path)
+    if size > part_bytes:
+      part += filled > 0
+      sources.append(Source(path, part, parts=-(-size // part_bytes)))
+      part, filled = part + sources[-1].parts, 0
+    else:
+      if filled and filled + size > part_bytes:
+        part, filled = part + 1, 0
+      sources.append(Source(path, part))
+      filled += size
+  return sources
+
+
+def shard_of(sources: list[Source], shard: int, num_shards: int) -> list[Source]:
+  """The sources that hold parts of shard `shard` (part u % num_shards == shard), each keeping
+  only those parts."""
+  mine = []
+  for source in sources:
+    source.keep = {k for k in range(source.parts) if (source.first + k) % num_shards == shard}
+    if source.keep:
+      mine.append(source)
+  return mine
+
+
+def documents(sources: list[Source], text_field: str) -> Iterator[tuple[int, str, bool]]:
+  """(part, text, ends a document) of each source's documents, in order."""
+  for source in sources:
+    yield from source.documents(text_field)
