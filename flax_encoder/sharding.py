@@ -76,6 +76,14 @@ def logical_shardings(abstract_tree, mesh: Mesh, rules=RULES):
   return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
+def abstract_arrays(init, mesh: Mesh, rules=RULES):
+  """Shapes, dtypes and shardings on `mesh` of the (boxed) tree `init()` makes, allocating
+  nothing: a target to restore a checkpoint onto `mesh`, or to lower a step for it."""
+  boxed = jax.eval_shape(init)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      nn.unbox(boxed), logical_shardings(boxed, mesh, rules))
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Leading (batch) axis split over the data and fsdp axes, the rest replicated."""
   return NamedSharding(mesh, PartitionSpec(BATCH_AXES))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -57,14 +56,6 @@ def recorded_encoder_config(meta: dict, **settings) -> EncoderConfig:
       {k: v for k, v in recorded.items() if k in EncoderConfig.record_fields()}, **settings)
 
 
-def abstract_params(init, mesh: Mesh):
-  """Shapes, dtypes and shardings on `mesh` of the parameters `init()` makes (boxed with their
-  logical axes, as `Module.init(...)['params']` returns them), allocating nothing."""
-  boxed = jax.eval_shape(init)
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      nn.unbox(boxed), sharding.logical_shardings(boxed, mesh))
-
-
 def load_params(workdir: str, init_for, mesh: Mesh | None = None) -> tuple[dict, dict]:
   """(parameters, meta) of the newest checkpoint in `workdir` that verifies: only the
   parameters `init_for(meta)()` makes are read (a part of the saved ones: the encoder's, say),
@@ -74,7 +65,7 @@ def load_params(workdir: str, init_for, mesh: Mesh | None = None) -> tuple[dict,
   checkpointer = _open_checkpoints(workdir)
   try:
     restored = checkpointer.restore_newest(
-        lambda meta: {"params": abstract_params(init_for(meta), mesh)}, move_aside=False)
+        lambda meta: {"params": sharding.abstract_arrays(init_for(meta), mesh)}, move_aside=False)
   finally:
     checkpointer.close()
   if restored is None:

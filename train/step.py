@@ -61,9 +61,7 @@ def init_state(task: Task, tx, seed: int, seq_len: int,
 def abstract_state(task: Task, tx, seq_len: int, mesh: jax.sharding.Mesh) -> TrainState:
   """Shapes, dtypes and shardings on `mesh` of a train state, allocating nothing: the target
   that restores a checkpoint onto `mesh`."""
-  boxed = jax.eval_shape(_boxed_init(task, tx, 0, seq_len))
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      nn.unbox(boxed), sharding.logical_shardings(boxed, mesh))
+  return sharding.abstract_arrays(_boxed_init(task, tx, 0, seq_len), mesh)
 
 
 def make_train_step(task: Task, tx: optax.GradientTransformation, schedule: optax.Schedule,
