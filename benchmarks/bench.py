@@ -7,7 +7,7 @@ Sections (each a list of records in the output JSON):
   peak     the matmul peak of this device: the best FLOP/s of large square matmuls in JAX and
            in PyTorch, in the benchmark's dtype, measured in this run.
   forward  inference forward of the encoder (no output head), `--sizes` batch x seq.
-  train    the training step of `python -m train` (`train.loop.train_step`): masking of the
+  train    the training step of `python -m train` (`train.step.make_train_step`): masking of the
            token ids, encoder, output layer at the masked positions, label-smoothed
            cross-entropy, backward, Adam with the paper's schedule (benchmarks/workload.py).
   compile  jit compile time of the training step at 6, 12 and 24 layers, unrolled vs scanned.

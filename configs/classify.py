@@ -10,7 +10,8 @@ r"""Fine-tuning: the encoder and a classification head, on labelled JSON lines.
 
 By default it trains on the built-in task (which of 9 standard-library packages 120 bytes of
 Python source come from: ships with Python, no download) with the default pretraining run's
-model size. README, "Fine-tuning", has the measured accuracies against the majority class.
+model size. README, "Fine-tune", has the measured accuracies against the majority class, with
+bytes and with the trained vocabulary.
 """
 
 import ml_collections
@@ -47,7 +48,7 @@ def get_config() -> ml_collections.ConfigDict:
   # "bytes"; a vocabulary trained on the training texts: "sentencepiece", "bpe", "wordpiece"
   # or "unigram" (config.data.vocab_size pieces); a SentencePiece .model or a tokenizer.json.
   # Unset: config.init.run's; from scratch, a trained SentencePiece vocabulary (on the built-in
-  # task it beats bytes: README, "Fine-tuning"); from a PyTorch checkpoint, bytes.
+  # task it beats bytes: README, "Fine-tune"); from a PyTorch checkpoint, bytes.
   config.data.tokenizer = config_dict.placeholder(str)
   config.data.vocab_size = 8000
   # The ids: the tokenizer's own plus id_offset, padding and the separator of a pair. This

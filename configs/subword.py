@@ -5,8 +5,8 @@ r"""Masked-token training on a SentencePiece vocabulary learned from the built-i
   python -m train --config=configs/subword.py --workdir runs/subword
 
 The model of configs/default.py on windows of 128 pieces (about 460 bytes of text each): the
-vocabulary, 4004 ids, comes from the prepared directory. README, "Your own corpus", has the
-measured accuracy.
+vocabulary, 4004 ids, comes from the prepared directory. docs/data.md has the measured
+accuracy.
 """
 
 from configs import default

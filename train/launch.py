@@ -14,7 +14,7 @@ processes get SIGTERM from the kernel (PR_SET_PDEATHSIG): they stop together at 
 log step, save, and say why on the launcher's standard error.
 
 On a cluster (SLURM, TPU pods, Kubernetes) run `python -m train --multihost` once per host
-instead: jax.distributed finds its settings there (README, "Scaling out").
+instead: jax.distributed finds its settings there (docs/scaling.md).
 """
 
 from __future__ import annotations
