@@ -205,13 +205,21 @@ def test_a_run_on_a_mixture_logs_each_sources_share(documents, tmp_path):
   assert result.returncode != 0 and "config.data.weights: '1', expected 2" in result.stderr
 
 
+def _as_from_a_terminal():
+  """SIGINT with its default action and not blocked, as a shell starts a command: what the
+  test process inherited or set (an ignored or blocked signal stays so across exec, and
+  Python then never raises KeyboardInterrupt) is not the program's."""
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _interrupt(tmp_path, args, wait_for, sig):
   """Starts python -m train.prepare in a session of its own; once `wait_for` shows in its
   output, sends `sig` to the whole session (what Ctrl-C does to a terminal's processes)."""
   process = subprocess.Popen(
       [sys.executable, "-m", "train.prepare", *args, "--out", str(tmp_path / "out")],
       cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True,
-      env=runs.environment())
+      env=runs.environment(), preexec_fn=_as_from_a_terminal)
   seen = ""
   while wait_for not in seen:
     seen += os.read(process.stderr.fileno(), 1 << 16).decode(errors="replace")  # what came
