@@ -76,17 +76,27 @@ def test_compressed_and_parquet_inputs_give_the_windows_of_their_plain_equivalen
 def test_bad_stored_inputs_are_one_line_naming_the_file(documents, tmp_path):
   import pyarrow as pa
   import pyarrow.parquet as pq
-  (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(b'{"text": "a"}\n' * 1000)[:-30])
+  import zstandard
+  lines = b'{"text": "a"}\n' * 1000
+  (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(lines)[:-30])
+  frames = b"".join(zstandard.ZstdCompressor().compress(lines[i:i + 1400])
+                    for i in range(0, len(lines), 1400))
+  (tmp_path / "cut.jsonl.zst").write_bytes(frames[:len(frames) * 6 // 10 + 5])  # within a frame
+  (tmp_path / "head.jsonl.zst").write_bytes(frames[:20])  # nothing decompresses
+  (tmp_path / "ok.jsonl").write_bytes(lines)
   pq.write_table(pa.table({"body": ["a"]}), tmp_path / "nocol.parquet")
   pq.write_table(pa.table({"text": ["a", None]}), tmp_path / "null.parquet")
   (tmp_path / "fake.parquet").write_bytes(b"not parquet")
   cases = {"cut.jsonl.gz": r"cut.jsonl.gz: not a readable .gz file",
+           "cut.jsonl.zst": r"cut.jsonl.zst: not a readable .zst file .*truncated",
+           "ok.jsonl head.jsonl.zst": r"head.jsonl.zst: not a readable .zst file .*truncated",
            "nocol.parquet": r"nocol.parquet: no column 'text' \(--text-field\); it has body",
            "null.parquet": r"null.parquet: row 2: 'text' \(--text-field\) is NoneType",
            "fake.parquet": r"fake.parquet: not a readable Parquet file"}
-  for name, message in cases.items():
+  for names, message in cases.items():
     with pytest.raises(prepare.PrepareError, match=message):
-      prepare.prepare([str(tmp_path / name)], str(tmp_path / "out"), progress=False)
+      prepare.prepare([str(tmp_path / n) for n in names.split()], str(tmp_path / "out"),
+                      progress=False)
     assert not (tmp_path / "out").exists()
 
 

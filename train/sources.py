@@ -115,10 +115,46 @@ def _decompressing(raw, compression: str | None):
   if compression == ".xz":
     return lzma.LZMAFile(raw)
   if compression == ".zst":
-    import zstandard
-    return io.BufferedReader(
-        zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True))
+    return io.BufferedReader(_ZstdFrames(raw), _READ_BYTES)
   return io.BufferedReader(raw, _READ_BYTES)
+
+
+class _ZstdFrames(io.RawIOBase):
+  """The frames of a .zst stream decompressed one after another. A stream that ends inside a
+  frame is an EOFError, as gzip, bz2 and lzma make it (zstandard's `stream_reader` ends
+  quietly there, which would keep a truncated file's first part as if it were all of it)."""
+
+  def __init__(self, raw):
+    import zstandard
+    self._raw, self._new_frame = raw, zstandard.ZstdDecompressor().decompressobj
+    self._frame, self._in_frame = self._new_frame(), False
+    self._out, self._at = b"", 0  # decompressed bytes not yet read, from offset _at
+
+  def readable(self) -> bool:
+    return True
+
+  def readinto(self, buffer) -> int:
+    while self._at == len(self._out):
+      compressed = self._raw.read(_READ_BYTES)
+      if not compressed:
+        if self._in_frame:
+          raise EOFError("the file ends inside a compressed frame: truncated")
+        return 0
+      self._out, self._at = self._decompress(compressed), 0
+    n = min(len(buffer), len(self._out) - self._at)
+    buffer[:n] = self._out[self._at:self._at + n]
+    self._at += n
+    return n
+
+  def _decompress(self, compressed: bytes) -> bytes:
+    out = []
+    while compressed:
+      out.append(self._frame.decompress(compressed))
+      self._in_frame = not self._frame.eof
+      compressed = b"" if self._in_frame else self._frame.unused_data
+      if not self._in_frame:
+        self._frame = self._new_frame()
+    return b"".join(out)
 
 
 class Source:
