@@ -114,6 +114,21 @@ def test_directories_and_recursive_globs_name_every_file_below(tmp_path):
     prepare.expand([src], include=["*.rs"])
 
 
+def test_link_loops_are_not_gone_round_and_each_real_file_is_read_once(tmp_path):
+  (tmp_path / "src" / "deep").mkdir(parents=True)
+  (tmp_path / "src" / "deep" / "a.txt").write_text("a")
+  (tmp_path / "src" / "deep" / "up").symlink_to("..")  # glob.glob goes round it 40 times
+  (tmp_path / "src" / "also.txt").symlink_to("deep/a.txt")
+  src = str(tmp_path / "src")
+  names = lambda paths: [os.path.relpath(p, src) for p in paths]
+  assert names(prepare.expand([f"{src}/**/*.txt"])) == ["also.txt"]  # the link, read once
+  assert names(prepare.expand([f"{src}/deep/**", src, f"{src}/./deep/a.txt"])) == ["deep/a.txt"]
+  (tmp_path / "src" / "gone.txt").symlink_to("nowhere.txt")
+  with pytest.raises(prepare.PrepareError, match=r"gone.txt is a symbolic link to 'nowhere.txt',"
+                                                 r" which does not exist"):
+    prepare.expand([src])
+
+
 def _corpus_tree(tmp_path, documents):
   """Files of several sizes, one big enough to be split into parts of its own."""
   tree = tmp_path / "corpus"

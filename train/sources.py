@@ -33,11 +33,13 @@ class PrepareError(Exception):
 
 
 def expand(patterns: list[str], include: list[str] | None = None) -> list[str]:
-  """The files `patterns` name, in order, each once: a file as given; a directory, every file
-  below it (in sorted order, names starting with '.' left out); a glob (`**` crossing
-  directories), what it matches, a matched directory again every file below it. Files found
-  below a directory or by a glob are kept only if their name matches one of `include`
-  (fnmatch patterns such as '*.c'), where given."""
+  """The files `patterns` name, in order, each real file once: a file as given; a directory,
+  every file below it (in sorted order, names starting with '.' left out); a glob (`**`
+  crossing directories), what it matches, a matched directory again every file below it.
+  Symbolic links to files are read; links to directories are not followed below a directory
+  or by `**`, so a link loop is never gone round. Files found below a directory or by a glob
+  are kept only if their name matches one of `include` (fnmatch patterns such as '*.c'),
+  where given."""
   paths = []
   for pattern in patterns:
     if pattern == BUILTIN:
@@ -45,7 +47,7 @@ def expand(patterns: list[str], include: list[str] | None = None) -> list[str]:
       continue
     found = _below(pattern) if os.path.isdir(pattern) else None
     if found is None and glob.has_magic(pattern):
-      found = [f for match in sorted(glob.glob(pattern, recursive=True))
+      found = [f for match in _glob(pattern)
                for f in (_below(match) if os.path.isdir(match) else [match])]
       if not found:
         raise PrepareError(f"--input {pattern!r} matches no file")
@@ -60,7 +62,14 @@ def expand(patterns: list[str], include: list[str] | None = None) -> list[str]:
       raise PrepareError(f"--input {pattern!r}: no file below it matches --include "
                          f"{' '.join(include or [])}")
     paths.extend(kept)
-  return list(dict.fromkeys(paths))
+  for path in paths:
+    if path != BUILTIN and not os.path.exists(path):
+      raise PrepareError(f"--input: {path} is a symbolic link to {os.readlink(path)!r}, "
+                         "which does not exist")
+  real = {}  # each file once, however it was reached
+  for path in paths:
+    real.setdefault(path if path == BUILTIN else os.path.realpath(path), path)
+  return list(real.values())
 
 
 def _below(directory: str) -> list[str]:
@@ -69,6 +78,35 @@ def _below(directory: str) -> list[str]:
     dirs[:] = sorted(d for d in dirs if not d.startswith("."))
     files.extend(os.path.join(root, n) for n in sorted(names) if not n.startswith("."))
   return files
+
+
+def _glob(pattern: str) -> list[str]:
+  """What `pattern` matches, sorted. Without `**`, as `glob.glob`; with it, matched a path
+  component at a time without following links to directories (`glob.glob` follows them, and
+  goes round a link loop until paths grow too long: exponentially often with two links)."""
+  if "**" not in pattern:
+    return sorted(glob.glob(pattern))
+  parts = pattern.split(os.sep)
+  fixed = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+  root = os.sep.join(parts[:fixed]) or (os.sep if fixed else os.curdir)
+  found = _matching(root, parts[fixed:]) if os.path.isdir(root) else []
+  if not fixed:
+    found = [os.path.relpath(f) for f in found]
+  return sorted(dict.fromkeys(found))
+
+
+def _matching(directory: str, parts: list[str]) -> list[str]:
+  """The paths below `directory` that match the pattern components `parts`."""
+  if not parts or parts == ["**"]:
+    return [directory]
+  head, rest = parts[0], parts[1:]
+  entries = sorted((e for e in os.scandir(directory)
+                    if not e.name.startswith(".") or head.startswith(".")), key=lambda e: e.name)
+  if head == "**":  # no directory, or any one and then `**` again
+    return _matching(directory, rest) + [
+        f for e in entries if e.is_dir(follow_symlinks=False) for f in _matching(e.path, parts)]
+  return [f for e in entries if fnmatch.fnmatchcase(e.name, head)
+          and (not rest or e.is_dir(follow_symlinks=False)) for f in _matching(e.path, rest)]
 
 
 def _builtin_topics() -> list[str]:
