@@ -2,6 +2,7 @@
 changed run instead of discarding it, configs and data checked before the first step, and one
 line (no traceback) for each mistake or failing resource."""
 
+import contextlib
 import errno
 import json
 import os
@@ -347,6 +348,38 @@ def test_a_save_that_cannot_be_written_is_one_line_and_loses_nothing(eight_steps
   shutil.copytree(eight_steps, reference)
   runs.train(reference, "--config.train.num_steps=16")
   assert runs.losses(workdir) == runs.losses(reference)
+
+
+@contextlib.contextmanager
+def _full_file_system(directory):
+  """A small file system mounted at `directory` (made), filled to the last byte; skips the
+  test where nothing can be mounted (not root)."""
+  os.makedirs(directory, exist_ok=True)
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", directory],
+                    capture_output=True).returncode != 0:
+    pytest.skip("cannot mount a file system here")
+  try:
+    with open(os.path.join(directory, "filler"), "wb", buffering=0) as f:
+      with contextlib.suppress(OSError):
+        while True:
+          f.write(b"x" * 512)
+    yield directory
+  finally:
+    subprocess.run(["umount", directory], check=False)
+
+
+def test_metrics_on_a_full_disk_stop_the_run_with_one_line_naming_them(eight_steps, tmp_path):
+  # The TensorBoard events alone cannot be written: tensorboardX's writer thread died there
+  # and the loop then waited on its queue for ever, deaf to Ctrl-C.
+  workdir = str(tmp_path / "run")
+  shutil.copytree(eight_steps, workdir)
+  shutil.rmtree(os.path.join(workdir, "tensorboard"))
+  with _full_file_system(os.path.join(workdir, "tensorboard")):
+    result = runs.train(workdir, "--config.train.num_steps=16", check=False)
+  assert result.returncode == 1
+  _one_error_line_any_code(result, f"{workdir}/tensorboard: cannot write the run's metrics",
+                           os.strerror(errno.ENOSPC))
+  assert "resumed from the checkpoint at step 8" in runs.train(workdir).stderr
 
 
 def test_a_workdir_that_is_a_file_or_a_url_is_one_line(tmp_path):
