@@ -89,6 +89,26 @@ def test_resume_with_another_model_size_is_refused_and_moves_nothing(eight_steps
   assert "resumed from the checkpoint at step 8" in result.stderr
 
 
+def test_a_run_whose_checkpoints_all_fail_verification_is_not_started_over(eight_steps,
+                                                                          tmp_path):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(eight_steps, workdir)
+  state = os.path.join(workdir, "checkpoints", "8", "state")
+  path = max((os.path.join(d, f) for d, _, fs in os.walk(state) for f in fs),
+             key=os.path.getsize)
+  with open(path, "r+b") as f:
+    f.seek(os.path.getsize(path) // 2)
+    f.write(bytes(64))
+  history = open(os.path.join(workdir, "metrics.jsonl")).read()
+  for _ in range(2):  # the second start finds the checkpoint moved aside: still no
+    result = runs.train(workdir, check=False)
+    assert result.returncode == 2
+    _one_error_line(result, f"--workdir {workdir}", "no checkpoint", "verifies", "steps 8",
+                    "checkpoints_corrupt")
+    assert open(os.path.join(workdir, "metrics.jsonl")).read() == history  # kept
+  assert os.listdir(os.path.join(workdir, "checkpoints_corrupt")) == ["8"]
+
+
 def test_settings_that_change_the_run_need_allow_changes_others_may_change(eight_steps,
                                                                           tmp_path):
   workdir = str(tmp_path / "run")

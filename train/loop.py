@@ -306,8 +306,17 @@ def _with_params(state, start_params: dict):
 def _resume_point(checkpointer: Checkpointer, config, allow_changes: bool, definition):
   """(step, meta) of the checkpoint to resume from, or None; RunError if the config differs
   from the one it records in a way that needs --allow_changes or cannot resume at all."""
+  held = checkpointer.steps()
   newest = checkpointer.newest()
   if newest is None:
+    set_aside = sorted(os.listdir(checkpointer.quarantine)) if os.path.isdir(
+        checkpointer.quarantine) else []
+    if held or set_aside:  # a run was here: starting over would overwrite its history
+      raise RunError(
+          f"--workdir {os.path.dirname(checkpointer.directory)}: no checkpoint of the run in "
+          f"it verifies (steps {', '.join(set_aside)} are in {checkpointer.quarantine}, kept); "
+          f"expected one to resume from: put back a sound copy, or remove "
+          f"{checkpointer.quarantine} to start the run over, or use another --workdir")
     return None
   step, meta = newest
   changed = settings.check_resume(meta["config"], config, step, allow_changes, definition)
