@@ -5,15 +5,18 @@
     config, variables = load_weights("encoder.msgpack", dtype="bfloat16", attention_impl="xla")
     hidden = Encoder(config).apply(variables, tokens)
 
-The file is Flax's msgpack serialization of {"format", "config": what the model is
-(EncoderConfig.record()), "params", ...}: how it runs (compute dtype, attention kernel, remat,
-dropout) is the reader's choice, never the file's. `python -m train.export --out
+The file is Flax's msgpack serialization of {"format", "sha256", "contents"}: `contents` is
+itself the serialization of {"config": what the model is (EncoderConfig.record()), "params",
+...}, and `sha256` its digest, checked on reading, so a damaged file is refused rather than
+loaded. How the model runs (compute dtype, attention kernel, remat, dropout) is the reader's
+choice, never the file's. `python -m train.export --out
 encoder.msgpack` writes one from a training run; a fine-tuned classifier's file (its head, its
 tokenizer and classes too) is read by `flax_encoder.text_classifier`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import flax.linen as nn
@@ -31,10 +34,18 @@ def write(path: str | os.PathLike, format_: str, config: EncoderConfig, params, 
   """Writes a file of `format_`: the record of `config`, `params` (boxed or not, on any
   devices) and `extra` (msgpack-able values)."""
   params = jax.device_get(nn.unbox(params))
-  data = serialization.msgpack_serialize({"format": format_, "config": config.record(),
-                                          "params": params, **extra})
-  with open(path, "wb") as f:
-    f.write(data)
+  contents = serialization.msgpack_serialize({"config": config.record(), "params": params,
+                                              **extra})
+  data = serialization.msgpack_serialize({
+      "format": format_, "sha256": hashlib.sha256(contents).hexdigest(), "contents": contents})
+  tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+  try:  # the file appears whole or not at all
+    with open(tmp, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
 
 
 def read(path: str | os.PathLike, format_: str, **settings) -> tuple[EncoderConfig, dict, dict]:
@@ -52,6 +63,12 @@ def read(path: str | os.PathLike, format_: str, **settings) -> tuple[EncoderConf
   found = contents.get("format") if isinstance(contents, dict) else None
   if found != format_:
     raise ValueError(f"{name!r} is not {what}: its format is {found!r}, expected {format_!r}")
+  if "contents" in contents:  # files written before the digest hold the contents unwrapped
+    digest = hashlib.sha256(contents["contents"]).hexdigest()
+    if digest != contents.get("sha256"):
+      raise ValueError(f"{name!r} is damaged: its contents' SHA-256 is {digest}, the file "
+                       f"records {contents.get('sha256')}")
+    contents = serialization.msgpack_restore(contents["contents"])
   # A file may hold more fields than the record (how the run that wrote it ran): the reader's.
   record = {k: v for k, v in contents["config"].items() if k in EncoderConfig.record_fields()}
   config = EncoderConfig.from_record(record, **settings)

@@ -97,6 +97,11 @@ def test_weights_file_round_trips_the_model_and_the_reader_picks_how_it_runs(
   assert on_cpu.attention_impl == "reference"
   with pytest.raises(ValueError, match="EncoderConfig.d_model: 32, expected one of the settings"):
     load_weights(tmp_path / "encoder.msgpack", d_model=32)
+  raw = bytearray((tmp_path / "encoder.msgpack").read_bytes())
+  raw[len(raw) // 2] ^= 1  # one flipped bit in the parameters
+  (tmp_path / "flipped.msgpack").write_bytes(bytes(raw))
+  with pytest.raises(ValueError, match=r"flipped.msgpack' is damaged: its contents' SHA-256"):
+    load_weights(tmp_path / "flipped.msgpack")
   (tmp_path / "other.msgpack").write_bytes(b"not msgpack at all")
   with pytest.raises(ValueError, match="other.msgpack' is not an encoder weights file"):
     load_weights(tmp_path / "other.msgpack")

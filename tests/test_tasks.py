@@ -166,6 +166,55 @@ def test_predict_scores_labelled_input_as_the_evaluation_does(fine_tuned, labell
                str(tmp_path / "r.jsonl")]) == 0
 
 
+def test_predict_and_export_refuse_what_they_cannot_use_in_one_line(fine_tuned, labelled,
+                                                                  tmp_path, capsys,
+                                                                  monkeypatch):
+  import signal
+
+  from flax_encoder.text_classifier import TextClassifier
+  from train import export, predict
+  workdir, _ = fine_tuned
+  texts = tmp_path / "texts.jsonl"
+  shutil.copy(labelled[1], texts)
+  (tmp_path / "link.jsonl").symlink_to("texts.jsonl")
+  before = texts.read_bytes()
+
+  def one_line(code, command, *words):
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if f"{command}: error:" in line]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert all(word in lines[0] for word in words), lines[0]
+
+  run = lambda *args: predict.main(["--workdir", workdir, "--input", str(texts), *args])
+  one_line(run("--out", f"{tmp_path}/./texts.jsonl"), "predict", "the file --input")
+  one_line(run("--out", str(tmp_path / "link.jsonl")), "predict", "the file --input")
+  one_line(run("--out", str(tmp_path)), "predict", "a directory")
+  one_line(run("--out", str(tmp_path / "no" / "p.jsonl")), "predict", "no directory")
+  for size in ("0", "-4"):
+    one_line(run("--out", str(tmp_path / "p.jsonl"), "--batch-size", size), "predict",
+             f"--batch-size {size}")
+  one_line(predict.main(["--workdir", workdir, "--input", str(tmp_path), "--out",
+                         str(tmp_path / "p.jsonl")]), "predict", "--input", "a directory")
+  one_line(predict.main(["--workdir", str(tmp_path / "none"), "--input", str(texts), "--out",
+                         str(tmp_path / "p.jsonl")]), "predict", "--workdir", "no such")
+  assert texts.read_bytes() == before
+  # Stopped by SIGTERM halfway: no predictions, no half-written file left.
+  monkeypatch.setattr(TextClassifier, "probabilities",
+                      lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+  assert run("--out", str(tmp_path / "p.jsonl")) == 128 + signal.SIGTERM
+  assert sorted(os.listdir(tmp_path)) == ["link.jsonl", "texts.jsonl"]
+
+  out = str(tmp_path / "e.msgpack")
+  one_line(export.main(["--workdir", str(tmp_path / "none"), "--out", out]), "export",
+           "--workdir", "no such directory")
+  one_line(export.main(["--workdir", str(tmp_path), "--out", out]), "export", "no checkpoints")
+  one_line(export.main(["--workdir", workdir, "--out", str(tmp_path / "no" / "e.msgpack")]),
+           "export", "no directory")
+  (tmp_path / "d.msgpack").mkdir()
+  one_line(export.main(["--workdir", workdir, "--out", str(tmp_path / "d.msgpack")]), "export",
+           "a directory")
+
+
 def test_a_fine_tuned_export_turns_text_into_labels_outside_the_checkout(fine_tuned, labelled,
                                                                           tmp_path):
   from train.export import export

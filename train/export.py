@@ -43,6 +43,13 @@ def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None
   """
   if not out.endswith(SUFFIXES):
     raise ExportError(f"--out must end in {', '.join(SUFFIXES)}, got {out!r}")
+  if not os.path.isdir(workdir):
+    raise ExportError(f"--workdir {workdir}: no such directory")
+  if os.path.isdir(out):
+    raise ExportError(f"--out {out}: a directory, expected the name of a file to write")
+  parent = os.path.dirname(os.path.abspath(out))
+  if not os.path.isdir(parent):
+    raise ExportError(f"--out {out}: no directory {parent} to write it in")
   if out.endswith(_TORCH):
     try:
       from flax_encoder.pytorch import LAYOUTS, to_torch_state_dict
@@ -97,6 +104,13 @@ def main(argv=None) -> int:
   except ExportError as e:
     print(f"export: error: {e}", file=sys.stderr)
     return 2
+  except FileNotFoundError as e:  # train.load: a workdir without a checkpoint to read
+    print(f"export: error: {e}", file=sys.stderr)
+    return 2
+  except OSError as e:
+    print(f"export: error: --out {args.out}: cannot write it ({e.strerror or e})",
+          file=sys.stderr)
+    return 1
   return 0
 
 

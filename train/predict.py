@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import json
 import os
+import signal
 import sys
 
 import jax
@@ -89,8 +90,15 @@ class Predictor:
 
 def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
             show: bool = False) -> Predicted:
-  """Writes the predictions for `input_path` to `out_path`, with a progress bar if `show`."""
-  predictor = Predictor(workdir, batch_size)
+  """Writes the predictions for `input_path` to `out_path`, with a progress bar if `show`.
+  `out_path` appears once every line is predicted, never half-written."""
+  check_arguments(input_path, out_path, batch_size)
+  if not os.path.isdir(workdir):
+    raise RunError(f"--workdir {workdir}: no such directory")
+  try:
+    predictor = Predictor(workdir, batch_size)
+  except FileNotFoundError as e:  # train.load: no checkpoint to read
+    raise RunError(str(e)) from None
   source = sources.Source(input_path)
   text_field, pair_field = predictor.fields["text"], predictor.fields["pair"]
   label_field = predictor.fields["label"]
@@ -110,32 +118,62 @@ def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
         yield text, pair, classes.get(label, -1)
     except sources.PrepareError as e:
       raise RunError(str(e)) from None
-    except FileNotFoundError:
-      raise RunError(f"--input {input_path}: no such file") from None
+    except OSError as e:
+      raise RunError(f"--input {input_path}: cannot read it ({e.strerror or e})") from None
 
   from tqdm import tqdm
   true, predicted = [], []
   stream = lines()
-  tmp = out_path + ".tmp"
-  with open(tmp, "w") as out, tqdm(desc="predict", unit="line", dynamic_ncols=True,
-                                   disable=not show) as bar:
-    while chunk := list(itertools.islice(stream, _CHUNK)):
-      probabilities = predictor.probabilities([t for t, _, _ in chunk], [p for _, p, _ in chunk])
-      for row in probabilities:
-        out.write(json.dumps({"label": predictor.labels[int(np.argmax(row))],
-                              "probabilities": {str(label): round(float(p), 6)
-                                                for label, p in zip(predictor.labels, row)}})
-                  + "\n")
-      true += [c for _, _, c in chunk]
-      predicted += np.argmax(probabilities, -1).tolist()
-      bar.update(len(chunk))
-  os.replace(tmp, out_path)
+  tmp = f"{out_path}.tmp-{os.getpid()}"
+  try:
+    with open(tmp, "w") as out, tqdm(desc="predict", unit="line", dynamic_ncols=True,
+                                     disable=not show) as bar:
+      while chunk := list(itertools.islice(stream, _CHUNK)):
+        probabilities = predictor.probabilities([t for t, _, _ in chunk],
+                                                [p for _, p, _ in chunk])
+        for row in probabilities:
+          out.write(json.dumps({"label": predictor.labels[int(np.argmax(row))],
+                                "probabilities": {str(label): round(float(p), 6)
+                                                  for label, p in zip(predictor.labels, row)}})
+                    + "\n")
+        true += [c for _, _, c in chunk]
+        predicted += np.argmax(probabilities, -1).tolist()
+        bar.update(len(chunk))
+    os.replace(tmp, out_path)
+  except OSError as e:
+    raise RunError(f"--out {out_path}: cannot write it ({e.strerror or e})") from None
+  finally:  # an error, Ctrl-C or SIGTERM (main) leaves no half-written file behind
+    if os.path.exists(tmp):
+      os.remove(tmp)
   true, predicted = np.asarray(true, np.int64), np.asarray(predicted, np.int64)
   labelled = true >= 0
   if not labelled.any():
     return Predicted(len(true))
   return Predicted(len(true), int(labelled.sum()),
                    scores(true[labelled], predicted[labelled], len(predictor.labels)))
+
+
+def check_arguments(input_path: str, out_path: str, batch_size: int) -> None:
+  """RunError naming the argument where the paths or the batch size cannot be used: before
+  anything is loaded, and above all before the input could be overwritten."""
+  if not isinstance(batch_size, int) or batch_size < 1:
+    raise RunError(f"--batch-size {batch_size}: expected a whole number of lines, 1 or more")
+  if os.path.isdir(input_path):
+    raise RunError(f"--input {input_path}: a directory, expected a JSON-lines file")
+  if not os.path.isfile(input_path):
+    raise RunError(f"--input {input_path}: no such file")
+  if os.path.isdir(out_path):
+    raise RunError(f"--out {out_path}: a directory, expected the name of a file to write")
+  parent = os.path.dirname(os.path.abspath(out_path))
+  if not os.path.isdir(parent):
+    raise RunError(f"--out {out_path}: no directory {parent} to write it in")
+  if os.path.exists(out_path) and os.path.samefile(input_path, out_path):
+    raise RunError(f"--out {out_path}: the file --input {input_path} names, expected another "
+                   f"(the predictions would replace the texts)")
+
+
+def _interrupt(signum, frame):
+  raise KeyboardInterrupt(signum)
 
 
 def main(argv=None) -> int:
@@ -146,11 +184,18 @@ def main(argv=None) -> int:
   parser.add_argument("--out", required=True, help="JSON lines of predictions, in order")
   parser.add_argument("--batch-size", type=int, default=64)
   args = parser.parse_args(argv)
+  # SIGTERM as Ctrl-C: predict's cleanup runs (the default action would skip it).
+  previous = signal.signal(signal.SIGTERM, _interrupt)
   try:
     done = predict(args.workdir, args.input, args.out, args.batch_size, show=True)
-  except (RunError, FileNotFoundError) as e:
+  except RunError as e:
     print(f"predict: error: {e}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt as e:
+    print(f"predict: stopped; {args.out} not written", file=sys.stderr)
+    return 128 + (e.args[0] if e.args else signal.SIGINT)
+  finally:
+    signal.signal(signal.SIGTERM, previous)
   scored = ""
   if done.scores is not None:
     scored = (f"; over the {done.labelled} labelled lines: accuracy "
