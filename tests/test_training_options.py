@@ -2,6 +2,7 @@
 profiler hook, the step's memory checked before the first step, and a progress bar that counts
 finished steps."""
 
+import dataclasses
 import os
 
 import jax
@@ -12,6 +13,7 @@ import pytest
 from tests import runs, tiny
 from train import loop, masked_lm, memory
 from train.errors import RunError
+from train.memory import step_memory
 from train.tokens import PAD_ID, SEPARATOR_ID
 
 
@@ -86,6 +88,26 @@ def test_a_step_that_cannot_fit_stops_before_it_runs_with_both_figures(tmp_path,
   assert "needs" in message and "1000" not in message and "0.0 MB available" in message
   assert "config.train.grad_accum_steps" in message and "remat" in message
   assert not os.listdir(tmp_path / "checkpoints")  # not one step ran
+
+
+def test_a_state_that_cannot_fit_is_refused_before_it_is_allocated(tmp_path, monkeypatch):
+  config = tiny.get_config()
+  sizes = {}
+
+  def measured(compiled):  # the step's own figures, and room for the step but not the state
+    needs = step_memory(compiled)
+    sizes.update(state=needs.state, step=needs.step)
+    return dataclasses.replace(needs, available=needs.step + needs.state // 2)
+
+  def never(*_, **__):
+    raise AssertionError("the state was allocated before the check")
+
+  monkeypatch.setattr(memory, "step_memory", measured)
+  monkeypatch.setattr(loop, "init_state", never)
+  with pytest.raises(RunError) as e:
+    loop.run(config, str(tmp_path))
+  assert sizes["state"] > 0 and "does not fit" in str(e.value)
+  assert "the state and a batch" in str(e.value) and "config.mesh.fsdp" in str(e.value)
 
 
 class _Loss:

@@ -202,19 +202,18 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     eval_data = [eval_batch(pipeline.to_devices(rows, mesh), jax.random.fold_in(eval_key, i))
                  for i, rows in enumerate(pipeline.eval_batches(
                      setup.eval, train_config.batch_size, setup.eval_fill))]
+    # Compiled for the state's shapes and layout, and checked to fit, before it is allocated.
+    target = abstract_state(task, tx, train_config.seq_len, mesh)
+    train_step = _compiled_step(task, tx, schedule, target, setup.train, config, mesh)
     if resume is None:
       state = init_state(task, tx, train_config.seed, train_config.seq_len, mesh)
       if setup.start_params is not None:
         state = _with_params(state, setup.start_params)
     else:
-      target = abstract_state(task, tx, train_config.seq_len, mesh)
       state = checkpointer.restore(resume[0], target, train_iter)
       print(f"resumed from the checkpoint at step {resume[0]}", file=sys.stderr)
-
-    # The mesh and the rules in context let the encoder constrain its activations' layout.
-    stack.enter_context(jax.set_mesh(mesh))
+    stack.enter_context(jax.set_mesh(mesh))  # for the evaluation step, compiled at its first use
     stack.enter_context(nn.logical_axis_rules(sharding.RULES))
-    train_step = _compiled_step(task, tx, schedule, state, setup.train, config, mesh)
     eval_step = jax.jit(task.eval_sums)
     step = int(state.step)
     bar = stack.enter_context(tqdm(total=train_config.num_steps, initial=step, desc="train",
@@ -269,8 +268,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
 
 
 def _compiled_step(task, tx, schedule, state, rows, config, mesh):
-  """The training step, compiled before the first batch, its memory checked against the
-  devices' (a RunError if it cannot fit) and logged."""
+  """The training step for `state` (arrays or their shapes, dtypes and shardings), compiled
+  before the first batch, its memory and the state's checked against the devices' (a
+  RunError if they cannot fit) and logged."""
   # The state keeps its layout from step to step (no recompiles, donation reuses its buffers).
   state_shardings = jax.tree.map(lambda x: x.sharding, state)
   step = jax.jit(make_train_step(task, tx, schedule, config.train.grad_accum_steps),
@@ -278,7 +278,9 @@ def _compiled_step(task, tx, schedule, state, rows, config, mesh):
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
       (config.train.batch_size, *x.shape[1:]), x.dtype, sharding=sharding.batch_sharding(mesh)),
                        rows)
-  compiled = step.lower(state, batch).compile()
+  # The mesh and the rules in context let the encoder constrain its activations' layout.
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.RULES):
+    compiled = step.lower(state, batch).compile()
   needs = memory.step_memory(compiled)
   if jax.process_index() == 0:
     print(f"memory: {needs}", file=sys.stderr)

@@ -3,10 +3,10 @@ step runs.
 
 XLA's `compiled.memory_analysis()` gives, per device, the bytes of the step's arguments (the
 train state and the batch), outputs (the new state, aliased to the donated old one) and
-temporaries (activations, gradients). The state is on the devices already when the step is
-compiled, so what must still fit is outputs - aliased + temporaries. Accelerators report their
-free memory (`memory_stats()`: bytes_limit - bytes_in_use); on the CPU it is the host's
-available memory, shared by every local device.
+temporaries (activations, gradients). The step is compiled for the state's shapes before the
+state is allocated, so what must fit is the arguments + outputs - aliased + temporaries.
+Accelerators report their free memory (`memory_stats()`: bytes_limit - bytes_in_use); on the
+CPU it is the host's available memory, shared by every local device.
 """
 
 from __future__ import annotations
@@ -23,16 +23,21 @@ class StepMemory:
   """Bytes per device of a compiled step, and what the device has free for it (None where the
   backend does not say)."""
 
-  state: int  # the arguments, on the device already
-  needed: int  # outputs not aliased to donated arguments, plus temporaries
+  state: int  # the arguments: the train state and a batch
+  step: int  # outputs not aliased to donated arguments, plus temporaries
   temporaries: int
   available: int | None
+
+  @property
+  def needed(self) -> int:
+    return self.state + self.step
 
   def __str__(self) -> str:
     free = "how much is free is unknown" if self.available is None else (
         f"{_size(self.available)} available")
-    return (f"the training step needs {_size(self.needed)} per device beyond its state "
-            f"({_size(self.state)}; temporaries {_size(self.temporaries)}), {free}")
+    return (f"the training step needs {_size(self.needed)} per device: the state and a batch "
+            f"{_size(self.state)}, the step {_size(self.step)} (temporaries "
+            f"{_size(self.temporaries)}); {free}")
 
 
 def _size(n: int) -> str:
@@ -43,7 +48,7 @@ def step_memory(compiled) -> StepMemory:
   analysis = compiled.memory_analysis()
   needed = (analysis.output_size_in_bytes - analysis.alias_size_in_bytes
             + analysis.temp_size_in_bytes)
-  return StepMemory(state=analysis.argument_size_in_bytes, needed=needed,
+  return StepMemory(state=analysis.argument_size_in_bytes, step=needed,
                     temporaries=analysis.temp_size_in_bytes, available=available_bytes())
 
 
@@ -67,5 +72,6 @@ def check_fits(memory: StepMemory) -> None:
   if memory.available is not None and memory.needed > memory.available:
     raise RunError(f"{memory}: it does not fit. Set config.train.grad_accum_steps (k "
                    f"microbatches hold 1/k of the activations), config.model.remat='full' "
-                   f"(recompute each layer in the backward pass), or a smaller "
-                   f"config.train.batch_size")
+                   f"(recompute each layer in the backward pass), a smaller "
+                   f"config.train.batch_size, config.mesh.fsdp (split the state over the "
+                   f"devices), or a smaller model")
