@@ -96,7 +96,9 @@ class Encoder(nn.Module):
                      embedding_init=nn.with_logical_partitioning(
                          nn.initializers.normal(stddev=cfg.d_model**-0.5), ("vocab", "embed")),
                      name="embedding")
-    x = embed(tokens) * math.sqrt(cfg.d_model)
+    # A negative id is out of range like one past the table (NaN rows under a plain jit),
+    # not counted back from its end as a gather would.
+    x = embed(jnp.where(tokens < 0, cfg.vocab_size, tokens)) * math.sqrt(cfg.d_model)
     x = PositionalEncoding(cfg.max_len, cfg.d_model, name="pos_encoder")(x, positions)
     x = Dropout(cfg.dropout)(x, deterministic=deterministic)
     x = nn.with_logical_constraint(x, ACTIVATION_AXES)

@@ -2,7 +2,8 @@
 
 Flax's Embed returns NaN rows for out-of-range ids and a plain gather clamps them, so values
 are checked on the host whenever they are concrete. Under a caller's jit the values are
-tracers; there the check is a `checkify.debug_check`, which `checked_apply` turns on.
+tracers; there the check is a `checkify.debug_check`, which `checked_apply` around the
+caller's function turns on.
 """
 
 from __future__ import annotations
@@ -58,15 +59,24 @@ def check_token_values(tokens: Any, vocab_size: int, traced: bool = True) -> Non
         f"({int(bad.sum())} ids out of range, min {int(values.min())}, max {int(values.max())})")
 
 
-def checked_apply(apply_fn: Callable, **jit_kwargs) -> Callable:
-  """jit-compiles `apply_fn` with its token checks kept: a bad id raises after the call.
+def checked_apply(fn: Callable, **jit_kwargs) -> Callable:
+  """jit-compiles `fn` with the token checks of every encoder call inside it kept: a bad id
+  raises ValueError after the call.
 
-  `apply_fn` is e.g. `Encoder(config).apply`; the result takes the same arguments.
-  Checking costs one device-to-host transfer of a flag per call.
+  `fn` is `Encoder(config).apply`, or any function of yours that calls it, jitted or not (a
+  training step, a pipeline): wrap the outermost one, as `checkify` wants. The result takes
+  the same arguments and returns what `fn` returns. Checking costs one device-to-host
+  transfer of a flag per call. Called inside a trace (your own `jax.jit`, `grad`, `scan`) it
+  cannot raise, and says so: wrap that function instead.
   """
-  checked = jax.jit(checkify.checkify(apply_fn, errors=checkify.user_checks), **jit_kwargs)
+  checked = jax.jit(checkify.checkify(fn, errors=checkify.user_checks), **jit_kwargs)
 
   def run(*args, **kwargs):
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
+      raise TypeError(
+          "checked_apply(fn) was called inside a traced function (jax.jit, grad, scan, ...), "
+          "where it cannot raise; expected it around the outermost one: "
+          "checked_apply(your_function) keeps the checks of every encoder call inside it")
     error, out = checked(*args, **kwargs)
     error.throw()
     return out

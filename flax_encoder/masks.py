@@ -23,7 +23,9 @@ def padding_mask(tokens: jax.Array, pad_id: int = 0) -> jax.Array:
 
 
 def check_mask(mask, batch: int, heads: int, q_len: int, k_len: int) -> None:
-  """Raises unless `mask` is a bool array broadcastable to [batch, heads, q_len, k_len]."""
+  """Raises unless `mask` is a 4-D bool array broadcastable to [batch, heads, q_len, k_len].
+  Fewer dimensions are refused, not broadcast from the right: a [batch, q, k] mask would be
+  read as [heads, q, k] whenever batch equals the head count."""
   target = (batch, heads, q_len, k_len)
   dtype = getattr(mask, "dtype", None)
   if dtype is None or np.dtype(dtype) != np.bool_:
@@ -32,11 +34,15 @@ def check_mask(mask, batch: int, heads: int, q_len: int, k_len: int) -> None:
         f"{type(mask).__name__} of dtype {dtype}; build one with padding_mask(tokens) or "
         f"`mask != 0`")
   shape = tuple(mask.shape)
+  if len(shape) != 4:
+    raise ValueError(
+        f"mask of shape {shape}: expected 4-D [batch, heads or 1, q or 1, k] = {target}; a "
+        f"[batch, k] padding mask is mask[:, None, None, :], a [batch, q, k] one mask[:, None]")
   try:
     broadcast = np.broadcast_shapes(shape, target)
   except ValueError:
     broadcast = None
-  if len(shape) > 4 or broadcast != target:
+  if broadcast != target:
     raise ValueError(
         f"mask of shape {shape} does not broadcast to [batch, heads, q, k] = {target}; "
         f"expected e.g. [{batch}, 1, 1, {k_len}] (key padding) or [{batch}, 1, {q_len}, {k_len}]")

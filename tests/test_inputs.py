@@ -29,8 +29,20 @@ def test_out_of_range_ids_raise_under_checked_jit(model_and_variables):
   np.testing.assert_allclose(apply(variables, good), model.apply(variables, good), atol=1e-6)
   with pytest.raises(Exception, match=r"vocab_size=37"):
     apply(variables, jnp.array([[1, 2, 37, 0]]))
-  # Plain jit cannot raise on values: that is what checked_apply is for (it would give NaN rows).
-  assert not np.isfinite(np.asarray(jax.jit(model.apply)(variables, jnp.array([[1, 37]])))).all()
+  with pytest.raises(Exception, match=r"vocab_size=37"):
+    apply(variables, jnp.array([[1, -2, 3, 0]]))
+  # Around the user's own jitted function, as the docs show: its encoder calls are checked.
+  step = checked_apply(jax.jit(lambda v, t: model.apply(v, t).sum()))
+  assert np.isfinite(step(variables, good))
+  with pytest.raises(ValueError, match=r"vocab_size=37"):
+    step(variables, jnp.array([[1, 2, 37, 0]]))
+  with pytest.raises(TypeError, match=r"inside a traced function.*outermost"):
+    jax.jit(lambda v, t: checked_apply(model.apply)(v, t))(variables, good)
+  # Plain jit cannot raise on values: that is what checked_apply is for. It gives NaN rows,
+  # for negative ids too (a gather would count them back from the table's end: finite rows).
+  for bad in (37, -1):
+    out = np.asarray(jax.jit(model.apply)(variables, jnp.array([[1, bad]])))
+    assert np.isnan(out[0, 1]).all(), bad  # (and every row that attends to it)
 
 
 @pytest.mark.parametrize("tokens, error, words", [
@@ -53,6 +65,8 @@ def test_bad_token_arrays(model_and_variables, tokens, error, words):
     (np.ones((3, 1, 4, 4), bool), ValueError, ["(3, 1, 4, 4)"]),
     (np.ones((2, 1, 1, 1, 4), bool), ValueError, ["(2, 1, 1, 1, 4)"]),
     (np.ones((2, 1, 1, 4), np.int32), TypeError, ["bool", "int32"]),
+    (np.ones((2, 4), bool), ValueError, ["(2, 4)", "4-D", "mask[:, None, None, :]"]),
+    (np.ones((2, 4, 4), bool), ValueError, ["(2, 4, 4)", "4-D", "mask[:, None]"]),
 ])
 def test_bad_masks(model_and_variables, mask, error, words):
   model, variables = model_and_variables
@@ -60,6 +74,16 @@ def test_bad_masks(model_and_variables, mask, error, words):
     model.apply(variables, np.ones((2, 4), np.int32), mask)
   for word in words:
     assert word in str(e.value)
+
+
+def test_a_3d_mask_is_refused_even_where_batch_equals_the_head_count(model_and_variables):
+  model, variables = model_and_variables  # 4 heads: [4, 4, 4] broadcast as [heads, q, k]
+  tokens = np.ones((4, 4), np.int32)
+  mask = np.tril(np.ones((4, 4), bool))[None].repeat(4, 0)
+  with pytest.raises(ValueError, match=r"\(4, 4, 4\): expected 4-D"):
+    model.apply(variables, tokens, mask)
+  np.testing.assert_array_equal(model.apply(variables, tokens, mask[:, None]),
+                                model.apply(variables, tokens, mask[:1, None]))
 
 
 def test_good_masks_of_both_documented_shapes(model_and_variables):
