@@ -120,6 +120,11 @@ def test_an_existing_sentencepiece_model_or_hugging_face_tokenizer_is_used_as_gi
     ("empty", "the inputs hold no text"),
     ("vocab", "--vocab-size 100000: sentencepiece cannot train it on this corpus"),
     ("exists", "--out '{tmp}/a.txt' already exists"),
+    ("bpe 0", "--vocab-size 0: expected a number of tokens, 1 or more"),
+    ("bpe 100", "--vocab-size 100: bpe cannot train it on this corpus (100 is fewer than the "
+                "256 tokens of this text's alphabet"),
+    ("part", "--part-mb -1: expected MB of input per part, more than 0"),
+    ("sample", "--sample-mb 0: expected MB of text to train the vocabulary on"),
 ])
 def test_bad_input_is_one_line_naming_the_file_and_leaves_no_output(tmp_path, capsys, case,
                                                                     message):
@@ -136,6 +141,11 @@ def test_bad_input_is_one_line_naming_the_file_and_leaves_no_output(tmp_path, ca
       "vocab": ["--input", f"{tmp_path}/a.txt", "--tokenizer", "sentencepiece",
                 "--vocab-size", "100000"],
       "exists": ["--input", f"{tmp_path}/a.txt", "--out", f"{tmp_path}/a.txt"],
+      "bpe 0": ["--input", f"{tmp_path}/a.txt", "--tokenizer", "bpe", "--vocab-size", "0"],
+      "bpe 100": ["--input", f"{tmp_path}/a.txt", "--tokenizer", "bpe", "--vocab-size", "100"],
+      "part": ["--input", f"{tmp_path}/a.txt", "--part-mb", "-1"],
+      "sample": ["--input", f"{tmp_path}/a.txt", "--tokenizer", "bpe", "--vocab-size", "300",
+                 "--sample-mb", "0"],
   }[case]
   before = sorted(os.listdir(tmp_path))
   out = [] if case == "exists" else ["--out", f"{tmp_path}/out"]
@@ -144,6 +154,44 @@ def test_bad_input_is_one_line_naming_the_file_and_leaves_no_output(tmp_path, ca
   assert f"prepare: error: {message.format(tmp=tmp_path)}" in err
   assert "Traceback" not in err
   assert sorted(os.listdir(tmp_path)) == before  # nothing written, no temporary left
+
+
+def test_a_full_disk_is_one_line_and_a_killed_prepare_leaves_nothing_for_long(corpus,
+                                                                               tmp_path, capsys):
+  import subprocess
+  import sys
+  from tests.test_reliability import _full_file_system
+  big = tmp_path / "big.txt"
+  big.write_text("some text to pack into windows\n" * 20_000)  # 620 KB: more than 64 KB free
+  with _full_file_system(str(tmp_path / "disk")) as disk:
+    os.remove(os.path.join(disk, "filler"))  # room for a little, not for all
+    assert prepare.main(["--input", str(big), "--out", f"{disk}/out"]) == 2
+    err = capsys.readouterr().err
+    assert f"prepare: error: --out {disk}/out: cannot write (No space left on device)" in err
+    assert "Traceback" not in err and os.listdir(disk) == []
+  # What a prepare killed with -9 left (its process is gone) is removed by the next one.
+  gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True).stdout.strip()
+  left = tmp_path / f"out.tmp-{os.uname().nodename}-{gone}"
+  left.mkdir()
+  (left / "train.bin").write_bytes(bytes(1000))
+  assert prepare.main([*sum((["--input", c] for c in corpus), []), "--out",
+                       str(tmp_path / "out"), "--seq-len", "8", "--eval-fraction", "0.25"]) == 0
+  assert not left.exists() and f"removed {left}" in capsys.readouterr().err
+
+
+def test_over_long_lines_are_cut_before_a_vocabulary_is_trained(tmp_path):
+  from train import vocabulary
+  words = " ".join(f"w{i % 700}" for i in range(40_000))  # one line of 230 K characters
+  (tmp_path / "one.txt").write_text(words + "\n" + "x" * 50_000)
+  sample = vocabulary.sample_lines([str(tmp_path / "one.txt")], "text", 100.0)
+  assert max(map(len, sample)) <= vocabulary.LONGEST_LINE
+  assert "".join(sample) == words + "x" * 50_000
+  assert all(piece.endswith(" ") for piece in sample[:-5])  # cut after a space where one is
+  # SentencePiece skipped the line whole and blamed the vocabulary size.
+  meta = prepare.prepare([str(tmp_path / "one.txt")], str(tmp_path / "out"), "sentencepiece",
+                         vocab_size=300, seq_len=64, eval_fraction=0.1, progress=False)
+  assert meta["vocab_size"] == 304
 
 
 def test_training_reads_prepared_windows_and_refuses_what_does_not_match(topics, tmp_path):
@@ -172,6 +220,8 @@ def test_training_reads_prepared_windows_and_refuses_what_does_not_match(topics,
   os.rename(os.path.join(prepared, "train.bin"), os.path.join(interrupted, "train.bin"))
   with pytest.raises(RunError, match="expected a prepared dataset: it holds no dataset.json"):
     dataset.load_prepared(interrupted, 32)
+  with pytest.raises(RunError, match="missing': no such directory"):
+    dataset.load_prepared(str(tmp_path / "missing"), 32)
   with pytest.raises(RunError, match="train.bin: None bytes, expected"):
     dataset.load_prepared(prepared, 32)
 

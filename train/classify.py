@@ -233,9 +233,9 @@ def _train_vocabulary(kind: str, vocab_size: int, path: str, fields: dict,
     vocabulary.train_vocabulary(kind, texts, vocab_size, out + ".tmp", exact=False)
     os.replace(out + ".tmp", out)
   except Exception as e:  # noqa: BLE001 - the trainers' errors name no field
-    raise RunError(f"config.data.vocab_size: {vocab_size}, expected fewer ids than a {kind} "
-                   f"vocabulary can hold for the {len(texts)} training texts "
-                   f"({str(e).splitlines()[0][:200]}); lower it, or set "
+    raise RunError(f"config.data.vocab_size: {vocab_size}, expected a size a {kind} "
+                   f"vocabulary can be trained to on the {len(texts)} training texts "
+                   f"({str(e).splitlines()[0][:200]}); change it, or set "
                    f"config.data.tokenizer='bytes'") from None
   return TokenizerSpec("sentencepiece" if kind == "sentencepiece" else "huggingface", out)
 

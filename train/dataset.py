@@ -129,10 +129,13 @@ def read_meta(directory: str, expected: str | None = prepare.FORMAT) -> dict:
   """The dataset.json of the prepared `directory`, of the format `expected` (None: any);
   RunError naming what is wrong with it."""
   path = os.path.join(directory, "dataset.json")
+  if not os.path.isdir(directory):
+    raise RunError(f"config.data.prepared: {directory!r}: no such directory, expected one "
+                   f"python -m train.prepare wrote")
   if not os.path.isfile(path):
     raise RunError(f"config.data.prepared: {directory!r}, expected a prepared dataset: it "
                    f"holds no dataset.json, which python -m train.prepare writes last (an "
-                   f"interrupted prepare leaves {directory.rstrip(os.sep)}.tmp-PID instead)")
+                   f"interrupted prepare leaves {directory.rstrip(os.sep)}.tmp-HOST-PID instead)")
   try:
     with open(path) as f:
       meta = json.load(f)
@@ -185,7 +188,8 @@ def load_prepared(prepared: str, seq_len: int, weights: str | None = None,
 
 def _prepared_entries(prepared: str) -> list[tuple[str, list[str]]]:
   """(entry, its directories) of each comma-separated entry of config.data.prepared: a
-  directory, or a glob of them (directories an interrupted prepare left, *.tmp-PID, left out)."""
+  directory, or a glob of them (directories an interrupted prepare left, *.tmp-HOST-PID, left
+  out)."""
   entries = []
   for entry in (e.strip() for e in prepared.split(",")):
     if not entry:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import os
 import re
 import shutil
+import socket
+import sys
 
 _READ_BYTES = 1 << 24  # read at a time while hashing
 
@@ -25,15 +28,37 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def is_temporary(path: str) -> bool:
-  """Whether `path` is a directory `temporary_directory` left (its process was stopped)."""
-  return re.search(r"\.tmp-\d+$", path.rstrip(os.sep)) is not None
+  """Whether `path` is a directory `temporary_directory` made (or left, its process killed)."""
+  return re.search(r"\.tmp-[^/]+-\d+$", path.rstrip(os.sep)) is not None
+
+
+def _host() -> str:
+  return socket.gethostname().replace(os.sep, "_")
+
+
+def _running(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's
+    return True
+  return True
 
 
 @contextlib.contextmanager
 def temporary_directory(out: str):
-  """A fresh directory beside `out` (OUT.tmp-PID), renamed to `out` if the block completes,
-  else removed."""
-  tmp = f"{out.rstrip(os.sep)}.tmp-{os.getpid()}"
+  """A fresh directory beside `out` (OUT.tmp-HOST-PID), renamed to `out` if the block
+  completes, else removed. What a process of this host killed before it could clean up
+  (kill -9) left beside `out` is removed first, and said so."""
+  out = out.rstrip(os.sep)
+  for left in glob.glob(f"{glob.escape(out)}.tmp-{glob.escape(_host())}-*"):
+    pid = left.rsplit("-", 1)[1]
+    if pid.isdigit() and not _running(int(pid)) and os.path.isdir(left):
+      shutil.rmtree(left, ignore_errors=True)
+      print(f"removed {left}, left by a process that was stopped before it finished",
+            file=sys.stderr)
+  tmp = f"{out}.tmp-{_host()}-{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
   os.makedirs(tmp)
   try:

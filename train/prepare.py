@@ -182,13 +182,23 @@ class _WindowWriter:
     self.pending[part] = flat[full:]
 
   def close(self) -> None:
+    """Writes each part's last, padded window and closes the files."""
     for part, ids in sorted(self.pending.items()):
       if len(ids):
         last = np.full(self.seq_len, PAD_ID, np.int32)
         last[:len(ids)] = ids
         self._write(part, last[None])
+    self.pending = {}
     for f in self.files.values():
       f.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *error) -> None:
+    for f in self.files.values():  # after an error, unwritten data is dropped with the files
+      with contextlib.suppress(OSError):
+        f.close()
 
   def _write(self, part: int, windows: np.ndarray) -> None:
     start = self.made.get(part, 0)
@@ -215,6 +225,15 @@ def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size:
     raise PrepareError(f"--eval-fraction must lie in (0, 1), got {eval_fraction}")
   if workers < 1:
     raise PrepareError(f"--workers must be >= 1, got {workers}")
+  if vocab_size is not None and vocab_size < 1:
+    raise PrepareError(f"--vocab-size {vocab_size}: expected a number of tokens, 1 or more")
+  if not sample_mb > 0:
+    raise PrepareError(f"--sample-mb {sample_mb:g}: expected MB of text to train the "
+                       f"vocabulary on, more than 0")
+  if not part_mb > 0:
+    raise PrepareError(f"--part-mb {part_mb:g}: expected MB of input per part, more than 0")
+  if num_shards < 1:
+    raise PrepareError(f"--num-shards {num_shards}: expected 1 or more")
   if not 0 <= shard < num_shards:
     raise PrepareError(f"--shard {shard} --num-shards {num_shards}: expected 0 <= shard < "
                        f"num-shards")
@@ -225,6 +244,18 @@ def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size:
   if os.path.exists(out):
     raise PrepareError(f"--out {out!r} already exists; remove it or choose another directory")
   paths = expand(patterns, include)
+  try:
+    return _prepare(paths, out, tokenizer, vocab_size, seq_len, eval_fraction, text_field,
+                    workers, sample_mb, progress, shard, num_shards, part_mb, vocab_only, say)
+  except OSError as e:  # a full disk, say: what was written so far is gone with its directory
+    if e.filename is not None:
+      raise PrepareError(f"{e.filename}: {e.strerror or e}") from None
+    raise PrepareError(f"--out {out}: cannot write ({e.strerror or e}); nothing was kept") \
+        from None
+
+
+def _prepare(paths, out, tokenizer, vocab_size, seq_len, eval_fraction, text_field, workers,
+             sample_mb, progress, shard, num_shards, part_mb, vocab_only, say) -> dict:
   if vocab_only:
     if tokenizer not in TRAINED:
       raise PrepareError(f"--vocab-only trains a vocabulary: --tokenizer {tokenizer!r}, "
@@ -239,13 +270,13 @@ def prepare(patterns: list[str], out: str, tokenizer: str = "bytes", vocab_size:
                        f"--part-mb {part_mb:g}; use fewer shards or smaller parts")
   sources = shard_of(sources, shard, num_shards)
   every = held_out_every(eval_fraction)
-  with temporary_directory(out) as tmp:
+  with temporary_directory(out) as tmp, contextlib.ExitStack() as stack:
     spec, tokenizer_file = tokenizer_in(tmp, tokenizer, vocab_size, paths, text_field,
                                          sample_mb, say)
     tokenizer_vocab = spec.load().size
     vocab = FIRST_TOKEN_ID + tokenizer_vocab
     dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
-    windows = _WindowWriter(tmp, seq_len, dtype, every)
+    windows = stack.enter_context(_WindowWriter(tmp, seq_len, dtype, every))
     # The bar counts text: the stored size is its total only for plain files read whole.
     plain = all(s.compression is None and s.format != "parquet" and len(s.keep) == s.parts
                 for s in sources)

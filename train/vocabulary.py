@@ -8,9 +8,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import re
 import shutil
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -24,15 +25,35 @@ TRAINED = ("sentencepiece", "bpe", "wordpiece", "unigram")
 _TRAINING_SECONDS_PER_MB = {"sentencepiece": 0.8, "bpe": 0.4, "wordpiece": 0.4, "unigram": 1.0}
 
 
+# Lines longer than this many characters are cut (at a space where there is one) before a
+# vocabulary is trained: SentencePiece skips longer sentences, BPE's time grows with the
+# length of a line without spaces, and a sample is drawn line by line.
+LONGEST_LINE = 1 << 14
+_UNBROKEN = re.compile(r"\S{100,}")  # what the estimate of the training time does not cover
+
+
 def sample_lines(paths: list[str], text_field: str, sample_mb: float,
                  keepends: bool = False) -> list[str]:
-  """The corpus's non-blank lines (with their line ends if `keepends`), all of them up to
-  `sample_mb` MB of text, else an evenly spread, deterministic subset."""
+  """The corpus's non-blank lines (with their line ends if `keepends`), cut to LONGEST_LINE
+  characters at most, all of them up to `sample_mb` MB of text, else an evenly spread,
+  deterministic subset."""
   sources = [Source(p) for p in paths]
   keep = min(1.0, sample_mb * 1e6 / max(sum(s.size() for s in sources), 1))
   rng = np.random.default_rng(0)
-  return [line for _, text, _ in documents(sources, text_field)
-          for line in text.splitlines(keepends) if line.strip() and rng.random() < keep]
+  return [piece for _, text, _ in documents(sources, text_field)
+          for line in text.splitlines(keepends) if line.strip()
+          for piece in _cut(line) if rng.random() < keep]
+
+
+def _cut(line: str) -> Iterator[str]:
+  """`line` in pieces of at most LONGEST_LINE characters, each ending after a space where one
+  lies in the second half of its span."""
+  while len(line) > LONGEST_LINE:
+    space = line.rfind(" ", LONGEST_LINE // 2, LONGEST_LINE)
+    cut = LONGEST_LINE if space < 0 else space + 1
+    yield line[:cut]
+    line = line[cut:]
+  yield line
 
 
 def train_vocabulary(kind: str, sample: list[str], vocab_size: int, path: str,
@@ -74,6 +95,10 @@ def train_vocabulary(kind: str, sample: list[str], vocab_size: int, path: str,
     trainer = trainers.UnigramTrainer(vocab_size=vocab_size, show_progress=False,
                                       special_tokens=["<unk>"], unk_token="<unk>")
   tokenizer.train_from_iterator(sample, trainer)
+  if tokenizer.get_vocab_size() > vocab_size:  # the trainers keep the whole alphabet
+    raise ValueError(f"{vocab_size} is fewer than the {tokenizer.get_vocab_size()} tokens of "
+                     f"this text's alphabet alone (every byte for bpe, every character "
+                     f"otherwise)")
   tokenizer.save(path)
 
 
@@ -86,7 +111,9 @@ def _train_in_child(kind, paths, text_field, vocab_size, sample_mb, path, messag
     sample = sample_lines(paths, text_field, sample_mb, keepends=kind != "sentencepiece")
     if not sample:
       raise PrepareError("the inputs hold no text")
-    messages.put(("sample", sum(len(line) for line in sample) / 1e6))
+    size = sum(len(line) for line in sample)
+    unbroken = sum(len(run.group()) for line in sample for run in _UNBROKEN.finditer(line))
+    messages.put(("sample", (size / 1e6, unbroken / max(size, 1))))
     train_vocabulary(kind, sample, vocab_size, path)
     messages.put(("done", None))
   except PrepareError as e:
@@ -116,9 +143,13 @@ def _trained(kind: str, paths: list[str], text_field: str, vocab_size: int, samp
                              f"exit code {child.exitcode}") from None
         continue
       if what == "sample":
-        estimate = _TRAINING_SECONDS_PER_MB[kind] * value
-        say(f"vocabulary: training {vocab_size} {kind} pieces on {value:.1f} MB of text "
-            f"(about {max(estimate, 1):.0f} s)")
+        mb, unbroken = value
+        estimate = f"about {max(_TRAINING_SECONDS_PER_MB[kind] * mb, 1):.0f} s"
+        if unbroken > 0.1:
+          estimate += (f"; but {unbroken:.0%} of it is in runs of 100 or more characters "
+                       f"without a space, which take several times longer")
+        say(f"vocabulary: training {vocab_size} {kind} pieces on {mb:.1f} MB of text "
+            f"({estimate})")
       elif what == "error":
         raise PrepareError(value)
       else:
