@@ -188,6 +188,13 @@ def test_bad_configs_stop_before_anything_is_built(tmp_path):
     result = runs.train(str(workdir), override, check=False)
     assert result.returncode == 2
     _one_error_line(result, *words)
+  (tmp_path / "broken.py").write_text("x = \n")
+  for config, words in ((str(tmp_path / "missing.py"), ("missing.py", "No such file")),
+                        (str(tmp_path / "broken.py"), ("broken.py", "line 1", "invalid syntax")),
+                        (f"{runs.TINY}:extra", ("tiny.py:extra", "get_config() takes 0"))):
+    result = runs.train(str(workdir), config=config, check=False)
+    assert result.returncode == 2
+    _one_error_line(result, "--config", *words)
 
 
 # --- Prepared data verified on load ---------------------------------------------------------

@@ -46,13 +46,26 @@ def _config_flag(flag_values: flags.FlagValues):
 
 
 def parse_flags(argv, flag_values: flags.FlagValues = flags.FLAGS):
-  """absl's parsing, with a wrong field or value as one line (exit 2)."""
+  """absl's parsing, with a wrong field or value, or a config file that does not load, as
+  one line (exit 2)."""
   try:
-    return flag_values(argv)
+    parsed = flag_values(argv)
+    "task" in flag_values["config"].value  # noqa: B015 - reads the file if not read yet
+    return parsed
   except (AttributeError, KeyError) as e:
     _no_such_field(e)
   except flags.Error as e:
-    print(f"error: {e}", file=sys.stderr)
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if "Traceback (most recent call last):" in lines:  # a config file that raised: its error
+      lines = [f"{lines[0].rstrip(':')} ({lines[-1]})"]
+    print(f"error: {' '.join(lines)}", file=sys.stderr)
+    sys.exit(2)
+  except (OSError, SyntaxError, TypeError, ImportError) as e:  # what loading the file raised
+    given = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "")
+    why = (f"line {e.lineno}: {e.msg}" if isinstance(e, SyntaxError)
+           else str(e).strip().splitlines()[-1].strip())
+    print(f"error: --config {given}: cannot load it ({why}); expected a configs/*.py file "
+          f"(or one like it) with a get_config()", file=sys.stderr)
     sys.exit(2)
 
 
