@@ -113,3 +113,21 @@ def test_an_encoder_only_module_takes_the_encoder_of_a_nested_training_checkpoin
   assert "its encoder at prefix 'encoder.' into the module's encoder at prefix ''" in out
   for name, value in trained.encoder.state_dict().items():  # the checkpoint's, not build()'s
     torch.testing.assert_close(loaded[name].float(), value, rtol=0, atol=0)
+
+
+class _RunsCode:
+  def __reduce__(self):
+    return (print, ("this must never run",))
+
+
+def test_files_the_report_cannot_use_are_one_line(tmp_path, capsys):
+  torch.save({"weights": _RunsCode()}, tmp_path / "pickle.pt")
+  decoder = torch.nn.TransformerDecoder(torch.nn.TransformerDecoderLayer(8, 2, 16), 1)
+  torch.save(decoder.state_dict(), tmp_path / "decoder.pt")
+  for name, words in (("pickle.pt", "refused"), ("decoder.pt", "found no encoder"),
+                      ("missing.pt", "does not exist")):
+    assert parity.main(["--checkpoint", str(tmp_path / name)]) == 2
+    out, err = capsys.readouterr()
+    assert "this must never run" not in out
+    assert err.startswith("parity: error: ") and name in err and words in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

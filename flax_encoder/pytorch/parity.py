@@ -366,6 +366,18 @@ def _reference_module(args, checkpoint, fields):
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = _parse_args(argv)
+  try:
+    return _report(args)
+  except (ValueError, OSError) as e:  # the library's refusals: a file, a layout, a field
+    message = str(e).strip().splitlines()[0]
+    if args.checkpoint and args.checkpoint not in message:
+      message = f"--checkpoint {args.checkpoint}: {message}"
+    print(f"parity: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _report(args) -> int:
+  """Prints the table of every stage; 0 if each is within tolerance, else 1."""
   fields = _fields_from_args(args)
   atol = args.atol if args.atol is not None else (1e-10 if args.float64 else 1e-5)
   rtol = args.rtol if args.rtol is not None else (1e-12 if args.float64 else 1e-4)
