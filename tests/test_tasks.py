@@ -166,6 +166,19 @@ def test_predict_scores_labelled_input_as_the_evaluation_does(fine_tuned, labell
                str(tmp_path / "r.jsonl")]) == 0
 
 
+def test_another_vocabulary_is_refused_on_resume_even_with_allow_changes(fine_tuned, labelled,
+                                                                          tmp_path):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(fine_tuned[0], workdir)
+  result = runs.train(workdir, *_fine_tuning(*labelled, "--config.data.vocab_size=400",
+                                             "--config.train.num_steps=30"),
+                      "--allow_changes", config=None, check=False)
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "makes model.vocab_size 404" in errors[0], result.stderr[-2000:]
+  assert "another model or program" not in errors[0]
+
+
 def test_predict_and_export_refuse_what_they_cannot_use_in_one_line(fine_tuned, labelled,
                                                                   tmp_path, capsys,
                                                                   monkeypatch):

@@ -179,9 +179,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     setup = definition.setup(config, workdir, Resume(resume is not None, allow_changes))
     if resume is not None:
       step, meta = resume
+      source = setup.record.get("source", "the data")
       Resume(True, allow_changes).check_dataset(step, meta.get("dataset"),
-                                                setup.record["dataset"],
-                                                setup.record.get("source", "the data"))
+                                                setup.record["dataset"], source)
+      Resume.check_shapes(step, meta, setup.record, source)
     task = setup.task
     note = warmup_note(config.optim, train_config.num_steps)
     if note and primary:

@@ -68,6 +68,22 @@ class Resume:
                      f"point at the run's data, train in a new workdir, or pass "
                      f"--allow_changes to resume on it")
 
+  @staticmethod
+  def check_shapes(step: int, recorded: dict, current: dict, source: str) -> None:
+    """RunError if the model the data makes (its vocabulary, a classifier's classes: in
+    `current`, a task's Setup.record) is not the checkpoint's (`recorded`, its meta): no
+    --allow_changes resumes parameters of other shapes."""
+    pairs = [(f"model.{k}", v, (recorded.get("encoder") or {}).get(k, v))
+             for k, v in current.get("encoder", {}).items()]
+    if "labels" in current:
+      pairs.append(("classes", current["labels"], recorded.get("labels", current["labels"])))
+    for what, now, then in pairs:
+      if now != then:
+        raise RunError(f"config.data: {source} makes {what} {now!r}, the checkpoint's "
+                       f"(step {step}) is {then!r}: a model of another shape "
+                       f"cannot resume from it; point at the run's data, or train in a new "
+                       f"workdir")
+
 
 @dataclasses.dataclass
 class Setup:
