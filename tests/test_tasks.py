@@ -179,6 +179,16 @@ def test_another_vocabulary_is_refused_on_resume_even_with_allow_changes(fine_tu
   assert "another model or program" not in errors[0]
 
 
+def test_attention_is_drawn_for_fine_tuned_runs_and_runs_on_any_kernel(fine_tuned, tmp_path):
+  from train.draw_attention import main as attention_main
+  xla = str(tmp_path / "xla")
+  runs.train(xla, "--config.train.num_steps=2", "--config.model.attention_impl=xla")
+  for workdir in (fine_tuned[0], xla):
+    out = tmp_path / f"{os.path.basename(workdir)}.png"
+    assert attention_main(["--workdir", workdir, "--text", "ab 12", "--out", str(out)]) == 0
+    assert out.stat().st_size > 1000
+
+
 def test_predict_and_export_refuse_what_they_cannot_use_in_one_line(fine_tuned, labelled,
                                                                   tmp_path, capsys,
                                                                   monkeypatch):

@@ -29,7 +29,7 @@ import optax
 from flax_encoder import EncoderConfig
 from flax_encoder.classifier import POOLINGS, macro_f1
 from flax_encoder.classifier import SequenceClassifier as Classifier
-from train import dataset, examples, settings, sources, vocabulary
+from train import dataset, examples, settings, sources, tokens, vocabulary
 from train.files import sha256_file
 from train.errors import RunError
 from train.task import (Definition, Field, Plots, Resume, Setup, choice, integer, optional,
@@ -385,6 +385,13 @@ def _check_init(init) -> None:
                    f"config.init.torch_checkpoint")
 
 
+def run_tokenizer(workdir: str):
+  """The tokenizer of the fine-tuning run in `workdir`, its ids numbered as its model's."""
+  directory = os.path.join(workdir, "data")
+  meta = examples.load_examples(directory)["meta"]
+  return tokens.spec_of_dataset(directory, meta).load(meta["tokenizer"]["offset"])
+
+
 DEFINITION = Definition(
     name="classify",
     fields={
@@ -413,4 +420,5 @@ DEFINITION = Definition(
     summary=summary,
     export=export,
     check=_check,
+    tokenizer=lambda config, workdir: run_tokenizer(workdir),
 )

@@ -9,6 +9,7 @@ prepared data records); the axes are labelled with its bytes or pieces.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -22,8 +23,11 @@ from train.tokens import Tokenizer
 
 def attention_weights(cfg, variables, tokenizer: Tokenizer,
                       text: str) -> tuple[np.ndarray, list[str]]:
-  """Sown attention weights [layers, heads, seq, seq] of `text`, and its tokens' labels."""
+  """Sown attention weights [layers, heads, seq, seq] of `text`, and its tokens' labels. They
+  are computed by the reference attention, the one that keeps its weights, whichever the run
+  trained with."""
   tokens = tokenizer.encode_batch([text])[0][None, :cfg.max_len]
+  cfg = dataclasses.replace(cfg, attention_impl="reference")
   _, state = Encoder(cfg).apply(variables, jnp.asarray(tokens), mutable=["intermediates"])
   inter = state["intermediates"]
   if cfg.scan_layers:
@@ -69,8 +73,12 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if not args.text:
     parser.error("--text must not be empty")
+  from train import tasks
   from train.load import load_config, load_encoder
-  tokenizer = dataset.run_tokenizer(load_config(args.workdir), args.workdir).load()
+  config = load_config(args.workdir)
+  definition = tasks.definition(config.task.get("name", "masked_lm"))
+  tokenizer = (definition.tokenizer(config, args.workdir) if definition.tokenizer
+               else dataset.run_tokenizer(config, args.workdir).load())
   cfg, variables = load_encoder(args.workdir)
   weights, labels = attention_weights(cfg, variables, tokenizer, args.text)
   out = args.out or os.path.join(args.workdir, "plots", "attention.png")

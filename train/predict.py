@@ -29,7 +29,7 @@ import numpy as np
 
 from flax_encoder.classifier import SequenceClassifier, macro_f1
 from flax_encoder.text_classifier import TextClassifier
-from train import examples, sources, tokens
+from train import classify, examples, sources
 from train.errors import RunError
 from train.load import load_config, load_params, recorded_encoder_config
 
@@ -64,9 +64,8 @@ class Predictor:
     if config.task.get("name") != "classify":
       raise RunError(f"--workdir {workdir}: a {config.task.get('name', 'masked_lm')} run, "
                      f"expected a fine-tuning (classify) run")
-    directory = os.path.join(workdir, "data")
-    meta = examples.load_examples(directory)["meta"]
-    tokenizer = tokens.spec_of_dataset(directory, meta).load(meta["tokenizer"]["offset"])
+    meta = examples.load_examples(os.path.join(workdir, "data"))["meta"]
+    tokenizer = classify.run_tokenizer(workdir)
     self.fields = meta["fields"]
 
     def init_for(record):

@@ -199,6 +199,8 @@ class Definition:
     export: (workdir, out, options) -> the path written, for `python -m train.export`; None
       exports the encoder alone.
     check: cross-field checks of the config (RunError), after each field's own.
+    tokenizer: (config, workdir) -> the run's tokenizer (train.tokens.Tokenizer), its ids
+      numbered as the model's; None: the prepared data's (train.dataset.run_tokenizer).
   """
 
   name: str
@@ -208,3 +210,4 @@ class Definition:
   summary: Callable[[dict], str]
   export: Callable[..., str] | None = None
   check: Callable[[Any], None] | None = None
+  tokenizer: Callable[..., Any] | None = None
