@@ -88,6 +88,7 @@ def test_a_step_that_cannot_fit_stops_before_it_runs_with_both_figures(tmp_path,
   assert "needs" in message and "1000" not in message and "0.0 MB available" in message
   assert "config.train.grad_accum_steps" in message and "remat" in message
   assert not os.listdir(tmp_path / "checkpoints")  # not one step ran
+  assert not os.path.exists(tmp_path / "tensorboard")  # no empty event file either
 
 
 def test_a_state_that_cannot_fit_is_refused_before_it_is_allocated(tmp_path, monkeypatch):
