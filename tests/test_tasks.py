@@ -233,6 +233,9 @@ def test_predict_and_export_refuse_what_they_cannot_use_in_one_line(fine_tuned, 
   one_line(export.main(["--workdir", str(tmp_path), "--out", out]), "export", "no checkpoints")
   one_line(export.main(["--workdir", workdir, "--out", str(tmp_path / "no" / "e.msgpack")]),
            "export", "no directory")
+  one_line(export.main(["--workdir", workdir, "--out", f"{workdir}/checkpoints/e.msgpack"]),
+           "export", "inside the run's own checkpoints")
+  one_line(run("--out", f"{workdir}/metrics.jsonl"), "predict", "inside the run's own metrics")
   (tmp_path / "d.msgpack").mkdir()
   one_line(export.main(["--workdir", workdir, "--out", str(tmp_path / "d.msgpack")]), "export",
            "a directory")

@@ -27,6 +27,7 @@ from flax_encoder.weights import save_weights
 from train import tasks
 from train.errors import RunError
 from train.load import load_config, load_encoder
+from train.workdir import run_file
 
 _TORCH = (".safetensors", ".pt", ".pth", ".bin")
 SUFFIXES = (".msgpack", ".jaxexport", *_TORCH)
@@ -43,6 +44,14 @@ def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None
   """
   if not out.endswith(SUFFIXES):
     raise ExportError(f"--out must end in {', '.join(SUFFIXES)}, got {out!r}")
+  if out.endswith(_TORCH):
+    try:
+      from flax_encoder.pytorch import LAYOUTS
+    except ImportError as e:
+      raise ExportError(f"--out {out}: PyTorch weights need the torch extra "
+                        f"(pip install -e '.[torch]'): {e}") from None
+    if layout not in LAYOUTS:
+      raise ExportError(f"--layout must be one of {LAYOUTS}, got {layout!r}")
   if not os.path.isdir(workdir):
     raise ExportError(f"--workdir {workdir}: no such directory")
   if os.path.isdir(out):
@@ -50,19 +59,27 @@ def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None
   parent = os.path.dirname(os.path.abspath(out))
   if not os.path.isdir(parent):
     raise ExportError(f"--out {out}: no directory {parent} to write it in")
-  if out.endswith(_TORCH):
-    try:
-      from flax_encoder.pytorch import LAYOUTS, to_torch_state_dict
-    except ImportError as e:
-      raise ExportError(f"--out {out}: PyTorch weights need the torch extra "
-                        f"(pip install -e '.[torch]'): {e}") from None
-    if layout not in LAYOUTS:
-      raise ExportError(f"--layout must be one of {LAYOUTS}, got {layout!r}")
+  if run_file(workdir, out):
+    raise ExportError(f"--out {out}: inside the run's own {run_file(workdir, out)}, expected "
+                      f"a file elsewhere (the run's files are not replaced)")
+  suffix = next(s for s in SUFFIXES if out.endswith(s))
+  tmp = f"{out[:-len(suffix)]}.tmp-{os.getpid()}{suffix}"
+  try:  # the file appears whole or not at all, whatever stops the export
+    _export(workdir, tmp, layout, seq_len)
+    os.replace(tmp, out)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return _readable_as_umask_allows(out)
+
+
+def _export(workdir: str, out: str, layout: str, seq_len: int | None) -> None:
   if out.endswith(".msgpack"):
     definition = tasks.definition(load_config(workdir).task.get("name", "masked_lm"))
     if definition.export is not None:
       try:
-        return _readable_as_umask_allows(definition.export(workdir, out))
+        definition.export(workdir, out)
+        return
       except RunError as e:
         raise ExportError(str(e)) from None
   cfg, variables = load_encoder(workdir)
@@ -71,6 +88,7 @@ def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None
   elif out.endswith(".jaxexport"):
     export_encoder(cfg, variables, out, seq_len or load_config(workdir).train.seq_len)
   else:
+    from flax_encoder.pytorch import to_torch_state_dict
     state = to_torch_state_dict(variables, cfg, layout)
     if out.endswith(".safetensors"):
       import safetensors.torch
@@ -78,7 +96,6 @@ def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None
     else:
       import torch
       torch.save(state, out)
-  return _readable_as_umask_allows(out)
 
 
 def _readable_as_umask_allows(path: str) -> str:

@@ -31,6 +31,7 @@ from flax_encoder.classifier import SequenceClassifier, macro_f1
 from flax_encoder.text_classifier import TextClassifier
 from train import classify, examples, sources
 from train.errors import RunError
+from train.workdir import run_file
 from train.load import load_config, load_params, recorded_encoder_config
 
 _CHUNK = 1024  # lines in memory at once
@@ -94,6 +95,9 @@ def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
   check_arguments(input_path, out_path, batch_size)
   if not os.path.isdir(workdir):
     raise RunError(f"--workdir {workdir}: no such directory")
+  if run_file(workdir, out_path):
+    raise RunError(f"--out {out_path}: inside the run's own {run_file(workdir, out_path)}, "
+                   f"expected a file elsewhere (the run's files are not replaced)")
   try:
     predictor = Predictor(workdir, batch_size)
   except FileNotFoundError as e:  # train.load: no checkpoint to read

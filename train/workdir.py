@@ -35,6 +35,18 @@ def check_workdir(workdir: str) -> None:
     raise RunError(f"--workdir {workdir}: cannot create it ({e.strerror})") from None
 
 
+# What a run keeps in its workdir: files and directories another command must not replace.
+RUN_FILES = (LOCK, "metrics.jsonl", "checkpoints", "checkpoints_corrupt", "data", "vocabulary",
+             "tensorboard", "plots", "profile")
+
+
+def run_file(workdir: str, path: str) -> str | None:
+  """The entry of RUN_FILES that `path` is or lies in, if it is in `workdir`; else None."""
+  relative = os.path.relpath(os.path.realpath(path), os.path.realpath(workdir))
+  first = relative.split(os.sep)[0]
+  return first if first in RUN_FILES else None
+
+
 class WorkdirLock:
   """Holds WORKDIR/lock for one run; a second run fails at once, naming the holder."""
 
