@@ -45,5 +45,7 @@ class PositionalEncoding(nn.Module):
       table = sinusoidal_positions(seq, self.d_model, np.float64)
       return x + jnp.asarray(table, dtype=x.dtype)[None]
     table = jnp.asarray(sinusoidal_positions(self.max_len, self.d_model, np.float64), x.dtype)
-    # An index past the table reads NaN (mode="fill"), never a clamped, plausible row.
+    # An index past the table reads NaN (mode="fill"), never a clamped, plausible row; so does
+    # a negative one, which `take` would count back from the table's end.
+    positions = jnp.where(positions < 0, self.max_len, positions)
     return x + jnp.take(table, positions, axis=0, mode="fill", fill_value=jnp.nan)

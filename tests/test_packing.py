@@ -78,6 +78,12 @@ def test_packing_inputs_are_checked(tiny_config):
     model.apply(variables, tokens, positions=jnp.asarray([[0] * 7 + [30]] * 2))
   with pytest.raises(TypeError, match="positions must be an integer array"):
     model.apply(variables, tokens, positions=jnp.zeros((2, 8)))
+  # Under jit the values cannot be checked: a position off either end reads NaN, not a row
+  # counted back from the table's end.
+  apply = jax.jit(lambda p: model.apply(variables, tokens, positions=p))
+  for bad in (-1, 24):
+    out = np.asarray(apply(jnp.asarray([[0] * 7 + [bad]] * 2)))
+    assert np.isnan(out[:, 7]).all(), bad  # (and the rows that attend to it)
 
 
 def test_bucketed_and_exported_encoders_take_packed_rows(tiny_config, tmp_path):
