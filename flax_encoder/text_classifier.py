@@ -41,6 +41,8 @@ class TextClassifier:
                        f"encoder's vocab_size {config.vocab_size}")
     if not 0 < seq_len <= config.max_len:
       raise ValueError(f"seq_len: {seq_len}, expected an integer in [1, {config.max_len}]")
+    if not isinstance(batch_size, int) or batch_size < 1:
+      raise ValueError(f"batch_size: {batch_size!r}, expected an integer >= 1")
     self.config, self.labels, self.tokenizer = config, list(labels), tokenizer
     self.seq_len, self.separator_id, self.pooling = seq_len, separator_id, pooling
     self.batch_size = batch_size

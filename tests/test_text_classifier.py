@@ -83,6 +83,10 @@ def test_bad_inputs_are_one_line_naming_the_argument(classifier, tmp_path):
   (tmp_path / "other.msgpack").write_bytes(b"not a classifier")
   with pytest.raises(ValueError, match="other.msgpack' is not a text classifier file"):
     TextClassifier.load(tmp_path / "other.msgpack")
+  classifier.save(tmp_path / "c.msgpack")
+  for size in (0, -4):  # -4 gave every text probabilities of 0 and the first label
+    with pytest.raises(ValueError, match=f"batch_size: {size}, expected an integer >= 1"):
+      TextClassifier.load(tmp_path / "c.msgpack", batch_size=size)
 
 
 def test_macro_f1_is_the_mean_over_classes_seen():
