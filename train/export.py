@@ -27,7 +27,8 @@ from flax_encoder.weights import save_weights
 from train import tasks
 from train.errors import RunError
 from train.load import load_config, load_encoder
-from train.workdir import run_file
+from train.files import written_whole
+from train.workdir import out_problem
 
 _TORCH = (".safetensors", ".pt", ".pth", ".bin")
 SUFFIXES = (".msgpack", ".jaxexport", *_TORCH)
@@ -54,22 +55,11 @@ def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None
       raise ExportError(f"--layout must be one of {LAYOUTS}, got {layout!r}")
   if not os.path.isdir(workdir):
     raise ExportError(f"--workdir {workdir}: no such directory")
-  if os.path.isdir(out):
-    raise ExportError(f"--out {out}: a directory, expected the name of a file to write")
-  parent = os.path.dirname(os.path.abspath(out))
-  if not os.path.isdir(parent):
-    raise ExportError(f"--out {out}: no directory {parent} to write it in")
-  if run_file(workdir, out):
-    raise ExportError(f"--out {out}: inside the run's own {run_file(workdir, out)}, expected "
-                      f"a file elsewhere (the run's files are not replaced)")
-  suffix = next(s for s in SUFFIXES if out.endswith(s))
-  tmp = f"{out[:-len(suffix)]}.tmp-{os.getpid()}{suffix}"
-  try:  # the file appears whole or not at all, whatever stops the export
+  problem = out_problem(out, workdir)
+  if problem:
+    raise ExportError(problem)
+  with written_whole(out) as tmp:  # whatever stops the export
     _export(workdir, tmp, layout, seq_len)
-    os.replace(tmp, out)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
   return _readable_as_umask_allows(out)
 
 

@@ -67,3 +67,17 @@ def temporary_directory(out: str):
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
+
+
+@contextlib.contextmanager
+def written_whole(path: str):
+  """A name beside `path` to write the file to (PATH.tmp-PID, its suffix kept), renamed to
+  `path` if the block completes, else removed: the file appears whole or not at all."""
+  stem, suffix = os.path.splitext(path)
+  tmp = f"{stem}.tmp-{os.getpid()}{suffix}"
+  try:
+    yield tmp
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)

@@ -31,7 +31,8 @@ from flax_encoder.classifier import SequenceClassifier, macro_f1
 from flax_encoder.text_classifier import TextClassifier
 from train import classify, examples, sources
 from train.errors import RunError
-from train.workdir import run_file
+from train.files import written_whole
+from train.workdir import out_problem
 from train.load import load_config, load_params, recorded_encoder_config
 
 _CHUNK = 1024  # lines in memory at once
@@ -95,9 +96,9 @@ def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
   check_arguments(input_path, out_path, batch_size)
   if not os.path.isdir(workdir):
     raise RunError(f"--workdir {workdir}: no such directory")
-  if run_file(workdir, out_path):
-    raise RunError(f"--out {out_path}: inside the run's own {run_file(workdir, out_path)}, "
-                   f"expected a file elsewhere (the run's files are not replaced)")
+  problem = out_problem(out_path, workdir)
+  if problem:
+    raise RunError(problem)
   try:
     predictor = Predictor(workdir, batch_size)
   except FileNotFoundError as e:  # train.load: no checkpoint to read
@@ -127,10 +128,9 @@ def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
   from tqdm import tqdm
   true, predicted = [], []
   stream = lines()
-  tmp = f"{out_path}.tmp-{os.getpid()}"
-  try:
-    with open(tmp, "w") as out, tqdm(desc="predict", unit="line", dynamic_ncols=True,
-                                     disable=not show) as bar:
+  try:  # an error, Ctrl-C or SIGTERM (main) leaves no half-written file behind
+    with written_whole(out_path) as tmp, open(tmp, "w") as out, tqdm(
+        desc="predict", unit="line", dynamic_ncols=True, disable=not show) as bar:
       while chunk := list(itertools.islice(stream, _CHUNK)):
         probabilities = predictor.probabilities([t for t, _, _ in chunk],
                                                 [p for _, p, _ in chunk])
@@ -142,12 +142,8 @@ def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
         true += [c for _, _, c in chunk]
         predicted += np.argmax(probabilities, -1).tolist()
         bar.update(len(chunk))
-    os.replace(tmp, out_path)
   except OSError as e:
     raise RunError(f"--out {out_path}: cannot write it ({e.strerror or e})") from None
-  finally:  # an error, Ctrl-C or SIGTERM (main) leaves no half-written file behind
-    if os.path.exists(tmp):
-      os.remove(tmp)
   true, predicted = np.asarray(true, np.int64), np.asarray(predicted, np.int64)
   labelled = true >= 0
   if not labelled.any():
@@ -165,11 +161,6 @@ def check_arguments(input_path: str, out_path: str, batch_size: int) -> None:
     raise RunError(f"--input {input_path}: a directory, expected a JSON-lines file")
   if not os.path.isfile(input_path):
     raise RunError(f"--input {input_path}: no such file")
-  if os.path.isdir(out_path):
-    raise RunError(f"--out {out_path}: a directory, expected the name of a file to write")
-  parent = os.path.dirname(os.path.abspath(out_path))
-  if not os.path.isdir(parent):
-    raise RunError(f"--out {out_path}: no directory {parent} to write it in")
   if os.path.exists(out_path) and os.path.samefile(input_path, out_path):
     raise RunError(f"--out {out_path}: the file --input {input_path} names, expected another "
                    f"(the predictions would replace the texts)")

@@ -47,6 +47,20 @@ def run_file(workdir: str, path: str) -> str | None:
   return first if first in RUN_FILES else None
 
 
+def out_problem(out: str, workdir: str) -> str | None:
+  """Why `out` cannot be the file a command writes from the run in `workdir` (`--out OUT:
+  ...`, one line), or None."""
+  parent = os.path.dirname(os.path.abspath(out))
+  if os.path.isdir(out):
+    return f"--out {out}: a directory, expected the name of a file to write"
+  if not os.path.isdir(parent):
+    return f"--out {out}: no directory {parent} to write it in"
+  if run_file(workdir, out):
+    return (f"--out {out}: inside the run's own {run_file(workdir, out)}, expected a file "
+            f"elsewhere (the run's files are not replaced)")
+  return None
+
+
 class WorkdirLock:
   """Holds WORKDIR/lock for one run; a second run fails at once, naming the holder."""
 
