@@ -47,8 +47,11 @@ def expand(patterns: list[str], include: list[str] | None = None) -> list[str]:
       continue
     found = _below(pattern) if os.path.isdir(pattern) else None
     if found is None and glob.has_magic(pattern):
-      found = [f for match in _glob(pattern)
-               for f in (_below(match) if os.path.isdir(match) else [match])]
+      try:
+        found = [f for match in _glob(pattern)
+                 for f in (_below(match) if os.path.isdir(match) else [match])]
+      except OSError as e:  # a directory the glob cannot list
+        raise PrepareError(f"{e.filename}: cannot read it ({e.strerror})") from None
       if not found:
         raise PrepareError(f"--input {pattern!r} matches no file")
     if found is None:
@@ -74,7 +77,10 @@ def expand(patterns: list[str], include: list[str] | None = None) -> list[str]:
 
 def _below(directory: str) -> list[str]:
   files = []
-  for root, dirs, names in os.walk(directory):
+  def unreadable(error: OSError):  # os.walk would pass over it: the corpus would lack it
+    raise PrepareError(f"{error.filename}: cannot read it ({error.strerror})")
+
+  for root, dirs, names in os.walk(directory, onerror=unreadable):
     dirs[:] = sorted(d for d in dirs if not d.startswith("."))
     files.extend(os.path.join(root, n) for n in sorted(names) if not n.startswith("."))
   return files
@@ -86,7 +92,7 @@ def _glob(pattern: str) -> list[str]:
   goes round a link loop until paths grow too long: exponentially often with two links)."""
   if "**" not in pattern:
     return sorted(glob.glob(pattern))
-  parts = pattern.split(os.sep)
+  parts = pattern.rstrip(os.sep).split(os.sep)
   fixed = next(i for i, part in enumerate(parts) if glob.has_magic(part))
   root = os.sep.join(parts[:fixed]) or (os.sep if fixed else os.curdir)
   found = _matching(root, parts[fixed:]) if os.path.isdir(root) else []
