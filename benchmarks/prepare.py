@@ -22,8 +22,8 @@ FILES = 20
 
 
 def write_corpus(directory: str, megabytes: float) -> None:
-  from pydoc_data.topics import topics
-  text = "".join(topics[name] for name in sorted(topics)).encode("utf-8")
+  from train.sources import builtin_topics
+  text = "".join(builtin_topics()).encode("utf-8")
   per_file = int(megabytes * 1e6 / FILES)
   for i in range(FILES):
     with open(os.path.join(directory, f"part{i:02d}.txt"), "wb") as f:

@@ -189,8 +189,8 @@ def test_bad_input_is_one_line_naming_file_and_line(case, words, tmp_path, refer
     overrides = [f"--config.init.run={tmp_path}"]
   if case == "other tokenizer":
     import sentencepiece as spm
-    from pydoc_data.topics import topics
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(list(topics.values())[:50]),
+    from train.sources import builtin_topics
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(builtin_topics()[:50]),
                                    model_prefix=str(tmp_path / "sp"), vocab_size=200,
                                    minloglevel=2)
     overrides = [f"--config.init.run={reference_run}",

@@ -25,8 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def documents():
-  from pydoc_data.topics import topics
-  return [topics[name] for name in sorted(topics)]  # 79, ~460 KB
+  from train.sources import builtin_topics
+  return list(builtin_topics())  # 79, ~460 KB
 
 
 def _windows(directory, split=None):

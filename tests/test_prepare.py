@@ -29,9 +29,9 @@ def corpus(tmp_path):
 @pytest.fixture(scope="module")
 def topics(tmp_path_factory):
   """~100 KB of the built-in corpus as a text file: enough to train a small vocabulary."""
-  from pydoc_data.topics import topics
+  from train.sources import builtin_topics
   path = tmp_path_factory.mktemp("topics") / "topics.txt"
-  path.write_text("".join(topics[name] for name in sorted(topics)[:60]), encoding="utf-8")
+  path.write_text("".join(builtin_topics()[:60]), encoding="utf-8")
   return str(path)
 
 

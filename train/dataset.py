@@ -5,8 +5,9 @@ step: train.masked_lm).
 
 The windows come from a directory `python -m train.prepare` wrote (`config.data.prepared`), or
 are prepared at start, as bytes, from small UTF-8 files (`config.data.paths`) or the built-in
-corpus, the standard library's pydoc_data.topics (~460 KB of English documentation that ships
-with every CPython), so the default run needs no data files. Token ids: `train.tokens`.
+corpus, the topics of CPython 3.11's pydoc_data.topics (~460 KB of English documentation,
+shipped in train/builtin so that every Python reads the same text), so the default run needs
+no data files. Token ids: `train.tokens`.
 """
 
 from __future__ import annotations

@@ -14,18 +14,17 @@ held-out label outside them is an error. `prepare_examples` writes, into a direc
   tokenizer.*              the tokenizer's file, beside them
 
 Files of any size are read line by line, twice (the classes first), and written as they go.
-`BUILTIN` is a labelled task that ships with Python: which standard-library package a few
-lines of its source come from.
+`BUILTIN` is a labelled task that ships with this checkout: which standard-library package a
+few lines of its source come from.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
+import lzma
 import os
 import shutil
-import sysconfig
 from collections.abc import Iterator
 
 import numpy as np
@@ -38,6 +37,7 @@ from train.tokens import Tokenizer
 
 FORMAT = "flax-encoder examples 1"
 BUILTIN = "builtin:stdlib-packages"
+BUILTIN_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin")
 _CHUNK = 2048  # examples tokenized at once
 
 
@@ -165,51 +165,18 @@ def load_examples(directory: str) -> dict:
 # ---------------------------------------------------------------------------------------------
 # The built-in task: which standard-library package a few lines of its source come from.
 
-PACKAGES = ("asyncio", "email", "http", "importlib", "logging", "multiprocessing", "unittest",
-            "urllib", "xml")
-_MAX_BYTES = 120  # of source per example: about the 128 bytes of a window, most lines whole
-_PER_PACKAGE = {"train": 1200, "eval": 120}
-
 
 def write_builtin(directory: str) -> dict:
   """Writes train.jsonl and eval.jsonl of the built-in task into `directory`; returns their
-  paths. Every package's source, cut into runs of whole lines of at most _MAX_BYTES, in an
-  order fixed by a hash of where each run comes from; every 10th run of a package is held
-  out; at most _PER_PACKAGE runs of each package in each split, so the classes are balanced."""
-  root = sysconfig.get_paths()["stdlib"]
+  paths. The examples are a snapshot shipped in train/builtin (train/builtin/snapshot.py made
+  it), the same on every Python: runs of whole lines of at most 120 bytes of the sources of
+  nine standard-library packages, 1200 per package for training and 120 held out."""
   os.makedirs(directory, exist_ok=True)
-  paths = {split: os.path.join(directory, f"{split}.jsonl") for split in _PER_PACKAGE}
-  files = {split: open(path, "w", encoding="utf-8") for split, path in paths.items()}
-  try:
-    for package in PACKAGES:
-      runs = []
-      for folder, _, names in sorted(os.walk(os.path.join(root, package))):
-        for name in sorted(n for n in names if n.endswith(".py")):
-          file = os.path.join(folder, name)
-          with open(file, encoding="utf-8", errors="replace") as f:
-            runs += [(hashlib.sha1(f"{file}:{i}".encode()).hexdigest(), text)
-                     for i, text in enumerate(_runs_of_lines(f.read()))]
-      taken = {split: 0 for split in _PER_PACKAGE}
-      for i, (_, text) in enumerate(sorted(runs)):
-        split = "eval" if i % 10 == 9 else "train"
-        if taken[split] < _PER_PACKAGE[split]:
-          taken[split] += 1
-          files[split].write(json.dumps({"text": text, "label": package}) + "\n")
-  finally:
-    for f in files.values():
-      f.close()
+  paths = {split: os.path.join(directory, f"{split}.jsonl") for split in ("train", "eval")}
+  for split, path in paths.items():
+    with lzma.open(os.path.join(BUILTIN_DIRECTORY, f"stdlib_packages.{split}.jsonl.xz")) as f:
+      data = f.read()
+    with open(path + ".tmp", "wb") as f:
+      f.write(data)
+    os.replace(path + ".tmp", path)
   return paths
-
-
-def _runs_of_lines(source: str) -> Iterator[str]:
-  """Runs of consecutive non-blank lines, each at most _MAX_BYTES, at least 40."""
-  run = ""
-  for line in source.splitlines():
-    if not line.strip() or len((run + line).encode()) + 1 > _MAX_BYTES:
-      if len(run.encode()) >= 40:
-        yield run.rstrip("\n")
-      run = ""
-    if line.strip() and len(line.encode()) < _MAX_BYTES:
-      run += line + "\n"
-  if len(run.encode()) >= 40:
-    yield run.rstrip("\n")

@@ -11,8 +11,9 @@ globs ('**' crosses directories); `--include` filters what directories and globs
 plain UTF-8 text file is one document, read in blocks; each line of a JSON-lines file
 (`.jsonl`, `.json`) and each row of a Parquet file is one document, its text under
 `--text-field`. A `.gz`, `.bz2`, `.xz` or `.zst` ending is decompressed as the file is read.
-`--input builtin:pydoc_data.topics` is the built-in corpus, a document per topic of the
-standard library's pydoc_data.topics (~460 KB of English that ships with CPython).
+`--input builtin:pydoc_data.topics` is the built-in corpus, a document per topic of CPython
+3.11's pydoc_data.topics (~460 KB of English, shipped in train/builtin: the same text on
+every Python).
 
 Tokenizers (`--tokenizer`): `bytes` (a UTF-8 byte per token); a vocabulary of `--vocab-size`
 trained on a sample of the corpus, in a process of its own: `sentencepiece` (unigram, byte

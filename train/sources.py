@@ -12,6 +12,7 @@ import bz2
 import codecs
 import contextlib
 import fnmatch
+import functools
 import glob
 import gzip
 import hashlib
@@ -115,9 +116,18 @@ def _matching(directory: str, parts: list[str]) -> list[str]:
           and (not rest or e.is_dir(follow_symlinks=False)) for f in _matching(e.path, rest)]
 
 
-def _builtin_topics() -> list[str]:
-  from pydoc_data.topics import topics
-  return [topics[name] for name in sorted(topics)]
+_BUILTIN_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin",
+                             "pydoc_topics.json.xz")
+
+
+@functools.cache
+def builtin_topics() -> tuple[str, ...]:
+  """The built-in corpus's documents: the topics of CPython 3.11's pydoc_data.topics, in
+  sorted order of their names, from the snapshot in train/builtin (each Python ships other
+  text, so reading the running one's would make the default run depend on the interpreter)."""
+  with lzma.open(_BUILTIN_FILE, "rt", encoding="utf-8") as f:
+    topics = json.load(f)
+  return tuple(topics[name] for name in sorted(topics))
 
 
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
@@ -234,7 +244,7 @@ class Source:
   def documents(self, text_field: str) -> Iterator[tuple[int, str, bool]]:
     """(part, text, whether it ends a document), in file order, of the parts kept."""
     if self.path == BUILTIN:
-      for text in _builtin_topics():
+      for text in builtin_topics():
         self._digest.update(text.encode("utf-8"))
         yield self.first, text, True
     elif self.format == "parquet":
@@ -361,7 +371,7 @@ class Source:
 
 def _stored_size(path: str) -> int:
   if path == BUILTIN:
-    return sum(len(t.encode("utf-8")) for t in _builtin_topics())
+    return sum(len(t.encode("utf-8")) for t in builtin_topics())
   return os.path.getsize(path)
 
 
@@ -370,7 +380,7 @@ def _stored_sha256(path: str) -> str:
   if path != BUILTIN:
     return sha256_file(path)
   digest = hashlib.sha256()
-  for text in _builtin_topics():
+  for text in builtin_topics():
     digest.update(text.encode("utf-8"))
   return digest.hexdigest()
 
