@@ -144,8 +144,20 @@ def fused_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   batch, q_len, heads, _ = query.shape
   if mask is not None:
     mask = jnp.broadcast_to(mask, (batch, heads, q_len, key.shape[1]))
+  if implementation == "xla" and query.dtype == jnp.float64:
+    return _xla_in_float64(query, key, value, mask)
   return jax.nn.dot_product_attention(query, key, value, mask=mask,
                                       implementation=implementation)
+
+
+def _xla_in_float64(query, key, value, mask):
+  """What `jax.nn.dot_product_attention(implementation="xla")` computes, in float64 throughout:
+  it takes the softmax in float32 whatever its inputs are, which makes a float64 model ~1e-7
+  off its own float64 reference. Masked scores get the same large negative number."""
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key) / np.sqrt(query.shape[-1])
+  if mask is not None:
+    logits = jnp.where(mask, logits, -0.7 * jnp.finfo(logits.dtype).max)
+  return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1), value)
 
 
 class MultiHeadAttention(nn.Module):

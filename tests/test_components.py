@@ -231,6 +231,20 @@ def test_attention_implementations_agree(tiny_config, impl, explicit_mask):
   np.testing.assert_allclose(jax.jit(other.apply)(variables, tokens, mask), expected, atol=2e-5)
 
 
+def test_the_xla_implementation_in_float64_is_float64(tiny_config):
+  # jax.nn.dot_product_attention's XLA path takes its softmax in float32 whatever its inputs:
+  # float64 models get the same maths computed in float64 instead.
+  cfg = dataclasses.replace(tiny_config, dtype="float64", param_dtype="float64", dropout=0.0)
+  with jax.enable_x64(True):
+    tokens = jnp.array([[3, 4, 5, 0, 0], [6, 7, 8, 9, 10]])
+    reference = Encoder(cfg)
+    variables = _init(reference, tokens)
+    xla = Encoder(dataclasses.replace(cfg, attention_impl="xla"))
+    got, expected = xla.apply(variables, tokens), reference.apply(variables, tokens)
+    assert got.dtype == jnp.float64
+    np.testing.assert_allclose(got, expected, atol=1e-13, rtol=0)
+
+
 def test_cudnn_implementation_off_gpu_raises_clearly(tiny_config):
   cfg = dataclasses.replace(tiny_config, attention_impl="cudnn", dtype="bfloat16")
   tokens = jnp.array([[3, 4, 5, 0]])
