@@ -5,6 +5,8 @@ Shapes: b = batch, q = query positions, k = key positions, h = heads, d = head_d
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 
@@ -160,6 +162,61 @@ def _xla_in_float64(query, key, value, mask):
   return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1), value)
 
 
+# Splash attention's tiles: a sequence is split into blocks of this many positions (the TPU's
+# 128 lanes), so its length must be a multiple of it.
+SPLASH_BLOCK = 128
+_interpreting = contextvars.ContextVar("interpret_kernels", default=False)
+
+
+@contextlib.contextmanager
+def interpret_kernels():
+  """Within it, attention_impl='splash' runs its Pallas TPU kernel in interpret mode, on any
+  backend (slowly: for tests and debugging on a CPU). Functions jitted within keep it."""
+  token = _interpreting.set(True)
+  try:
+    yield
+  finally:
+    _interpreting.reset(token)
+
+
+def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array,
+                     segment_ids: jax.Array, *, interpret: bool = False) -> jax.Array:
+  """softmax(q k^T / sqrt(d)) v where a query attends only to keys of its own segment, by
+  TPU Splash attention (Pallas): the segment ids go to the kernel, which skips the blocks
+  they rule out and never builds a [seq, seq] mask. Padding is segment 0: its queries see
+  only padding and no real token sees it, so rows of several sequences packed together are
+  encoded as if each were alone.
+
+  Args:
+    query, key, value: [batch, seq, heads, head_dim]; seq a multiple of SPLASH_BLOCK.
+    segment_ids: int [batch, seq].
+    interpret: run the kernel in Pallas's interpret mode (any backend, slowly).
+
+  Returns:
+    [batch, seq, heads, head_dim].
+  """
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+      splash_attention_kernel as splash, splash_attention_mask as masks)
+  batch, seq, heads, head_dim = query.shape
+  if seq % SPLASH_BLOCK or key.shape[1] != seq:
+    raise ValueError(f"attention_impl='splash' takes sequences of a multiple of "
+                     f"{SPLASH_BLOCK} tokens (the kernel's blocks), got {seq}; pad the "
+                     f"tokens to one, or use attention_impl='xla'")
+  block = max(b for b in (512, 256, 128) if seq % b == 0)
+  sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                            block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                            block_q_dq=block, block_kv_dq=block)
+  kernel = splash.make_splash_mha(
+      masks.MultiHeadMask([masks.FullMask((seq, seq)) for _ in range(heads)]),
+      block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
+  heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [batch, heads, seq, head_dim]
+  segment_ids = segment_ids.astype(jnp.int32)
+  out = jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=splash.SegmentIds(q=s, kv=s)))(
+      heads_first(query / np.sqrt(head_dim).astype(query.dtype)), heads_first(key),
+      heads_first(value), segment_ids)
+  return heads_first(out)
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention with separate w_q, w_k, w_v, w_o projections (the tutorial port's).
 
@@ -180,7 +237,9 @@ class MultiHeadAttention(nn.Module):
       query: [batch, q, d_model].
       key: [batch, k, d_model]; defaults to `query`.
       value: [batch, k, d_model]; defaults to `key`.
-      mask: bool, True = attend, broadcastable to [batch, heads, q, k].
+      mask: bool, True = attend, broadcastable to [batch, heads, q, k]. With
+        attention_impl='splash', the segment ids instead (int [batch, seq], 0 = padding),
+        which Splash attention takes in place of a mask.
       deterministic: no dropout when True.
 
     Returns:
@@ -201,6 +260,17 @@ class MultiHeadAttention(nn.Module):
       context, weights = scaled_dot_product_attention(q, k, v, mask, dropout_rate=rate,
                                                       dropout_rng=rng)
       self.sow("intermediates", "attention_weights", weights)
+    elif cfg.attention_impl == "splash":
+      if mask is None or mask.ndim != 2 or not jnp.issubdtype(mask.dtype, jnp.integer):
+        raise ValueError("attention_impl='splash' attends by segment ids (int [batch, seq]), "
+                         "not by a mask: the Encoder passes them")
+      interpret = _interpreting.get()
+      if jax.default_backend() != "tpu" and not interpret:
+        raise ValueError(
+            f"attention_impl='splash' is TPU Splash attention and needs a TPU; the default "
+            f"backend here is {jax.default_backend()!r}. Use attention_impl='xla' (same "
+            f"numbers), or flax_encoder.attention.interpret_kernels() to run it slowly here")
+      context = splash_attention(q, k, v, mask, interpret=interpret)
     else:
       context = fused_attention(q, k, v, mask, cfg.attention_impl)
 

@@ -28,7 +28,7 @@ ACTIVATIONS = {
     # PyTorch's nn.GELU default is the exact erf form; jax.nn.gelu defaults to the tanh one.
     "gelu": functools.partial(jax.nn.gelu, approximate=False),
 }
-ATTENTION_IMPLS = ("reference", "xla", "cudnn")
+ATTENTION_IMPLS = ("reference", "xla", "cudnn", "splash")
 REMAT_POLICIES = ("none", "full", "save_dots")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -127,8 +127,8 @@ class EncoderConfig:
     if self.attention_impl != "reference" and self.attention_dropout > 0:
       raise ConfigError(
           "attention_dropout", self.attention_dropout,
-          f"0 with attention_impl={self.attention_impl!r}: jax.nn.dot_product_attention has no "
-          f"dropout on the weights (attention_impl='reference' has)")
+          f"0 with attention_impl={self.attention_impl!r}: the fused kernels have no dropout "
+          f"on the weights (attention_impl='reference' has)")
 
   @classmethod
   def fields(cls, role: str) -> tuple[str, ...]:

@@ -101,3 +101,85 @@ def test_bucketed_and_exported_encoders_take_packed_rows(tiny_config, tmp_path):
                             packed=True)
   got = exported.call(tokens, segments, positions.astype(np.int32))
   np.testing.assert_allclose(np.asarray(got)[real], np.asarray(expected)[real], atol=2e-6)
+
+
+def _implementations():
+  """Every attention implementation, those that cannot run here marked to skip."""
+  gpu = jax.default_backend() == "gpu"
+  return ["reference", "xla", "splash",
+          pytest.param("cudnn", marks=pytest.mark.skipif(not gpu, reason="needs an NVIDIA GPU"))]
+
+
+@pytest.mark.parametrize("impl", _implementations())
+def test_no_implementation_attends_across_a_segment_boundary(impl):
+  # Rows of 256 (Splash's blocks are 128) packing sequences that straddle block boundaries,
+  # then padding. Changing every token outside a sequence must not change its outputs.
+  from flax_encoder.attention import interpret_kernels
+  cfg = EncoderConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=2, max_len=256,
+                      dropout=0.0, attention_impl=impl,
+                      dtype="bfloat16" if impl == "cudnn" else "float32")
+  rng = np.random.default_rng(0)
+  segments = np.zeros((2, 256), np.int32)
+  segments[0, :100], segments[0, 100:230], segments[0, 230:250] = 1, 2, 3
+  segments[1, :200] = 1
+  tokens = np.where(segments > 0, rng.integers(1, 50, (2, 256)), 0).astype(np.int32)
+  positions = segment_positions(jnp.asarray(segments))
+  model = Encoder(cfg)
+  with interpret_kernels():
+    variables = nn.unbox(model.init(jax.random.key(0), jnp.asarray(tokens)))
+    apply = jax.jit(lambda t: model.apply(variables, t, segment_ids=segments,
+                                          positions=positions))
+    before = np.asarray(apply(tokens), np.float32)
+    for row, segment in ((0, 2), (0, 1), (1, 1)):
+      inside = segments[row] == segment
+      changed = tokens.copy()
+      changed[row, ~inside & (segments[row] > 0)] = rng.integers(1, 50, (~inside & (
+          segments[row] > 0)).sum())
+      changed[1 - row] = np.where(segments[1 - row] > 0, rng.integers(1, 50, 256), 0)
+      after = np.asarray(apply(changed), np.float32)
+      np.testing.assert_array_equal(after[row, inside], before[row, inside],
+                                    err_msg=f"{impl}: row {row} segment {segment}")
+    if impl != "reference":  # and each computes what the reference does
+      reference = Encoder(dataclasses.replace(cfg, attention_impl="reference",
+                                              dtype="float32"))
+      expected = reference.apply(variables, tokens, segment_ids=segments, positions=positions)
+      real = segments > 0
+      np.testing.assert_allclose(before[real], np.asarray(expected)[real],
+                                 atol=0.05 if impl == "cudnn" else 2e-5)
+
+
+def test_splash_attention_refuses_what_it_cannot_do(tiny_config):
+  cfg = dataclasses.replace(tiny_config, attention_impl="splash", dropout=0.0)
+  tokens = jnp.ones((1, 8), jnp.int32)
+  if jax.default_backend() != "tpu":
+    with pytest.raises(ValueError, match="needs a TPU.*interpret_kernels"):
+      Encoder(cfg).init(jax.random.key(0), tokens)
+  from flax_encoder.attention import interpret_kernels
+  with interpret_kernels(), pytest.raises(ValueError, match=r"multiple of 128 tokens \(the kernel.s blocks\), got 8"):
+    Encoder(cfg).init(jax.random.key(0), tokens)
+  with interpret_kernels(), pytest.raises(ValueError, match="segment ids, not by a mask"):
+    Encoder(cfg).init(jax.random.key(0), tokens, jnp.ones((1, 1, 1, 8), bool))
+
+
+def test_splash_attention_trains_as_the_reference_does_and_lowers_for_tpu():
+  from flax_encoder.attention import interpret_kernels, splash_attention
+  cfg = EncoderConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=1, max_len=128,
+                      dropout=0.0)
+  segments = np.repeat(np.array([[1, 2, 3, 0]]), 32, axis=1)
+  tokens = np.where(segments > 0, np.arange(128) % 49 + 1, 0).astype(np.int32)
+  variables = nn.unbox(Encoder(cfg).init(jax.random.key(0), jnp.asarray(tokens)))
+
+  def grads(impl):
+    model = Encoder(dataclasses.replace(cfg, attention_impl=impl))
+    loss = lambda v: jnp.sum(model.apply(v, tokens, segment_ids=segments)[segments > 0] ** 2)
+    return jax.grad(loss)(variables)
+
+  with interpret_kernels():
+    splash = grads("splash")
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-4),
+               splash, grads("reference"))
+  # The kernel itself, lowered for a TPU from this machine: a Mosaic custom call.
+  q = jax.ShapeDtypeStruct((2, 256, 2, 8), jnp.bfloat16)
+  s = jax.ShapeDtypeStruct((2, 256), jnp.int32)
+  exported = jax.export.export(jax.jit(splash_attention), platforms=["tpu"])(q, q, q, s)
+  assert "tpu_custom_call" in exported.mlir_module()

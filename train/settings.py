@@ -51,7 +51,26 @@ def build_encoder(fields: dict, vocab_size: int, pad_id: int, seq_len: int) -> E
   if seq_len > cfg.max_len:
     raise RunError(f"config.train.seq_len: {seq_len}, expected <= config.model.max_len "
                    f"({cfg.max_len})")
+  _check_kernel(cfg, seq_len)
   return cfg
+
+
+# The attention kernels that run on one platform only: the backend each needs.
+_KERNEL_BACKENDS = {"cudnn": ("gpu", "an NVIDIA GPU"), "splash": ("tpu", "a TPU")}
+
+
+def _check_kernel(cfg: EncoderConfig, seq_len: int) -> None:
+  import jax
+
+  from flax_encoder.attention import SPLASH_BLOCK
+  backend, device = _KERNEL_BACKENDS.get(cfg.attention_impl, (None, None))
+  if backend and jax.default_backend() != backend:
+    raise RunError(f"config.model.attention_impl: {cfg.attention_impl!r} needs {device}, the "
+                   f"backend here is {jax.default_backend()!r}; expected 'xla' (the same "
+                   f"numbers) or 'reference'")
+  if cfg.attention_impl == "splash" and seq_len % SPLASH_BLOCK:
+    raise RunError(f"config.train.seq_len: {seq_len}, expected a multiple of {SPLASH_BLOCK} "
+                   f"with attention_impl='splash' (its kernel's blocks)")
 
 
 # ---------------------------------------------------------------------------------------------
