@@ -162,16 +162,29 @@ def _xla_in_float64(query, key, value, mask):
   return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1), value)
 
 
-# Splash attention's tiles: a sequence is split into blocks of this many positions (the TPU's
-# 128 lanes), so its length must be a multiple of it.
+# The kernels that take segment ids in place of a mask, and the backend each runs on.
+SEGMENT_KERNELS = {"splash": "tpu", "triton": "gpu"}
+# Their tiles: a sequence is split into blocks of this many positions (the TPU's 128 lanes),
+# so its length must be a multiple of it (the Triton kernel also takes a power of two below).
 SPLASH_BLOCK = 128
 _interpreting = contextvars.ContextVar("interpret_kernels", default=False)
 
 
+def check_kernel_length(impl: str, seq: int) -> None:
+  """ValueError unless `impl` (one of SEGMENT_KERNELS) takes sequences of `seq` tokens."""
+  power_of_two = seq & (seq - 1) == 0
+  if seq % SPLASH_BLOCK and not (impl == "triton" and power_of_two and seq < SPLASH_BLOCK):
+    also = ", or a power of two below it" if impl == "triton" else ""
+    raise ValueError(f"attention_impl={impl!r} takes sequences of a multiple of "
+                     f"{SPLASH_BLOCK} tokens{also} (the kernel's blocks), got {seq}; pad the "
+                     f"tokens to one, or use attention_impl='xla'")
+
+
 @contextlib.contextmanager
 def interpret_kernels():
-  """Within it, attention_impl='splash' runs its Pallas TPU kernel in interpret mode, on any
-  backend (slowly: for tests and debugging on a CPU). Functions jitted within keep it."""
+  """Within it, the Pallas kernels (attention_impl 'splash' and 'triton') run in Pallas's
+  interpret mode on any backend (slowly: for tests and debugging on a CPU). Functions jitted
+  within keep it."""
   token = _interpreting.set(True)
   try:
     yield
@@ -198,10 +211,7 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   from jax.experimental.pallas.ops.tpu.splash_attention import (
       splash_attention_kernel as splash, splash_attention_mask as masks)
   batch, seq, heads, head_dim = query.shape
-  if seq % SPLASH_BLOCK or key.shape[1] != seq:
-    raise ValueError(f"attention_impl='splash' takes sequences of a multiple of "
-                     f"{SPLASH_BLOCK} tokens (the kernel's blocks), got {seq}; pad the "
-                     f"tokens to one, or use attention_impl='xla'")
+  check_kernel_length("splash", seq)
   block = max(b for b in (512, 256, 128) if seq % b == 0)
   sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                             block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
@@ -215,6 +225,22 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array,
       heads_first(query / np.sqrt(head_dim).astype(query.dtype)), heads_first(key),
       heads_first(value), segment_ids)
   return heads_first(out)
+
+
+def triton_attention(query: jax.Array, key: jax.Array, value: jax.Array,
+                     segment_ids: jax.Array, *, interpret: bool = False) -> jax.Array:
+  """softmax(q k^T / sqrt(d)) v where a query attends only to keys of its own segment, by the
+  flash attention kernel that ships with JAX for NVIDIA GPUs (Pallas, lowered to Triton): the
+  segment ids go to the kernel, which masks block by block and never builds a [seq, seq]
+  mask. Shapes and padding as in `splash_attention`; seq a multiple of SPLASH_BLOCK or a
+  power of two below it."""
+  from jax.experimental.pallas.ops.gpu import attention as gpu_attention
+  check_kernel_length("triton", query.shape[1])
+  return gpu_attention.mha(query, key, value, segment_ids.astype(jnp.int32),
+                           sm_scale=1.0 / math.sqrt(query.shape[-1]), interpret=interpret)
+
+
+_SEGMENT_KERNEL_FUNCTIONS = {"splash": splash_attention, "triton": triton_attention}
 
 
 class MultiHeadAttention(nn.Module):
@@ -238,8 +264,8 @@ class MultiHeadAttention(nn.Module):
       key: [batch, k, d_model]; defaults to `query`.
       value: [batch, k, d_model]; defaults to `key`.
       mask: bool, True = attend, broadcastable to [batch, heads, q, k]. With
-        attention_impl='splash', the segment ids instead (int [batch, seq], 0 = padding),
-        which Splash attention takes in place of a mask.
+        attention_impl 'splash' or 'triton', the segment ids instead (int [batch, seq], 0 =
+        padding), which those kernels take in place of a mask.
       deterministic: no dropout when True.
 
     Returns:
@@ -260,17 +286,19 @@ class MultiHeadAttention(nn.Module):
       context, weights = scaled_dot_product_attention(q, k, v, mask, dropout_rate=rate,
                                                       dropout_rng=rng)
       self.sow("intermediates", "attention_weights", weights)
-    elif cfg.attention_impl == "splash":
+    elif cfg.attention_impl in SEGMENT_KERNELS:
+      impl, backend = cfg.attention_impl, SEGMENT_KERNELS[cfg.attention_impl]
       if mask is None or mask.ndim != 2 or not jnp.issubdtype(mask.dtype, jnp.integer):
-        raise ValueError("attention_impl='splash' attends by segment ids (int [batch, seq]), "
-                         "not by a mask: the Encoder passes them")
+        raise ValueError(f"attention_impl={impl!r} attends by segment ids (int [batch, seq]), "
+                         f"not by a mask: the Encoder passes them")
       interpret = _interpreting.get()
-      if jax.default_backend() != "tpu" and not interpret:
+      if jax.default_backend() != backend and not interpret:
+        device = {"tpu": "a TPU", "gpu": "an NVIDIA GPU"}[backend]
         raise ValueError(
-            f"attention_impl='splash' is TPU Splash attention and needs a TPU; the default "
-            f"backend here is {jax.default_backend()!r}. Use attention_impl='xla' (same "
-            f"numbers), or flax_encoder.attention.interpret_kernels() to run it slowly here")
-      context = splash_attention(q, k, v, mask, interpret=interpret)
+            f"attention_impl={impl!r} is a Pallas kernel for {device}; the default backend "
+            f"here is {jax.default_backend()!r}. Use attention_impl='xla' (same numbers), or "
+            f"flax_encoder.attention.interpret_kernels() to run it slowly here")
+      context = _SEGMENT_KERNEL_FUNCTIONS[impl](q, k, v, mask, interpret=interpret)
     else:
       context = fused_attention(q, k, v, mask, cfg.attention_impl)
 

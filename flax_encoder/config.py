@@ -28,7 +28,7 @@ ACTIVATIONS = {
     # PyTorch's nn.GELU default is the exact erf form; jax.nn.gelu defaults to the tanh one.
     "gelu": functools.partial(jax.nn.gelu, approximate=False),
 }
-ATTENTION_IMPLS = ("reference", "xla", "cudnn", "splash")
+ATTENTION_IMPLS = ("reference", "xla", "cudnn", "splash", "triton")
 REMAT_POLICIES = ("none", "full", "save_dots")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 

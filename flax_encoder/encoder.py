@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_encoder.attention import SEGMENT_KERNELS
 from flax_encoder.config import EncoderConfig
 from flax_encoder.dropout import Dropout
 from flax_encoder.embedding import PositionalEncoding
@@ -68,8 +69,8 @@ class Encoder(nn.Module):
         `tokens != pad_id`.
       segment_ids: int [batch, seq], for rows that pack several sequences: a token attends
         only to tokens of its own segment; 0 marks padding (`flax_encoder.packing`). Combined
-        with `mask` when both are given. attention_impl='splash' takes no mask: segment ids
-        (or, without them, the padding) go to its kernel.
+        with `mask` when both are given. attention_impl 'splash' and 'triton' take no mask:
+        segment ids (or, without them, the padding) go to their kernels.
       positions: int [batch, seq], each token's row of the sinusoid table, in [0, max_len);
         defaults to 0 … seq - 1. For packed rows, `packing.segment_positions(segment_ids)`.
       deterministic: no dropout when True; otherwise dropout draws from the 'dropout' rng.
@@ -85,10 +86,11 @@ class Encoder(nn.Module):
 
     if mask is not None:
       check_mask(mask, batch, cfg.n_heads, seq, seq)
-    if cfg.attention_impl == "splash":  # it takes segment ids, never a [seq, seq] mask
+    if cfg.attention_impl in SEGMENT_KERNELS:  # segment ids, never a [seq, seq] mask
       if mask is not None:
-        raise ValueError("attention_impl='splash' attends by segment ids, not by a mask: pass "
-                         "segment_ids (padding, pad_id tokens, is left out either way)")
+        raise ValueError(f"attention_impl={cfg.attention_impl!r} attends by segment ids, not "
+                         f"by a mask: pass segment_ids (padding, pad_id tokens, is left out "
+                         f"either way)")
       real = (tokens != cfg.pad_id).astype(jnp.int32)
       mask = real if segment_ids is None else jnp.asarray(segment_ids, jnp.int32) * real
     elif segment_ids is not None:

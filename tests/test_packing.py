@@ -106,7 +106,7 @@ def test_bucketed_and_exported_encoders_take_packed_rows(tiny_config, tmp_path):
 def _implementations():
   """Every attention implementation, those that cannot run here marked to skip."""
   gpu = jax.default_backend() == "gpu"
-  return ["reference", "xla", "splash",
+  return ["reference", "xla", "splash", "triton",
           pytest.param("cudnn", marks=pytest.mark.skipif(not gpu, reason="needs an NVIDIA GPU"))]
 
 
@@ -148,21 +148,25 @@ def test_no_implementation_attends_across_a_segment_boundary(impl):
                                  atol=0.05 if impl == "cudnn" else 2e-5)
 
 
-def test_splash_attention_refuses_what_it_cannot_do(tiny_config):
-  cfg = dataclasses.replace(tiny_config, attention_impl="splash", dropout=0.0)
-  tokens = jnp.ones((1, 8), jnp.int32)
-  if jax.default_backend() != "tpu":
-    with pytest.raises(ValueError, match="needs a TPU.*interpret_kernels"):
+@pytest.mark.parametrize("impl, backend, device", [("splash", "tpu", "a TPU"),
+                                                    ("triton", "gpu", "an NVIDIA GPU")])
+def test_the_pallas_kernels_refuse_what_they_cannot_do(tiny_config, impl, backend, device):
+  cfg = dataclasses.replace(tiny_config, attention_impl=impl, dropout=0.0)
+  tokens = jnp.ones((1, 24), jnp.int32)
+  if jax.default_backend() != backend:
+    with pytest.raises(ValueError, match=f"Pallas kernel for {device}.*interpret_kernels"):
       Encoder(cfg).init(jax.random.key(0), tokens)
   from flax_encoder.attention import interpret_kernels
-  with interpret_kernels(), pytest.raises(ValueError, match=r"multiple of 128 tokens \(the kernel.s blocks\), got 8"):
+  with interpret_kernels(), pytest.raises(
+      ValueError, match=r"multiple of 128 tokens.* \(the kernel.s blocks\), got 24"):
     Encoder(cfg).init(jax.random.key(0), tokens)
   with interpret_kernels(), pytest.raises(ValueError, match="segment ids, not by a mask"):
-    Encoder(cfg).init(jax.random.key(0), tokens, jnp.ones((1, 1, 1, 8), bool))
+    Encoder(cfg).init(jax.random.key(0), tokens, jnp.ones((1, 1, 1, 24), bool))
 
 
-def test_splash_attention_trains_as_the_reference_does_and_lowers_for_tpu():
-  from flax_encoder.attention import interpret_kernels, splash_attention
+@pytest.mark.parametrize("impl", ["splash", "triton"])
+def test_the_pallas_kernels_train_as_the_reference_does_and_lower_for_their_device(impl):
+  from flax_encoder.attention import interpret_kernels, splash_attention, triton_attention
   cfg = EncoderConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=1, max_len=128,
                       dropout=0.0)
   segments = np.repeat(np.array([[1, 2, 3, 0]]), 32, axis=1)
@@ -175,11 +179,13 @@ def test_splash_attention_trains_as_the_reference_does_and_lowers_for_tpu():
     return jax.grad(loss)(variables)
 
   with interpret_kernels():
-    splash = grads("splash")
+    kernel = grads(impl)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-4),
-               splash, grads("reference"))
-  # The kernel itself, lowered for a TPU from this machine: a Mosaic custom call.
-  q = jax.ShapeDtypeStruct((2, 256, 2, 8), jnp.bfloat16)
+               kernel, grads("reference"))
+  # The kernel itself, lowered for its device from this machine: a Mosaic or Triton call.
+  q = jax.ShapeDtypeStruct((2, 256, 2, 16), jnp.bfloat16)
   s = jax.ShapeDtypeStruct((2, 256), jnp.int32)
-  exported = jax.export.export(jax.jit(splash_attention), platforms=["tpu"])(q, q, q, s)
-  assert "tpu_custom_call" in exported.mlir_module()
+  function, platform, call = {"splash": (splash_attention, "tpu", "tpu_custom_call"),
+                              "triton": (triton_attention, "cuda", "xla.gpu.triton")}[impl]
+  lowered = jax.jit(function).trace(q, q, q, s).lower(lowering_platforms=(platform,))
+  assert call in lowered.as_text()

@@ -56,21 +56,25 @@ def build_encoder(fields: dict, vocab_size: int, pad_id: int, seq_len: int) -> E
 
 
 # The attention kernels that run on one platform only: the backend each needs.
-_KERNEL_BACKENDS = {"cudnn": ("gpu", "an NVIDIA GPU"), "splash": ("tpu", "a TPU")}
+_KERNEL_BACKENDS = {"cudnn": ("gpu", "an NVIDIA GPU"), "triton": ("gpu", "an NVIDIA GPU"),
+                    "splash": ("tpu", "a TPU")}
 
 
 def _check_kernel(cfg: EncoderConfig, seq_len: int) -> None:
   import jax
 
-  from flax_encoder.attention import SPLASH_BLOCK
+  from flax_encoder.attention import SEGMENT_KERNELS, check_kernel_length
   backend, device = _KERNEL_BACKENDS.get(cfg.attention_impl, (None, None))
   if backend and jax.default_backend() != backend:
     raise RunError(f"config.model.attention_impl: {cfg.attention_impl!r} needs {device}, the "
                    f"backend here is {jax.default_backend()!r}; expected 'xla' (the same "
                    f"numbers) or 'reference'")
-  if cfg.attention_impl == "splash" and seq_len % SPLASH_BLOCK:
-    raise RunError(f"config.train.seq_len: {seq_len}, expected a multiple of {SPLASH_BLOCK} "
-                   f"with attention_impl='splash' (its kernel's blocks)")
+  if cfg.attention_impl in SEGMENT_KERNELS:
+    try:
+      check_kernel_length(cfg.attention_impl, seq_len)
+    except ValueError as e:
+      raise RunError(f"config.train.seq_len: {seq_len}, expected one "
+                     f"attention_impl={cfg.attention_impl!r} takes ({e})") from None
 
 
 # ---------------------------------------------------------------------------------------------
