@@ -27,6 +27,8 @@ from flax_encoder import (
 )
 from flax_encoder.dropout import Dropout, apply_mask, keep_mask
 
+pytestmark = pytest.mark.library  # the library's own: run on accelerators too
+
 
 class SdpaTest(chex.TestCase):
 

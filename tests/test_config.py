@@ -5,6 +5,8 @@ import pytest
 
 from flax_encoder import EncoderConfig
 
+pytestmark = pytest.mark.library  # the library's own: run on accelerators too
+
 
 def test_defaults_are_the_paper_base_model():
   cfg = EncoderConfig.base(1000)

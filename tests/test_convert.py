@@ -170,6 +170,8 @@ def test_converted_weights_run_in_flax():
 from flax_encoder.pytorch import config_from_torch_state_dict  # noqa: E402
 from tests.torch_models import Classifier, TorchNNModel  # noqa: E402
 
+pytestmark = pytest.mark.library  # the library's own: run on accelerators too
+
 TOKENS = np.array([[1, 2, 3, 4, 5], [6, 7, 8, 0, 0]])
 
 

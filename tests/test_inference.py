@@ -15,6 +15,8 @@ from flax_encoder import Encoder
 from flax_encoder.inference import BucketedEncoder, export_encoder
 from flax_encoder.weights import load_weights, save_weights
 
+pytestmark = pytest.mark.library  # the library's own: run on accelerators too
+
 
 @pytest.fixture
 def variables(tiny_config):

@@ -7,6 +7,8 @@ import pytest
 
 from flax_encoder import Encoder, checked_apply
 
+pytestmark = pytest.mark.library  # the library's own: run on accelerators too
+
 
 @pytest.fixture
 def model_and_variables(tiny_config):

@@ -12,6 +12,8 @@ import pytest
 from flax_encoder import Encoder, EncoderConfig, segment_mask, segment_positions
 from flax_encoder.inference import BucketedEncoder, export_encoder
 
+pytestmark = pytest.mark.library  # the library's own: run on accelerators too
+
 # Two rows of 16: three sequences and a pad, then two sequences and three pads.
 LENGTHS = [(5, 7, 3), (9, 4)]
 

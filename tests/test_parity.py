@@ -26,6 +26,8 @@ from flax_encoder import (
 from flax_encoder.pytorch import reference
 from flax_encoder.pytorch.convert import PE_KEY, from_torch_state_dict
 
+pytestmark = pytest.mark.library  # the library's own: run on accelerators too
+
 TOL = {"float32": 1e-5, "float64": 1e-10}
 # Row 2 has one real token, row 3 none: an all-padding row must stay finite and match.
 TOKENS = np.array([[5, 9, 2, 7, 11, 3], [4, 8, 1, 0, 0, 0], [6, 0, 0, 0, 0, 0], [0] * 6])

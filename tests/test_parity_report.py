@@ -13,6 +13,8 @@ from flax_encoder import EncoderConfig
 from flax_encoder.pytorch import parity, reference
 from tests import torch_models
 
+pytestmark = pytest.mark.library  # the library's own: run on accelerators too
+
 SIZES = ["--vocab-size", "20", "--d-model", "8", "--n-heads", "2", "--d-ff", "16",
          "--n-layers", "2", "--max-len", "16"]
 STAGES = ["embedding", "embedded", "layers.0.self_attn", "layers.1.norm1", "layers.1.feed_forward",

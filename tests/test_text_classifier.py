@@ -13,6 +13,8 @@ from flax_encoder.text_classifier import TextClassifier
 from flax_encoder.tokenizer import Tokenizer, encode_examples
 from train.examples import example_ids
 
+pytestmark = pytest.mark.library  # the library's own: run on accelerators too
+
 LABELS = ["net", "doc", "games"]
 
 

@@ -136,3 +136,21 @@ def test_the_progress_bar_counts_finished_steps_not_dispatched_ones():
   losses[0].ready = True
   progress.add(4, {"loss": _Loss(False)}, 8, 0.0)
   assert bar.n == 1  # step 1 is done; 2 to 4 are still running
+
+
+def test_mfu_is_logged_where_the_device_peak_is_known(tmp_path, monkeypatch):
+  from train import throughput
+  assert throughput.device_peak("NVIDIA H100 80GB HBM3") == 989e12
+  assert throughput.device_peak("cpu") is None
+  config = tiny.get_config()
+  config.train.num_steps, config.train.log_every = 4, 2
+  monkeypatch.setattr(throughput, "flops_per_second_peak", lambda: 1e9)  # a slow device
+  assert loop.run(config, str(tmp_path / "known")) == 0
+  records = [r for r in runs.read_metrics(str(tmp_path / "known" / "metrics.jsonl"))
+             if r["split"] == "train"]
+  assert records and all(0 < r["mfu"] < 100 for r in records), records
+  # The same run where the peak is unknown (a CPU): no MFU.
+  monkeypatch.setattr(throughput, "flops_per_second_peak", lambda: None)
+  assert loop.run(config, str(tmp_path / "unknown")) == 0
+  assert not any("mfu" in r for r in runs.read_metrics(
+      str(tmp_path / "unknown" / "metrics.jsonl")))

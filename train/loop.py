@@ -16,7 +16,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from flax_encoder import sharding
-from train import launch, memory, pipeline, settings, tasks
+from train import launch, memory, pipeline, settings, tasks, throughput
 from train.checkpoint import Checkpointer
 from train.errors import RunError
 from train.metrics import MetricWriter, read_metrics
@@ -89,8 +89,12 @@ class _Progress:
   sync): checked for a non-finite loss, written with the log window's throughput, shown on
   the progress bar, which counts the steps that have finished, not those dispatched."""
 
-  def __init__(self, writer: MetricWriter | None, bar: tqdm, log_every: int):
+  def __init__(self, writer: MetricWriter | None, bar: tqdm, log_every: int,
+               flops_at_peak: float | None = None):
     self.writer, self.bar, self.log_every = writer, bar, log_every
+    # A step's flops on a device over the device's peak flop/s: the seconds a step would take
+    # at peak (None where either is unknown); with the window's steps, its MFU.
+    self.flops_at_peak = flops_at_peak
     self.pending = []  # (step, device metrics) not yet read
     self.finished = 0  # of them, those whose step is done (shown on the bar)
     # The log window: its start, tokens trained, and seconds the loop waited for the next
@@ -119,6 +123,8 @@ class _Progress:
     now = time.perf_counter()
     window = {"tokens_per_s": self.tokens / (now - self.start), "data_wait_s": self.data_wait_s,
               "data_wait_fraction": self.data_wait_s / (now - self.start), **shares}
+    if self.flops_at_peak:
+      window["mfu"] = self.flops_at_peak * len(fetched) / (now - self.start)
     if self.profiled:
       window["profiled"] = 1.0
     self.start, self.tokens, self.data_wait_s, self.profiled = now, 0, 0.0, False
@@ -219,7 +225,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     step = int(state.step)
     bar = stack.enter_context(tqdm(total=train_config.num_steps, initial=step, desc="train",
                                    unit="step", dynamic_ncols=True, disable=not primary))
-    progress = _Progress(writer, bar, train_config.log_every)
+    flops, peak = throughput.step_flops(train_step), throughput.flops_per_second_peak()
+    progress = _Progress(writer, bar, train_config.log_every,
+                         flops / peak if flops and peak else None)
     profiler = _Profiler(train_config.profile_start, train_config.profile_steps,
                          os.path.join(workdir, "profile"))
     stop = StopRequest()
