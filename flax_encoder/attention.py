@@ -9,6 +9,7 @@ import contextlib
 import contextvars
 import functools
 import math
+import warnings
 
 import flax.linen as nn
 import jax
@@ -234,7 +235,9 @@ def triton_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   segment ids go to the kernel, which masks block by block and never builds a [seq, seq]
   mask. Shapes and padding as in `splash_attention`; seq a multiple of SPLASH_BLOCK or a
   power of two below it."""
-  from jax.experimental.pallas.ops.gpu import attention as gpu_attention
+  with warnings.catch_warnings():  # JAX 0.12 deprecates it for tokamax, whose attention
+    warnings.simplefilter("ignore", DeprecationWarning)  # takes no segment ids
+    from jax.experimental.pallas.ops.gpu import attention as gpu_attention
   check_kernel_length("triton", query.shape[1])
   return gpu_attention.mha(query, key, value, segment_ids.astype(jnp.int32),
                            sm_scale=1.0 / math.sqrt(query.shape[-1]), interpret=interpret)

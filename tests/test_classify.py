@@ -133,7 +133,7 @@ def test_a_fine_tuning_run_killed_and_restarted_has_the_same_losses_and_predicts
 
 
 def test_fine_tuning_from_a_pytorch_checkpoint_takes_its_encoder_and_head(labelled, tmp_path):
-  import torch
+  torch = pytest.importorskip("torch")
 
   from flax_encoder.pytorch import from_torch_state_dict
   from tests import torch_models

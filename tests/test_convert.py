@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="the PyTorch bridge needs the torch extra")
 from safetensors.torch import save_file
 
 from flax_encoder import Encoder, EncoderConfig, stack_layers

@@ -7,7 +7,8 @@ import json
 import jax
 import numpy as np
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="the PyTorch bridge needs the torch extra")
 
 from flax_encoder import EncoderConfig
 from flax_encoder.pytorch import parity, reference

@@ -467,6 +467,7 @@ def test_load_encoder_and_export_fall_back_past_an_incomplete_newest_checkpoint(
 
 
 def test_a_pt_file_that_is_no_pickle_is_named(tmp_path):
+  pytest.importorskip("torch")
   from flax_encoder.pytorch import load_torch_checkpoint
   path = tmp_path / "model.pt"
   path.write_text("e" * 200)

@@ -223,7 +223,7 @@ def test_non_finite_loss_halts_and_leaves_the_last_checkpoint(tmp_path):
 
 def test_trained_encoder_loads_in_three_lines_exports_and_draws_attention(
     reference_run, tmp_path):
-  import torch
+  torch = pytest.importorskip("torch")
 
   from flax_encoder import Encoder
   from flax_encoder.pytorch import load_torch_checkpoint, reference
