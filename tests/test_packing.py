@@ -189,5 +189,10 @@ def test_the_pallas_kernels_train_as_the_reference_does_and_lower_for_their_devi
   s = jax.ShapeDtypeStruct((2, 256), jnp.int32)
   function, platform, call = {"splash": (splash_attention, "tpu", "tpu_custom_call"),
                               "triton": (triton_attention, "cuda", "xla.gpu.triton")}[impl]
-  lowered = jax.jit(function).trace(q, q, q, s).lower(lowering_platforms=(platform,))
+  try:
+    lowered = jax.jit(function).trace(q, q, q, s).lower(lowering_platforms=(platform,))
+  except RuntimeError as e:
+    if "No supported GPU devices found" not in str(e):
+      raise
+    pytest.skip("this JAX lowers Triton kernels only where a GPU is (0.12 does)")
   assert call in lowered.as_text()
