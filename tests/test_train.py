@@ -87,6 +87,7 @@ def _corrupt_one_file(directory):
 def test_uninterrupted_run_learns_and_writes_its_outputs(reference_run):
   losses = runs.losses(reference_run)
   assert sorted(losses) == list(range(1, 31))
+  assert not any("mfu" in r for r in read_metrics(os.path.join(reference_run, "metrics.jsonl")))
   assert np.mean([losses[s] for s in range(26, 31)]) < np.mean([losses[s] for s in range(1, 6)])
   records = read_metrics(os.path.join(reference_run, "metrics.jsonl"))
   evals = [r for r in records if r["split"] == "eval"]

@@ -149,8 +149,4 @@ def test_mfu_is_logged_where_the_device_peak_is_known(tmp_path, monkeypatch):
   records = [r for r in runs.read_metrics(str(tmp_path / "known" / "metrics.jsonl"))
              if r["split"] == "train"]
   assert records and all(0 < r["mfu"] < 100 for r in records), records
-  # The same run where the peak is unknown (a CPU): no MFU.
-  monkeypatch.setattr(throughput, "flops_per_second_peak", lambda: None)
-  assert loop.run(config, str(tmp_path / "unknown")) == 0
-  assert not any("mfu" in r for r in runs.read_metrics(
-      str(tmp_path / "unknown" / "metrics.jsonl")))
+  # Where the peak is unknown (a CPU) there is none: test_train's reference run.
