@@ -18,11 +18,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_encoder.attention import SEGMENT_KERNELS, check_kernel_length
 from flax_encoder.config import EncoderConfig
 from flax_encoder.encoder import Encoder
 from flax_encoder.inputs import check_packing, check_token_shape, check_token_values
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
+
+
+def default_buckets(config: EncoderConfig, longest: int) -> list[int]:
+  """DEFAULT_BUCKETS below `longest`, then `longest`: those of them the attention kernel of
+  `config` takes (the Pallas kernels take lengths of whole blocks only)."""
+  buckets = [b for b in DEFAULT_BUCKETS if b < longest] + [longest]
+  if config.attention_impl not in SEGMENT_KERNELS:
+    return buckets
+  check_kernel_length(config.attention_impl, longest)  # the longest must fit: a ValueError
+  taken = []
+  for b in buckets:
+    try:
+      check_kernel_length(config.attention_impl, b)
+      taken.append(b)
+    except ValueError:
+      continue
+  return taken
 
 
 class BucketedEncoder:
@@ -40,11 +58,13 @@ class BucketedEncoder:
   def __init__(self, config: EncoderConfig, variables, buckets: Sequence[int] | None = None,
                batch_multiple: int = 8):
     if buckets is None:
-      buckets = [b for b in DEFAULT_BUCKETS if b < config.max_len] + [config.max_len]
+      buckets = default_buckets(config, config.max_len)
     buckets = sorted(set(buckets))
     for b in buckets:
       if not 0 < b <= config.max_len:
         raise ValueError(f"buckets must lie in [1, max_len={config.max_len}], got {b}")
+      if config.attention_impl in SEGMENT_KERNELS:
+        check_kernel_length(config.attention_impl, b)
     if batch_multiple < 1:
       raise ValueError(f"batch_multiple must be >= 1, got {batch_multiple}")
     self.config = config

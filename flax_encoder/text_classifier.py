@@ -24,7 +24,7 @@ import numpy as np
 
 from flax_encoder.classifier import POOLINGS, SequenceClassifier
 from flax_encoder.config import EncoderConfig
-from flax_encoder.inference import DEFAULT_BUCKETS
+from flax_encoder.inference import default_buckets
 from flax_encoder.tokenizer import Tokenizer, encode_examples
 from flax_encoder.weights import CLASSIFIER_FORMAT, read, write
 
@@ -50,7 +50,7 @@ class TextClassifier:
     model = SequenceClassifier(config, len(self.labels), pooling)
     self._probabilities = jax.jit(
         lambda params, ids: jax.nn.softmax(model.apply({"params": params}, ids)))
-    self.buckets = [b for b in DEFAULT_BUCKETS if b < seq_len] + [seq_len]
+    self.buckets = default_buckets(config, seq_len)
 
   def save(self, path: str | os.PathLike) -> None:
     """Writes everything `load` needs into the one file `path`."""

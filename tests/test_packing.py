@@ -196,3 +196,23 @@ def test_the_pallas_kernels_train_as_the_reference_does_and_lower_for_their_devi
       raise
     pytest.skip("this JAX lowers Triton kernels only where a GPU is (0.12 does)")
   assert call in lowered.as_text()
+
+
+def test_bucketed_inference_with_a_pallas_kernel_pads_to_whole_blocks():
+  from flax_encoder.attention import interpret_kernels
+  cfg = EncoderConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=1, max_len=256,
+                      dropout=0.0, attention_impl="splash")
+  tokens = np.random.default_rng(0).integers(1, 50, (2, 40)).astype(np.int32)
+  tokens[1, 30:] = 0
+  variables = nn.unbox(Encoder(dataclasses.replace(cfg, attention_impl="reference")).init(
+      jax.random.key(0), jnp.asarray(tokens)))
+  encode = BucketedEncoder(cfg, variables)
+  assert encode.buckets == (128, 256)  # 16 … 64 are not whole blocks of the kernel
+  with interpret_kernels():
+    got = np.asarray(encode(tokens))
+  expected = Encoder(dataclasses.replace(cfg, attention_impl="reference")).apply(
+      variables, tokens)
+  real = tokens > 0
+  np.testing.assert_allclose(got[real], np.asarray(expected)[real], atol=2e-5)
+  with pytest.raises(ValueError, match="multiple of 128 tokens.*got 16"):
+    BucketedEncoder(cfg, variables, buckets=(16, 256))
