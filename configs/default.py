@@ -31,7 +31,9 @@ def get_config() -> ml_collections.ConfigDict:
   model.activation = "relu"
   model.dtype = "float32"  # compute dtype; "bfloat16" for mixed precision on GPU/TPU
   model.param_dtype = "float32"
-  model.attention_impl = "reference"  # "xla"; "cudnn" on NVIDIA GPUs with bfloat16
+  # "xla"; "cudnn" on NVIDIA GPUs with bfloat16; "triton" (GPU) and "splash" (TPU) take the
+  # documents' segment ids in a flash-attention kernel, seq_len a multiple of 128
+  model.attention_impl = "reference"
   model.scan_layers = False  # True: nn.scan over layers, compile time independent of depth
   model.remat = "none"  # "full" or "save_dots" to trade compute for activation memory
 
