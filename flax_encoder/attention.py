@@ -139,11 +139,7 @@ def fused_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   """softmax(q k^T / sqrt(d) masked) v through `jax.nn.dot_product_attention`: "xla", or
   "cudnn" (cuDNN's fused flash attention, NVIDIA GPUs, bfloat16/float16). Shapes as in
   `scaled_dot_product_attention`; returns the output only (no weights, no dropout)."""
-  if implementation == "cudnn" and jax.default_backend() != "gpu":
-    raise ValueError(
-        f"attention_impl='cudnn' is cuDNN flash attention and needs an NVIDIA GPU; the default "
-        f"backend here is {jax.default_backend()!r}. Use attention_impl='xla' (same numbers) "
-        f"or 'reference'")
+  check_backend(implementation)
   batch, q_len, heads, _ = query.shape
   if mask is not None:
     mask = jnp.broadcast_to(mask, (batch, heads, q_len, key.shape[1]))
@@ -163,22 +159,46 @@ def _xla_in_float64(query, key, value, mask):
   return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1), value)
 
 
-# The kernels that take segment ids in place of a mask, and the backend each runs on.
-SEGMENT_KERNELS = {"splash": "tpu", "triton": "gpu"}
+# The attention kernels that run on one backend only: that backend, and what the kernel is.
+KERNEL_BACKENDS = {"cudnn": ("gpu", "cuDNN flash attention and needs an NVIDIA GPU"),
+                   "triton": ("gpu", "a Pallas kernel for an NVIDIA GPU"),
+                   "splash": ("tpu", "a Pallas kernel for a TPU")}
+# Those of them that take segment ids in place of a mask (and run in interpret_kernels()).
+SEGMENT_KERNELS = ("splash", "triton")
 # Their tiles: a sequence is split into blocks of this many positions (the TPU's 128 lanes),
 # so its length must be a multiple of it (the Triton kernel also takes a power of two below).
 SPLASH_BLOCK = 128
 _interpreting = contextvars.ContextVar("interpret_kernels", default=False)
 
 
+def kernel_takes(impl: str, seq: int) -> bool:
+  """Whether `impl` (one of SEGMENT_KERNELS) takes sequences of `seq` tokens."""
+  power_of_two = seq & (seq - 1) == 0
+  return seq % SPLASH_BLOCK == 0 or (impl == "triton" and power_of_two and seq < SPLASH_BLOCK)
+
+
 def check_kernel_length(impl: str, seq: int) -> None:
   """ValueError unless `impl` (one of SEGMENT_KERNELS) takes sequences of `seq` tokens."""
-  power_of_two = seq & (seq - 1) == 0
-  if seq % SPLASH_BLOCK and not (impl == "triton" and power_of_two and seq < SPLASH_BLOCK):
+  if not kernel_takes(impl, seq):
     also = ", or a power of two below it" if impl == "triton" else ""
     raise ValueError(f"attention_impl={impl!r} takes sequences of a multiple of "
                      f"{SPLASH_BLOCK} tokens{also} (the kernel's blocks), got {seq}; pad the "
                      f"tokens to one, or use attention_impl='xla'")
+
+
+def check_backend(impl: str, offer_interpret: bool = True) -> None:
+  """ValueError, saying what to use instead, if `impl` is a kernel of one backend (one of
+  KERNEL_BACKENDS) and this is not that backend (nor interpret_kernels(), for the Pallas
+  ones, which the message offers if `offer_interpret`)."""
+  backend, what = KERNEL_BACKENDS.get(impl, (None, None))
+  if backend is None or jax.default_backend() == backend or (
+      impl in SEGMENT_KERNELS and _interpreting.get()):
+    return
+  instead = (", or flax_encoder.attention.interpret_kernels() to run it slowly here"
+             if impl in SEGMENT_KERNELS and offer_interpret else " or 'reference'")
+  raise ValueError(f"attention_impl={impl!r} is {what}; the default backend here is "
+                   f"{jax.default_backend()!r}. Use attention_impl='xla' (same numbers)"
+                   f"{instead}")
 
 
 @contextlib.contextmanager
@@ -290,18 +310,12 @@ class MultiHeadAttention(nn.Module):
                                                       dropout_rng=rng)
       self.sow("intermediates", "attention_weights", weights)
     elif cfg.attention_impl in SEGMENT_KERNELS:
-      impl, backend = cfg.attention_impl, SEGMENT_KERNELS[cfg.attention_impl]
+      impl = cfg.attention_impl
       if mask is None or mask.ndim != 2 or not jnp.issubdtype(mask.dtype, jnp.integer):
         raise ValueError(f"attention_impl={impl!r} attends by segment ids (int [batch, seq]), "
                          f"not by a mask: the Encoder passes them")
-      interpret = _interpreting.get()
-      if jax.default_backend() != backend and not interpret:
-        device = {"tpu": "a TPU", "gpu": "an NVIDIA GPU"}[backend]
-        raise ValueError(
-            f"attention_impl={impl!r} is a Pallas kernel for {device}; the default backend "
-            f"here is {jax.default_backend()!r}. Use attention_impl='xla' (same numbers), or "
-            f"flax_encoder.attention.interpret_kernels() to run it slowly here")
-      context = _SEGMENT_KERNEL_FUNCTIONS[impl](q, k, v, mask, interpret=interpret)
+      check_backend(impl)
+      context = _SEGMENT_KERNEL_FUNCTIONS[impl](q, k, v, mask, interpret=_interpreting.get())
     else:
       context = fused_attention(q, k, v, mask, cfg.attention_impl)
 

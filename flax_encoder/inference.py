@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder.attention import SEGMENT_KERNELS, check_kernel_length
+from flax_encoder.attention import SEGMENT_KERNELS, check_kernel_length, kernel_takes
 from flax_encoder.config import EncoderConfig
 from flax_encoder.encoder import Encoder
 from flax_encoder.inputs import check_packing, check_token_shape, check_token_values
@@ -33,14 +33,7 @@ def default_buckets(config: EncoderConfig, longest: int) -> list[int]:
   if config.attention_impl not in SEGMENT_KERNELS:
     return buckets
   check_kernel_length(config.attention_impl, longest)  # the longest must fit: a ValueError
-  taken = []
-  for b in buckets:
-    try:
-      check_kernel_length(config.attention_impl, b)
-      taken.append(b)
-    except ValueError:
-      continue
-  return taken
+  return [b for b in buckets if kernel_takes(config.attention_impl, b)]
 
 
 class BucketedEncoder:

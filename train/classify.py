@@ -385,10 +385,11 @@ def _check_init(init) -> None:
                    f"config.init.torch_checkpoint")
 
 
-def run_tokenizer(workdir: str):
-  """The tokenizer of the fine-tuning run in `workdir`, its ids numbered as its model's."""
+def run_tokenizer(workdir: str, meta: dict | None = None):
+  """The tokenizer of the fine-tuning run in `workdir`, its ids numbered as its model's;
+  `meta`: its examples' dataset.json, where already read."""
   directory = os.path.join(workdir, "data")
-  meta = examples.load_examples(directory)["meta"]
+  meta = meta or examples.load_examples(directory)["meta"]
   return tokens.spec_of_dataset(directory, meta).load(meta["tokenizer"]["offset"])
 
 

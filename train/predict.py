@@ -67,7 +67,7 @@ class Predictor:
       raise RunError(f"--workdir {workdir}: a {config.task.get('name', 'masked_lm')} run, "
                      f"expected a fine-tuning (classify) run")
     meta = examples.load_examples(os.path.join(workdir, "data"))["meta"]
-    tokenizer = classify.run_tokenizer(workdir)
+    tokenizer = classify.run_tokenizer(workdir, meta)
     self.fields = meta["fields"]
 
     def init_for(record):

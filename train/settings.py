@@ -55,20 +55,15 @@ def build_encoder(fields: dict, vocab_size: int, pad_id: int, seq_len: int) -> E
   return cfg
 
 
-# The attention kernels that run on one platform only: the backend each needs.
-_KERNEL_BACKENDS = {"cudnn": ("gpu", "an NVIDIA GPU"), "triton": ("gpu", "an NVIDIA GPU"),
-                    "splash": ("tpu", "a TPU")}
-
-
 def _check_kernel(cfg: EncoderConfig, seq_len: int) -> None:
-  import jax
-
-  from flax_encoder.attention import SEGMENT_KERNELS, check_kernel_length
-  backend, device = _KERNEL_BACKENDS.get(cfg.attention_impl, (None, None))
-  if backend and jax.default_backend() != backend:
-    raise RunError(f"config.model.attention_impl: {cfg.attention_impl!r} needs {device}, the "
-                   f"backend here is {jax.default_backend()!r}; expected 'xla' (the same "
-                   f"numbers) or 'reference'")
+  """RunError if the attention kernel of `cfg` cannot run on this backend or take windows of
+  `seq_len` (flax_encoder.attention knows which can)."""
+  from flax_encoder.attention import SEGMENT_KERNELS, check_backend, check_kernel_length
+  try:
+    check_backend(cfg.attention_impl, offer_interpret=False)
+  except ValueError as e:
+    raise RunError(f"config.model.attention_impl: {cfg.attention_impl!r} needs another "
+                   f"backend: {e}") from None
   if cfg.attention_impl in SEGMENT_KERNELS:
     try:
       check_kernel_length(cfg.attention_impl, seq_len)

@@ -77,10 +77,10 @@ def expand(patterns: list[str], include: list[str] | None = None) -> list[str]:
 
 
 def _below(directory: str) -> list[str]:
-  files = []
   def unreadable(error: OSError):  # os.walk would pass over it: the corpus would lack it
     raise PrepareError(f"{error.filename}: cannot read it ({error.strerror})")
 
+  files = []
   for root, dirs, names in os.walk(directory, onerror=unreadable):
     dirs[:] = sorted(d for d in dirs if not d.startswith("."))
     files.extend(os.path.join(root, n) for n in sorted(names) if not n.startswith("."))
