@@ -238,13 +238,10 @@ def attention(tiny: bool, variant=None) -> dict:
   import numpy as np
 
   from benchmarks.bench import interleaved
-  from flax_encoder.attention import (SEGMENT_KERNELS, fused_attention,
-                                      scaled_dot_product_attention, splash_attention,
-                                      triton_attention)
-  backend = jax.default_backend()
-  impls = ["reference", "xla"] + (["cudnn"] if backend == "gpu" else []) + [
-      k for k, b in SEGMENT_KERNELS.items() if b == backend]
-  kernels = {"splash": splash_attention, "triton": triton_attention}
+  from flax_encoder.attention import (KERNEL_BACKENDS, SEGMENT_KERNEL_FUNCTIONS as kernels,
+                                      fused_attention, scaled_dot_product_attention)
+  impls = ["reference", "xla"] + [k for k, (backend, _) in KERNEL_BACKENDS.items()
+                                  if backend == jax.default_backend()]
   heads, head_dim = (2, 16) if tiny else (8, 64)
   rows = []
   for seq, batch in ((64, 2), (128, 2)) if tiny else ((512, 8), (2048, 2), (8192, 1)):

@@ -263,7 +263,7 @@ def triton_attention(query: jax.Array, key: jax.Array, value: jax.Array,
                            sm_scale=1.0 / math.sqrt(query.shape[-1]), interpret=interpret)
 
 
-_SEGMENT_KERNEL_FUNCTIONS = {"splash": splash_attention, "triton": triton_attention}
+SEGMENT_KERNEL_FUNCTIONS = {"splash": splash_attention, "triton": triton_attention}
 
 
 class MultiHeadAttention(nn.Module):
@@ -315,7 +315,7 @@ class MultiHeadAttention(nn.Module):
         raise ValueError(f"attention_impl={impl!r} attends by segment ids (int [batch, seq]), "
                          f"not by a mask: the Encoder passes them")
       check_backend(impl)
-      context = _SEGMENT_KERNEL_FUNCTIONS[impl](q, k, v, mask, interpret=_interpreting.get())
+      context = SEGMENT_KERNEL_FUNCTIONS[impl](q, k, v, mask, interpret=_interpreting.get())
     else:
       context = fused_attention(q, k, v, mask, cfg.attention_impl)
 
