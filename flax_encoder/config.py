@@ -23,10 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 
 NORM_POSITIONS = ("post", "pre")
+POSITION_EMBEDDINGS = ("sinusoidal", "learned")
 ACTIVATIONS = {
     "relu": jax.nn.relu,
     # PyTorch's nn.GELU default is the exact erf form; jax.nn.gelu defaults to the tanh one.
     "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),  # GPT-2's, "gelu_new"
 }
 ATTENTION_IMPLS = ("reference", "xla", "cudnn", "splash", "triton")
 REMAT_POLICIES = ("none", "full", "save_dots")
@@ -74,6 +76,15 @@ class EncoderConfig:
   n_layers: int = _field(6, "architecture")
   max_len: int = _field(5000, "architecture")
   pad_id: int = _field(0, "architecture")
+  # "sinusoidal": the paper's fixed table; "learned": a table of max_len + position_offset
+  # trained rows (BERT's). With position_offset > 0 (RoBERTa: pad_id + 1), position p reads
+  # row p + position_offset, padding reads row position_offset - 1 and, by default, positions
+  # count the real tokens only (transformers' RoBERTa).
+  position_embedding: str = _field("sinusoidal", "architecture")
+  position_offset: int = _field(0, "architecture")
+  type_vocab_size: int = _field(0, "architecture")  # > 0: token-type (segment A/B) embeddings
+  embedding_scale: bool = _field(True, "architecture")  # embeddings * sqrt(d_model) (paper)
+  embedding_norm: bool = _field(False, "architecture")  # LayerNorm on the embeddings' sum (BERT)
   norm_position: str = _field("post", "architecture")  # "post": Add & Norm; "pre": x + f(norm(x))
   final_norm: bool = _field(True, "architecture")
   # PyTorch's LayerNorm uses eps=1e-5; Flax defaults to 1e-6.
@@ -96,12 +107,20 @@ class EncoderConfig:
     if self.d_model % self.n_heads:
       raise ConfigError("d_model", self.d_model,
                         f"a number divisible by n_heads ({self.n_heads})")
-    if self.d_model % 2:
+    if self.d_model % 2 and self.position_embedding == "sinusoidal":
       raise ConfigError("d_model", self.d_model,
                         "an even number (sin/cos pairs of the positional encoding)")
     if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, (int, np.integer)) or not (
         0 <= self.pad_id < self.vocab_size):
       raise ConfigError("pad_id", self.pad_id, f"an id in [0, vocab_size={self.vocab_size})")
+    for name in ("position_offset", "type_vocab_size"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ConfigError(name, value, "an integer >= 0")
+    if self.position_offset and self.position_embedding != "learned":
+      raise ConfigError("position_offset", self.position_offset,
+                        "0 with position_embedding='sinusoidal' (an offset is a row of a "
+                        "learned table)")
     for name in ("dropout", "attention_dropout"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
@@ -109,12 +128,14 @@ class EncoderConfig:
     if isinstance(self.layer_norm_eps, bool) or not isinstance(
         self.layer_norm_eps, (int, float)) or not self.layer_norm_eps > 0:
       raise ConfigError("layer_norm_eps", self.layer_norm_eps, "a number > 0")
-    for name, allowed in (("norm_position", NORM_POSITIONS), ("activation", tuple(ACTIVATIONS)),
+    for name, allowed in (("norm_position", NORM_POSITIONS),
+                          ("position_embedding", POSITION_EMBEDDINGS),
+                          ("activation", tuple(ACTIVATIONS)),
                           ("attention_impl", ATTENTION_IMPLS), ("remat", REMAT_POLICIES)):
       value = getattr(self, name)
       if value not in allowed:
         raise ConfigError(name, value, f"one of {allowed}")
-    for name in ("final_norm", "scan_layers"):
+    for name in ("final_norm", "embedding_scale", "embedding_norm", "scan_layers"):
       if not isinstance(getattr(self, name), (bool, np.bool_)):
         raise ConfigError(name, getattr(self, name), "True or False")
     object.__setattr__(self, "dtype", _canonical_dtype("dtype", self.dtype))

@@ -1,4 +1,5 @@
-"""The encoder stack: embedding * sqrt(d_model) + positions, dropout, N layers, final LayerNorm."""
+"""The encoder stack: embedding (* sqrt(d_model)) + positions (+ token types), (LayerNorm),
+dropout, N layers, (final LayerNorm)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from flax_encoder.attention import SEGMENT_KERNELS
 from flax_encoder.config import EncoderConfig
 from flax_encoder.dropout import Dropout
 from flax_encoder.embedding import PositionalEncoding
-from flax_encoder.inputs import check_packing, check_token_shape, check_token_values
+from flax_encoder.inputs import (check_packing, check_token_shape, check_token_types,
+                                 check_token_values)
 from flax_encoder.layer import EncoderLayer, layer_norm
 from flax_encoder.masks import check_mask, padding_mask
 from flax_encoder.packing import segment_mask
@@ -44,7 +46,9 @@ def _scan_body(layer: nn.Module, x, mask, deterministic):
 
 
 class Encoder(nn.Module):
-  """The Transformer encoder of "Attention Is All You Need", as the PyTorch tutorial port has it.
+  """The Transformer encoder of "Attention Is All You Need", as the PyTorch tutorial port has it,
+  or, by EncoderConfig's switches, as BERT, RoBERTa and DistilBERT have it (learned positions,
+  token types, a LayerNorm on the embeddings, no final LayerNorm).
 
   Attributes:
     config: sizes and options.
@@ -59,6 +63,7 @@ class Encoder(nn.Module):
   @nn.compact
   def __call__(self, tokens: jax.Array, mask: jax.Array | None = None, *,
                segment_ids: jax.Array | None = None, positions: jax.Array | None = None,
+               token_types: jax.Array | None = None,
                deterministic: bool = True) -> jax.Array:
     """Encodes token ids.
 
@@ -71,8 +76,12 @@ class Encoder(nn.Module):
         only to tokens of its own segment; 0 marks padding (`flax_encoder.packing`). Combined
         with `mask` when both are given. attention_impl 'splash' and 'triton' take no mask:
         segment ids (or, without them, the padding) go to their kernels.
-      positions: int [batch, seq], each token's row of the sinusoid table, in [0, max_len);
-        defaults to 0 … seq - 1. For packed rows, `packing.segment_positions(segment_ids)`.
+      positions: int [batch, seq], each token's position in its sequence, in [0, max_len);
+        defaults to 0 … seq - 1 (with a position_offset, the count of real tokens before it,
+        as transformers' RoBERTa has it). For packed rows,
+        `packing.segment_positions(segment_ids)`.
+      token_types: int [batch, seq] in [0, type_vocab_size) (BERT's segment A = 0, B = 1);
+        defaults to zeros. Only for a config with type_vocab_size > 0.
       deterministic: no dropout when True; otherwise dropout draws from the 'dropout' rng.
 
     Returns:
@@ -82,6 +91,7 @@ class Encoder(nn.Module):
     check_token_shape(tokens, cfg.max_len)
     check_token_values(tokens, cfg.vocab_size, traced=self.check_traced_ids)
     check_packing(segment_ids, positions, tokens.shape, cfg.max_len)
+    check_token_types(token_types, tokens.shape, cfg.type_vocab_size)
     batch, seq = tokens.shape
 
     if mask is not None:
@@ -107,8 +117,20 @@ class Encoder(nn.Module):
                      name="embedding")
     # A negative id is out of range like one past the table (NaN rows under a plain jit),
     # not counted back from its end as a gather would.
-    x = embed(jnp.where(tokens < 0, cfg.vocab_size, tokens)) * math.sqrt(cfg.d_model)
-    x = PositionalEncoding(cfg.max_len, cfg.d_model, name="pos_encoder")(x, positions)
+    x = embed(jnp.where(tokens < 0, cfg.vocab_size, tokens))
+    if cfg.embedding_scale:
+      x = x * math.sqrt(cfg.d_model)
+    if cfg.type_vocab_size:
+      types = jnp.zeros_like(tokens) if token_types is None else token_types
+      x = x + _table(cfg, cfg.type_vocab_size, "token_type_embedding")(
+          jnp.where(types < 0, cfg.type_vocab_size, types))
+    if cfg.position_embedding == "sinusoidal":
+      x = PositionalEncoding(cfg.max_len, cfg.d_model, name="pos_encoder")(x, positions)
+    else:
+      x = x + _table(cfg, cfg.max_len + cfg.position_offset, "position_embedding")(
+          _position_rows(cfg, tokens, positions))
+    if cfg.embedding_norm:
+      x = layer_norm(cfg, "embedding_norm")(x)
     x = Dropout(cfg.dropout)(x, deterministic=deterministic)
     x = nn.with_logical_constraint(x, ACTIVATION_AXES)
 
@@ -126,6 +148,26 @@ class Encoder(nn.Module):
     if cfg.final_norm:
       x = layer_norm(cfg, "norm")(x)
     return x
+
+
+def _table(cfg: EncoderConfig, rows: int, name: str) -> nn.Embed:
+  """A learned table of `rows` d_model-vectors (BERT's positions and token types), normal with
+  std 0.02 (BERT's initializer_range). An index out of [0, rows) reads NaN."""
+  return nn.Embed(rows, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                  embedding_init=nn.with_logical_partitioning(
+                      nn.initializers.normal(stddev=0.02), (None, "embed")), name=name)
+
+
+def _position_rows(cfg: EncoderConfig, tokens: jax.Array, positions: jax.Array | None):
+  """The row of the learned position table each token reads."""
+  if positions is not None:  # a negative position reads NaN, as one past the table does
+    return jnp.where(positions < 0, cfg.max_len + cfg.position_offset,
+                     positions + cfg.position_offset)
+  if not cfg.position_offset:
+    return jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+  # RoBERTa's rule: real tokens count from position_offset, padding reads the row before it.
+  real = (tokens != cfg.pad_id).astype(jnp.int32)
+  return jnp.cumsum(real, axis=1) * real + cfg.position_offset - 1
 
 
 def stack_layers(params: dict, n_layers: int) -> dict:

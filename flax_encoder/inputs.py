@@ -102,3 +102,26 @@ def check_packing(segment_ids: Any, positions: Any, shape: tuple[int, int], max_
     if values.size and (values.min() < 0 or values.max() >= max_len):
       raise ValueError(f"positions must lie in [0, max_len={max_len}), got min "
                        f"{int(values.min())}, max {int(values.max())}")
+
+
+def check_token_types(token_types: Any, shape: tuple[int, int], type_vocab_size: int) -> None:
+  """Raises unless `token_types` is None or an integer array of the tokens' `shape` whose
+  concrete values lie in [0, type_vocab_size) (0 when the model has no token types: then
+  only None is taken)."""
+  if token_types is None:
+    return
+  if not type_vocab_size:
+    raise ValueError("token_types given to a model without token-type embeddings "
+                     "(EncoderConfig.type_vocab_size=0)")
+  dtype = getattr(token_types, "dtype", None)
+  if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
+    raise TypeError(f"token_types must be an integer array of the tokens' shape {list(shape)}, "
+                    f"got {type(token_types).__name__} of dtype {dtype}")
+  if tuple(token_types.shape) != tuple(shape):
+    raise ValueError(f"token_types has shape {list(token_types.shape)}, expected the tokens' "
+                     f"{list(shape)}")
+  if not isinstance(token_types, jax.core.Tracer):
+    values = np.asarray(token_types)
+    if values.size and (values.min() < 0 or values.max() >= type_vocab_size):
+      raise ValueError(f"token_types must lie in [0, type_vocab_size={type_vocab_size}), got "
+                       f"min {int(values.min())}, max {int(values.max())}")

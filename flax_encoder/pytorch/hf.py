@@ -1,0 +1,388 @@
+"""Hugging Face BERT-family directories in and out: `config.json` + weights <-> (EncoderConfig,
+flax variables).
+
+    config, variables = load_hf("bert-dir")              # bert, roberta, distilbert, …
+    hidden = Encoder(config).apply(variables, input_ids)  # transformers' last_hidden_state
+    variables["heads"]["masked_lm"], variables["heads"]["pooler"]   # where the checkpoint has them
+
+The families share one encoder (post-LN, learned positions, a LayerNorm on the embeddings, no
+final LayerNorm) and differ in names, token types and positions:
+
+  bert        bert, electra (discriminator, embedding_size = hidden_size)
+  roberta     roberta, xlm-roberta, camembert: positions start after the padding id
+  distilbert  distilbert: other names, no token types, no pooler
+
+`to_hf_state_dict` and `hf_config` go the other way, for `save_pretrained`-style directories
+(train.export --layout hf). A `model_type` or an option these do not compute the way
+transformers does is refused, naming it: never a silently different model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import flax.linen as nn
+import numpy as np
+
+from flax_encoder.config import EncoderConfig
+from flax_encoder.encoder import stack_layers, unstack_layers
+from flax_encoder.pytorch.convert import _to_numpy, load_torch_checkpoint
+
+# model_type -> family
+FAMILIES = {"bert": "bert", "electra": "bert", "roberta": "roberta",
+            "xlm-roberta": "roberta", "camembert": "roberta", "distilbert": "distilbert"}
+# transformers' hidden_act -> EncoderConfig.activation
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "relu": "relu"}
+# The weights files a directory may hold, in the order transformers prefers them.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+class HFError(ValueError):
+  """A directory, or an option in its config.json, that load_hf cannot take."""
+
+
+def _bert_layer(i: int) -> dict:
+  at = f"encoder.layer.{i}."
+  return {("self_attn", "w_q"): at + "attention.self.query",
+          ("self_attn", "w_k"): at + "attention.self.key",
+          ("self_attn", "w_v"): at + "attention.self.value",
+          ("self_attn", "w_o"): at + "attention.output.dense",
+          ("norm1",): at + "attention.output.LayerNorm",
+          ("feed_forward", "w_1"): at + "intermediate.dense",
+          ("feed_forward", "w_2"): at + "output.dense",
+          ("norm2",): at + "output.LayerNorm"}
+
+
+def _distilbert_layer(i: int) -> dict:
+  at = f"transformer.layer.{i}."
+  return {("self_attn", "w_q"): at + "attention.q_lin",
+          ("self_attn", "w_k"): at + "attention.k_lin",
+          ("self_attn", "w_v"): at + "attention.v_lin",
+          ("self_attn", "w_o"): at + "attention.out_lin",
+          ("norm1",): at + "sa_layer_norm",
+          ("feed_forward", "w_1"): at + "ffn.lin1",
+          ("feed_forward", "w_2"): at + "ffn.lin2",
+          ("norm2",): at + "output_layer_norm"}
+
+
+_EMBEDDINGS = {("embedding",): "embeddings.word_embeddings",
+               ("position_embedding",): "embeddings.position_embeddings",
+               ("token_type_embedding",): "embeddings.token_type_embeddings",
+               ("embedding_norm",): "embeddings.LayerNorm"}
+# Heads (flax path under variables["heads"] -> module name at the top of the state dict).
+_MASKED_LM = {
+    "bert": {("dense",): "cls.predictions.transform.dense",
+             ("norm",): "cls.predictions.transform.LayerNorm", ("bias",): "cls.predictions.bias"},
+    "roberta": {("dense",): "lm_head.dense", ("norm",): "lm_head.layer_norm",
+                ("bias",): "lm_head.bias"},
+    "distilbert": {("dense",): "vocab_transform", ("norm",): "vocab_layer_norm",
+                   ("bias",): "vocab_projector.bias"},
+}
+_POOLER = {("dense",): "pooler.dense"}
+
+
+def _names(family: str, config: EncoderConfig) -> Iterator[tuple[tuple, str]]:
+  """(flax path under params, module name within the encoder) for each of the encoder's
+  modules."""
+  for path, name in _EMBEDDINGS.items():
+    if path == ("token_type_embedding",) and not config.type_vocab_size:
+      continue
+    yield path, name
+  layer = _distilbert_layer if family == "distilbert" else _bert_layer
+  for i in range(config.n_layers):
+    for path, name in layer(i).items():
+      yield (f"layers_{i}", *path), name
+
+
+def _kind(path: tuple) -> str:
+  """How a module's weights map: 'table' (weight), 'norm' (weight, bias -> scale, bias),
+  'dense' (weight [out, in] -> kernel [in, out], bias) or 'vector' (a bare parameter)."""
+  if path[-1] in ("embedding", "position_embedding", "token_type_embedding"):
+    return "table"
+  if path[-1].startswith("norm") or path[-1] == "embedding_norm":
+    return "norm"
+  return "vector" if path[-1] == "bias" else "dense"
+
+
+def read_hf_config(path: str | os.PathLike) -> dict:
+  """config.json of the directory `path`, checked to be a family load_hf takes."""
+  path = os.fspath(path)
+  file = os.path.join(path, "config.json")
+  if not os.path.isdir(path):
+    raise HFError(f"{path}: not a directory (expected a Hugging Face model directory with "
+                  f"config.json and its weights)")
+  try:
+    with open(file, encoding="utf-8") as f:
+      hf = json.load(f)
+  except FileNotFoundError:
+    raise HFError(f"{file}: no such file (a Hugging Face model directory has one)") from None
+  except (OSError, ValueError) as e:
+    raise HFError(f"{file}: not readable JSON ({e})") from None
+  if not isinstance(hf, dict):
+    raise HFError(f"{file}: holds a {type(hf).__name__}, expected a JSON object")
+  model_type = hf.get("model_type")
+  if model_type not in FAMILIES:
+    raise HFError(f"{file}: model_type {model_type!r} is not one load_hf takes; it takes "
+                  f"{sorted(FAMILIES)}")
+  return hf
+
+
+def config_from_hf(hf: Mapping, **settings) -> EncoderConfig:
+  """The EncoderConfig of a config.json's contents (`hf`), run as `settings` say (dtype,
+  param_dtype, attention_impl, scan_layers, remat, dropout …). The checkpoint's dropout rates
+  are the defaults; attention dropout only with attention_impl='reference', the one
+  implementation that has it."""
+  model_type = hf["model_type"]
+  family = FAMILIES[model_type]
+  where = f"config.json ({model_type})"
+
+  def refuse(option, value, expected):
+    raise HFError(f"{where}: {option}={value!r} is not supported (expected {expected}); "
+                  f"flax-encoder would compute another model")
+
+  get = lambda key, default=None: hf.get(key, default)
+  for option, expected in (("is_decoder", False), ("add_cross_attention", False)):
+    if get(option, expected) != expected:
+      refuse(option, get(option), expected)
+  if family == "distilbert":
+    act = get("activation", "gelu")
+    sizes = dict(d_model=get("dim"), n_heads=get("n_heads"), d_ff=get("hidden_dim"),
+                 n_layers=get("n_layers"), layer_norm_eps=1e-12, type_vocab_size=0)
+    rates = dict(dropout=get("dropout", 0.1), attention_dropout=get("attention_dropout", 0.1))
+  else:
+    act = get("hidden_act", "gelu")
+    if get("position_embedding_type", "absolute") != "absolute":
+      refuse("position_embedding_type", get("position_embedding_type"), "'absolute'")
+    if model_type == "electra" and get("embedding_size", get("hidden_size")) != get(
+        "hidden_size"):
+      refuse("embedding_size", get("embedding_size"), f"hidden_size={get('hidden_size')}")
+    sizes = dict(d_model=get("hidden_size"), n_heads=get("num_attention_heads"),
+                 d_ff=get("intermediate_size"), n_layers=get("num_hidden_layers"),
+                 layer_norm_eps=get("layer_norm_eps", 1e-12),
+                 type_vocab_size=get("type_vocab_size", 2))
+    rates = dict(dropout=get("hidden_dropout_prob", 0.1),
+                 attention_dropout=get("attention_probs_dropout_prob", 0.1))
+  if act not in ACTIVATIONS:
+    refuse("hidden_act" if family != "distilbert" else "activation", act,
+           f"one of {sorted(ACTIVATIONS)}")
+  pad_id = get("pad_token_id")
+  pad_id = 0 if pad_id is None else pad_id
+  offset = pad_id + 1 if family == "roberta" else 0
+  if settings.get("attention_impl", "reference") != "reference":
+    rates["attention_dropout"] = 0.0  # the fused kernels have none
+  settings = {**rates, **settings}
+  try:
+    return EncoderConfig(
+        vocab_size=get("vocab_size"), max_len=get("max_position_embeddings", 512) - offset,
+        pad_id=pad_id, position_embedding="learned", position_offset=offset,
+        embedding_scale=False, embedding_norm=True, final_norm=False, norm_position="post",
+        activation=ACTIVATIONS[act], **sizes, **settings)
+  except ValueError as e:  # ConfigError, or a missing size
+    raise HFError(f"{where}: {e}") from None
+
+
+def read_hf_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
+  """The state dict of the directory `path`: model.safetensors, pytorch_model.bin (read with
+  torch.load(weights_only=True)), or either's shards through their index."""
+  path = os.fspath(path)
+  for name in WEIGHT_FILES:
+    file = os.path.join(path, name)
+    if not os.path.isfile(file):
+      continue
+    if not name.endswith(".index.json"):
+      return load_torch_checkpoint(file)
+    try:
+      with open(file, encoding="utf-8") as f:
+        shards = sorted(set(json.load(f)["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+      raise HFError(f"{file}: not an index of shards ({type(e).__name__}: {e})") from None
+    state = {}
+    for shard in shards:
+      state.update(load_torch_checkpoint(os.path.join(path, shard)))
+    return state
+  raise HFError(f"{path}: no weights (expected one of {', '.join(WEIGHT_FILES)})")
+
+
+def _base_prefix(state: Mapping, model_type: str, family: str) -> str:
+  word = _EMBEDDINGS[("embedding",)] + ".weight"
+  base = {"bert": "bert.", "electra": "electra.", "roberta": "roberta.",
+          "xlm-roberta": "roberta.", "camembert": "roberta.", "distilbert": "distilbert."}
+  for prefix in ("", base[model_type]):
+    if prefix + word in state:
+      return prefix
+  raise HFError(f"the weights hold no {word!r} nor {base[model_type] + word!r}: not a "
+                f"{family} encoder")
+
+
+def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
+                       config: EncoderConfig) -> dict:
+  """A transformers state dict (names -> tensors or arrays) of the config.json `hf` ->
+  {'params': the encoder's, 'heads': {'pooler': …, 'masked_lm': …} where present}, numpy
+  arrays in config.param_dtype."""
+  model_type = hf["model_type"]
+  family = FAMILIES[model_type]
+  prefix = _base_prefix(state, model_type, family)
+  cast = lambda x: np.asarray(_to_numpy("", x), dtype=config.param_dtype)
+  expected = _expected_shapes(config)
+
+  def module(name: str, path: tuple, where: str) -> dict:
+    kind = _kind(path)
+    if kind == "vector":
+      keys = {"bias": name}
+    else:
+      keys = {"weight": name + ".weight"} | ({} if kind == "table" else {"bias": name + ".bias"})
+    out = {}
+    for what, key in keys.items():
+      key = where + key
+      if key not in state:
+        raise HFError(f"the weights have no {key!r} (a {family} model of "
+                      f"{config.n_layers} layers has one)")
+      value = cast(state[key])
+      if kind == "dense" and what == "weight":
+        value = value.T
+      want = expected.get((path[-1], what), value.shape)
+      if tuple(value.shape) != tuple(want):
+        raise HFError(f"{key!r} has shape {tuple(value.shape)}, expected {tuple(want)} from "
+                      f"config.json")
+      out[{"weight": "kernel" if kind == "dense" else "scale" if kind == "norm" else
+           "embedding", "bias": "bias"}[what]] = value
+    return out["bias"] if kind == "vector" else out
+
+  params: dict = {}
+  for path, name in _names(family, config):
+    _put(params, path, module(name, path, prefix))
+  heads: dict = {}
+  if any(k.startswith(prefix + "pooler.") for k in state):
+    heads["pooler"] = {"dense": module("pooler.dense", ("dense",), prefix)}
+  mlm = _MASKED_LM[family]
+  if mlm[("bias",)] in state or (family == "bert" and "cls.predictions.decoder.bias" in state):
+    if family == "bert" and mlm[("bias",)] not in state:
+      mlm = {**mlm, ("bias",): "cls.predictions.decoder.bias"}
+    heads["masked_lm"] = {}
+    for path, name in mlm.items():
+      _put(heads["masked_lm"], path, module(name, path, ""))
+    _check_tied(state, hf, family, params["embedding"]["embedding"], cast)
+  if config.scan_layers:
+    params = stack_layers(params, config.n_layers)
+  return {"params": params, "heads": heads} if heads else {"params": params}
+
+
+def _check_tied(state, hf, family, table, cast) -> None:
+  decoder = {"bert": "cls.predictions.decoder.weight", "roberta": "lm_head.decoder.weight",
+             "distilbert": "vocab_projector.weight"}[family]
+  untied = hf.get("tie_word_embeddings", True) is False
+  if decoder in state and (untied or not np.array_equal(cast(state[decoder]), table)):
+    raise HFError(f"the masked-LM decoder {decoder!r} is not tied to the word embeddings "
+                  f"(tie_word_embeddings=false): flax-encoder's head is tied")
+
+
+def _expected_shapes(config: EncoderConfig) -> dict:
+  d, f = config.d_model, config.d_ff
+  return {("embedding", "weight"): (config.vocab_size, d),
+          ("position_embedding", "weight"): (config.max_len + config.position_offset, d),
+          ("token_type_embedding", "weight"): (config.type_vocab_size, d),
+          ("w_1", "weight"): (d, f), ("w_1", "bias"): (f,), ("w_2", "weight"): (f, d)}
+
+
+def _put(tree: dict, path: tuple, value) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def load_hf(path: str | os.PathLike, **settings) -> tuple[EncoderConfig, dict]:
+  """A Hugging Face BERT, RoBERTa or DistilBERT directory -> (EncoderConfig, variables).
+
+  `Encoder(config).apply(variables, input_ids)` returns transformers' last_hidden_state
+  (padding is the model's own pad_token_id; `token_types=` as its token_type_ids, zeros by
+  default). `variables["heads"]` holds the masked-LM head ("masked_lm", for
+  `flax_encoder.heads.MaskedLMHead`) and the pooler ("pooler", for `heads.Pooler`) where the
+  checkpoint has them. `settings` choose how it runs (dtype, param_dtype, attention_impl,
+  scan_layers, remat, dropout): see `config_from_hf`.
+  """
+  hf = read_hf_config(path)
+  config = config_from_hf(hf, **settings)
+  return config, from_hf_state_dict(read_hf_weights(path), hf, config)
+
+
+def hf_config(config: EncoderConfig, family: str, **extra) -> dict:
+  """The config.json contents of `config` as a transformers `family` model ('bert',
+  'roberta', 'distilbert'); `extra` entries (architectures, id2label …) are added."""
+  if family not in ("bert", "roberta", "distilbert"):
+    raise HFError(f"family {family!r}: expected 'bert', 'roberta' or 'distilbert'")
+  want = dict(position_embedding="learned", embedding_scale=False, embedding_norm=True,
+              final_norm=False, norm_position="post",
+              position_offset=config.pad_id + 1 if family == "roberta" else 0)
+  if family == "distilbert":
+    want["type_vocab_size"] = 0
+    want["layer_norm_eps"] = 1e-12
+  wrong = {k: getattr(config, k) for k, v in want.items() if getattr(config, k) != v}
+  if wrong:
+    raise HFError(f"this model is not a {family} model: it has "
+                  f"{', '.join(f'{k}={v!r}' for k, v in wrong.items())}, a {family} model "
+                  f"{', '.join(f'{k}={want[k]!r}' for k in wrong)}")
+  act = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[config.activation]
+  max_positions = config.max_len + config.position_offset
+  if family == "distilbert":
+    out = dict(model_type="distilbert", vocab_size=config.vocab_size, dim=config.d_model,
+               n_heads=config.n_heads, hidden_dim=config.d_ff, n_layers=config.n_layers,
+               activation=act, max_position_embeddings=max_positions,
+               dropout=config.dropout, attention_dropout=config.attention_dropout,
+               pad_token_id=config.pad_id, sinusoidal_pos_embds=False)
+  else:
+    out = dict(model_type=family, vocab_size=config.vocab_size, hidden_size=config.d_model,
+               num_attention_heads=config.n_heads, intermediate_size=config.d_ff,
+               num_hidden_layers=config.n_layers, hidden_act=act,
+               max_position_embeddings=max_positions, type_vocab_size=config.type_vocab_size,
+               layer_norm_eps=config.layer_norm_eps, hidden_dropout_prob=config.dropout,
+               attention_probs_dropout_prob=config.attention_dropout,
+               pad_token_id=config.pad_id, position_embedding_type="absolute")
+  return {**out, "tie_word_embeddings": True, **extra}
+
+
+def to_hf_state_dict(variables: Mapping, config: EncoderConfig, family: str,
+                     prefix: str = "") -> dict[str, np.ndarray]:
+  """The encoder's params (and `variables['heads']`' masked_lm and pooler) -> a transformers
+  state dict of numpy arrays: the encoder's keys under `prefix` ('bert.' etc. inside a
+  *For…* model, '' for the bare model), the heads' at the top (the pooler under `prefix`)."""
+  params = nn.unbox(variables["params"])
+  if config.scan_layers:
+    params = unstack_layers(params, config.n_layers)
+  state: dict[str, np.ndarray] = {}
+
+  def emit(tree: Mapping, path: tuple, name: str) -> None:
+    node = tree
+    for key in path:
+      node = node[key]
+    kind = _kind(path)
+    node = node if kind == "vector" else dict(node)
+    if kind == "vector":
+      state[name] = np.asarray(node)
+    elif kind == "table":
+      state[name + ".weight"] = np.asarray(node["embedding"])
+    elif kind == "norm":
+      state[name + ".weight"], state[name + ".bias"] = (np.asarray(node["scale"]),
+                                                        np.asarray(node["bias"]))
+    else:
+      state[name + ".weight"] = np.asarray(node["kernel"]).T
+      state[name + ".bias"] = np.asarray(node["bias"])
+
+  for path, name in _names(family, config):
+    emit(params, path, prefix + name)
+  heads = nn.unbox(variables.get("heads", {}))
+  if "pooler" in heads:
+    emit(heads["pooler"], ("dense",), prefix + "pooler.dense")
+  if "masked_lm" in heads:
+    for path, name in _MASKED_LM[family].items():
+      emit(heads["masked_lm"], path, name)
+    decoder = {"bert": "cls.predictions.decoder", "roberta": "lm_head.decoder",
+               "distilbert": "vocab_projector"}[family]
+    state[decoder + ".weight"] = state[prefix + _EMBEDDINGS[("embedding",)] + ".weight"]
+    if family == "bert":
+      state[decoder + ".bias"] = state["cls.predictions.bias"]
+  return {k: np.ascontiguousarray(v) for k, v in state.items()}
