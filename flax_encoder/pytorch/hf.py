@@ -276,7 +276,7 @@ def _check_tied(state, hf, family, table, cast) -> None:
   decoder = {"bert": "cls.predictions.decoder.weight", "roberta": "lm_head.decoder.weight",
              "distilbert": "vocab_projector.weight"}[family]
   untied = hf.get("tie_word_embeddings", True) is False
-  if decoder in state and (untied or not np.array_equal(cast(state[decoder]), table)):
+  if untied or (decoder in state and not np.array_equal(cast(state[decoder]), table)):
     raise HFError(f"the masked-LM decoder {decoder!r} is not tied to the word embeddings "
                   f"(tie_word_embeddings=false): flax-encoder's head is tied")
 
