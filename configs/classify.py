@@ -5,7 +5,8 @@ r"""Fine-tuning: the encoder and a classification head, on labelled JSON lines.
       --config.init.run=runs/demo                 # from the default pretraining run
   python -m train --config=configs/classify.py --workdir runs/mine \
       --config.data.train=train.jsonl --config.data.eval=eval.jsonl \
-      [--config.init.run=RUN | --config.init.torch_checkpoint=model.pt --config.init.n_heads=8]
+      [--config.init.run=RUN | --config.init.torch_checkpoint=model.pt --config.init.n_heads=8
+       | --config.init.hf=bert-dir]
   python -m train.predict --workdir runs/mine --input new.jsonl --out predictions.jsonl
 
 By default it trains on the built-in task (which of 9 standard-library packages 120 bytes of
@@ -35,7 +36,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.task = ml_collections.ConfigDict()
   config.task.name = "classify"
-  config.task.pooling = "mean"  # over the real tokens; "first": the first token's
+  # "mean" over the real tokens; "first": the first token's; "pooler": a dense layer and tanh
+  # on the first token (BERT's pooler, RoBERTa's head); "pre_classifier": the same with ReLU
+  # (DistilBERT's). Unset: the family's from config.init.hf, "mean" otherwise.
+  config.task.pooling = config_dict.placeholder(str)
 
   config.data = ml_collections.ConfigDict()
   # JSON lines: {"text": ..., "label": ...}, optionally "text_pair"; labels strings or
@@ -67,6 +71,11 @@ def get_config() -> ml_collections.ConfigDict:
   # The prefix of a torch.nn.Linear [classes, d_model] in the checkpoint to start the
   # classifier from (labels must then be the integers 0 … classes - 1 of its rows).
   config.init.torch_head = config_dict.placeholder(str)
+  # A Hugging Face BERT, RoBERTa or DistilBERT directory (config.json, weights, tokenizer.json):
+  # its encoder, its tokenizer with its own ids, padding and special tokens ([CLS] a [SEP] b
+  # [SEP], <s> a </s></s> b </s>; config.data's ids and tokenizer do not apply), and BERT's
+  # pooler.
+  config.init.hf = config_dict.placeholder(str)
 
   # The usual fine-tuning recipe: AdamW, linear warm-up then decay to 0, no label smoothing.
   config.optim.recipe = "adamw"

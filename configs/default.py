@@ -29,6 +29,14 @@ def get_config() -> ml_collections.ConfigDict:
   model.final_norm = True
   model.layer_norm_eps = 1e-5  # PyTorch's default
   model.activation = "relu"
+  # The BERT family's switches (flax_encoder.EncoderConfig; config.init.hf sets them from the
+  # checkpoint): "learned" positions (+ position_offset, RoBERTa's), token types, no
+  # sqrt(d_model) scale, a LayerNorm on the embeddings.
+  model.position_embedding = "sinusoidal"
+  model.position_offset = 0
+  model.type_vocab_size = 0
+  model.embedding_scale = True
+  model.embedding_norm = False
   model.dtype = "float32"  # compute dtype; "bfloat16" for mixed precision on GPU/TPU
   model.param_dtype = "float32"
   # "xla"; "cudnn" on NVIDIA GPUs with bfloat16; "triton" (GPU) and "splash" (TPU) take the

@@ -5,7 +5,9 @@ logit per class.
     logits = model.apply({"params": params}, tokens)         # int [batch, seq] -> [batch, 12]
 
 Its parameters are {"encoder": the Encoder's, "classifier": {"kernel", "bias"}}; dropout
-(config.dropout) sits between the pooling and the dense layer.
+(config.dropout) sits between the pooling and the dense layer. The poolings of the BERT
+family add a dense layer on the first token ({"pooler": {"dense": …}}): "pooler", tanh (BERT's
+pooler, RoBERTa's classification head), and "pre_classifier", ReLU (DistilBERT's).
 """
 
 from __future__ import annotations
@@ -19,8 +21,17 @@ from flax_encoder.config import EncoderConfig
 from flax_encoder.dense import dense
 from flax_encoder.dropout import Dropout
 from flax_encoder.encoder import Encoder
+from flax_encoder.heads import Pooler
 
-POOLINGS = ("mean", "first")
+POOLINGS = ("mean", "first", "pooler", "pre_classifier")
+_POOLER_ACTIVATION = {"pooler": "tanh", "pre_classifier": "relu"}
+
+
+def pair_token_types(tokens: jax.Array, separator: int) -> jax.Array:
+  """BERT's token types of [CLS] a [SEP] b [SEP] rows: 0 up to the first `separator`, 1 after
+  it (padding after a single text gets 1 too: no real token attends to it)."""
+  seen = jnp.cumsum(tokens == separator, axis=1) - (tokens == separator)
+  return (seen > 0).astype(jnp.int32)
 
 
 def pool(hidden: jax.Array, real: jax.Array, pooling: str) -> jax.Array:
@@ -43,11 +54,15 @@ def macro_f1(true_positives, true, predicted) -> float:
 
 
 class SequenceClassifier(nn.Module):
-  """The encoder, pooled, then dropout and a dense layer to `num_labels` float32 logits."""
+  """The encoder, pooled, then dropout and a dense layer to `num_labels` float32 logits.
+
+  `type_separator`: for an encoder with token types, the id after whose first occurrence
+  tokens are of type 1 (`pair_token_types`); None: all of type 0."""
 
   config: EncoderConfig
   num_labels: int
   pooling: str = "mean"
+  type_separator: int | None = None
 
   @nn.compact
   def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
@@ -55,8 +70,15 @@ class SequenceClassifier(nn.Module):
     if self.pooling not in POOLINGS:
       raise ValueError(f"pooling: {self.pooling!r}, expected one of {POOLINGS}")
     cfg = self.config
-    hidden = Encoder(cfg, name="encoder")(tokens, deterministic=deterministic)
-    pooled = pool(hidden, tokens != cfg.pad_id, self.pooling)
+    types = None
+    if self.type_separator is not None and cfg.type_vocab_size > 1:
+      types = pair_token_types(tokens, self.type_separator)
+    hidden = Encoder(cfg, name="encoder")(tokens, token_types=types,
+                                          deterministic=deterministic)
+    if self.pooling in _POOLER_ACTIVATION:
+      pooled = Pooler(cfg, _POOLER_ACTIVATION[self.pooling], name="pooler")(hidden)
+    else:
+      pooled = pool(hidden, tokens != cfg.pad_id, self.pooling)
     pooled = Dropout(cfg.dropout)(pooled, deterministic=deterministic)
     logits = dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(pooled)
     return logits.astype(jnp.float32)

@@ -9,7 +9,7 @@
 fine-tuning run; `save` writes one from parts. It holds what the model is (the encoder's
 record), its parameters (encoder and head), the pooling, the classes, the tokenizer's model,
 and how an example is laid out (seq_len, the ids of padding and of the separator between a
-text and its pair). How it runs (compute dtype, attention kernel) is the reader's: `load`
+text and its pair, or the special ids a Hugging Face tokenizer puts around them). How it runs (compute dtype, attention kernel) is the reader's: `load`
 takes EncoderConfig's execution fields. Texts are padded to the smallest of a few lengths
 that holds them and batches to a fixed size, so it compiles once per length.
 """
@@ -25,7 +25,7 @@ import numpy as np
 from flax_encoder.classifier import POOLINGS, SequenceClassifier
 from flax_encoder.config import EncoderConfig
 from flax_encoder.inference import default_buckets
-from flax_encoder.tokenizer import Tokenizer, encode_examples
+from flax_encoder.tokenizer import Template, Tokenizer, encode_examples
 from flax_encoder.weights import CLASSIFIER_FORMAT, read, write
 
 
@@ -33,7 +33,8 @@ class TextClassifier:
   """A SequenceClassifier with the tokenizer and classes it was trained with."""
 
   def __init__(self, config: EncoderConfig, params: dict, labels: Sequence, tokenizer: Tokenizer,
-               seq_len: int, separator_id: int, pooling: str = "mean", batch_size: int = 64):
+               seq_len: int, separator_id: int, pooling: str = "mean", batch_size: int = 64,
+               template: Template | None = None, type_separator: int | None = None):
     if pooling not in POOLINGS:
       raise ValueError(f"pooling: {pooling!r}, expected one of {POOLINGS}")
     if tokenizer.vocab_size > config.vocab_size:
@@ -45,9 +46,9 @@ class TextClassifier:
       raise ValueError(f"batch_size: {batch_size!r}, expected an integer >= 1")
     self.config, self.labels, self.tokenizer = config, list(labels), tokenizer
     self.seq_len, self.separator_id, self.pooling = seq_len, separator_id, pooling
-    self.batch_size = batch_size
+    self.batch_size, self.template, self.type_separator = batch_size, template, type_separator
     self.params = jax.device_put(params)
-    model = SequenceClassifier(config, len(self.labels), pooling)
+    model = SequenceClassifier(config, len(self.labels), pooling, type_separator)
     self._probabilities = jax.jit(
         lambda params, ids: jax.nn.softmax(model.apply({"params": params}, ids)))
     self.buckets = default_buckets(config, seq_len)
@@ -57,7 +58,9 @@ class TextClassifier:
     write(path, CLASSIFIER_FORMAT, self.config, self.params, labels=self.labels,
           pooling=self.pooling, seq_len=self.seq_len, separator_id=self.separator_id,
           tokenizer={"kind": self.tokenizer.kind, "offset": self.tokenizer.offset,
-                     "model": self.tokenizer.model or b""})
+                     "model": self.tokenizer.model or b""},
+          **({"template": self.template.to_dict()} if self.template else {}),
+          type_separator=-1 if self.type_separator is None else self.type_separator)
 
   @classmethod
   def load(cls, path: str | os.PathLike, batch_size: int = 64, **settings) -> TextClassifier:
@@ -68,8 +71,12 @@ class TextClassifier:
     tokenizer = Tokenizer(spec["kind"], spec["model"] or None, int(spec["offset"]))
     labels = contents["labels"]
     labels = [labels[str(i)] for i in range(len(labels))] if isinstance(labels, dict) else labels
+    template = contents.get("template")
+    type_separator = int(contents.get("type_separator", -1))
     return cls(config, params, labels, tokenizer, int(contents["seq_len"]),
-               int(contents["separator_id"]), contents["pooling"], batch_size)
+               int(contents["separator_id"]), contents["pooling"], batch_size,
+               Template.from_dict(template) if template else None,
+               None if type_separator < 0 else type_separator)
 
   def probabilities(self, texts: Sequence[str],
                     pairs: Sequence[str | None] | None = None) -> np.ndarray:
@@ -81,7 +88,7 @@ class TextClassifier:
       if len(pairs) != len(texts):
         raise ValueError(f"pairs: {len(pairs)} of them, expected one per text ({len(texts)})")
     rows = encode_examples(self.tokenizer, list(texts), None if pairs is None else list(pairs),
-                           self.seq_len, self.separator_id)
+                           self.seq_len, self.separator_id, self.template)
     out = np.zeros((len(rows), len(self.labels)), np.float32)
     by_bucket = {}
     for i, row in enumerate(rows):

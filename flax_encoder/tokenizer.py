@@ -11,6 +11,7 @@ of its own. sentencepiece and tokenizers are imported only for their kind (the `
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -69,6 +70,28 @@ class Tokenizer:
       ids = [e.ids for e in self._model.encode_batch(list(texts), add_special_tokens=False)]
     return [np.asarray(i, np.int32) + self.offset for i in ids]
 
+  def template(self) -> Template | None:
+    """The special ids a huggingface tokenizer's post-processor puts around one text and
+    around a pair ([CLS] a [SEP] b [SEP], <s> a </s></s> b </s>), as ids with the offset;
+    None for a tokenizer without one."""
+    if self.kind != "huggingface" or self._model.post_processor is None:
+      return None
+    encoding = self._model.encode("a", "b", add_special_tokens=True)
+    parts: list[list[int]] = [[], [], []]
+    place = 0  # 0 before the first text, 1 between the texts, 2 after the second
+    for token, sequence in zip(encoding.ids, encoding.sequence_ids):
+      if sequence is None:
+        parts[place].append(token + self.offset)
+      else:
+        place = 1 if sequence == 0 else 2
+    single = self._model.encode("a", add_special_tokens=True)
+    if [t + self.offset for t, s in zip(single.ids, single.sequence_ids) if s is None] != (
+        parts[0] + parts[2]):
+      raise ValueError("the tokenizer's post-processor puts other special tokens around one "
+                       "text than around a pair's first and last: not a template this "
+                       "library lays out")
+    return Template(*map(tuple, parts))
+
   def piece(self, own_id: int) -> str:
     """The tokenizer's own id `own_id` (without the offset) as text: a byte, a piece."""
     if self.kind == "bytes":
@@ -78,26 +101,50 @@ class Tokenizer:
     return self._model.id_to_token(own_id)
 
 
+@dataclasses.dataclass(frozen=True)
+class Template:
+  """The special ids around an example's texts: `start` a `between` b `end` for a pair,
+  `start` a `end` for one text (BERT: [CLS], [SEP], [SEP])."""
+
+  start: tuple[int, ...] = ()
+  between: tuple[int, ...] = ()
+  end: tuple[int, ...] = ()
+
+  def to_dict(self) -> dict:
+    return {"start": list(self.start), "between": list(self.between), "end": list(self.end)}
+
+  @classmethod
+  def from_dict(cls, d: dict) -> Template:
+    return cls(*(tuple(int(i) for i in d[k]) for k in ("start", "between", "end")))
+
+
 def example_ids(first: np.ndarray, second: np.ndarray | None, seq_len: int,
-                separator_id: int) -> tuple[np.ndarray, bool]:
+                separator_id: int, template: Template | None = None) -> tuple[np.ndarray, bool]:
   """One example's ids, at most `seq_len`: the text's, or the text's, the separator and the
-  pair's, the longer of the two cut first; and whether anything was cut."""
+  pair's, the longer of the two cut first; and whether anything was cut. A `template` puts
+  its special ids around them instead of the separator between."""
+  template = template or Template(between=(separator_id,))
+  ids = lambda values: np.asarray(values, first.dtype)
+  start, between, end = ids(template.start), ids(template.between), ids(template.end)
   if second is None:
-    return first[:seq_len], len(first) > seq_len
-  room, truncated = seq_len - 1, len(first) + len(second) + 1 > seq_len
+    room = seq_len - len(start) - len(end)
+    return np.concatenate([start, first[:room], end]), len(first) > room
+  room = seq_len - len(start) - len(between) - len(end)
+  truncated = len(first) + len(second) > room
   while len(first) + len(second) > room:
     if len(first) >= len(second):
       first = first[:-1]
     else:
       second = second[:-1]
-  return np.concatenate([first, [separator_id], second]).astype(first.dtype), truncated
+  return np.concatenate([start, first, between, ids(second), end]), truncated
 
 
 def encode_examples(tokenizer: Tokenizer, texts: list[str], pairs: list[str | None] | None,
-                    seq_len: int, separator_id: int) -> list[np.ndarray]:
+                    seq_len: int, separator_id: int,
+                    template: Template | None = None) -> list[np.ndarray]:
   """Each example's ids (`example_ids`; a pair of None: the text alone), not padded."""
   pairs = [None] * len(texts) if pairs is None else pairs
   firsts = tokenizer.encode_batch(texts)
   seconds = tokenizer.encode_batch([p or "" for p in pairs])
-  return [example_ids(a, b if p is not None else None, seq_len, separator_id)[0]
+  return [example_ids(a, b if p is not None else None, seq_len, separator_id, template)[0]
           for a, b, p in zip(firsts, seconds, pairs)]

@@ -18,6 +18,7 @@ classifier's Linear from `config.init.torch_head` if given), or from scratch. Th
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 
@@ -111,6 +112,9 @@ class _Start:
   tokenizer: TokenizerSpec | None  # None: config.data.tokenizer decides
   source: str
   head: dict | None = None  # the classifier's parameters, from a PyTorch Linear
+  # A Hugging Face checkpoint's: its ids as they are (offset 0), its padding id, its family
+  # and its pooler's parameters (BERT's).
+  hf: dict | None = None
 
 
 def _from_run(config) -> _Start:
@@ -151,12 +155,59 @@ def _from_torch(config) -> _Start:
   return _Start(fields, params, None, path, head)
 
 
+def _from_hf(config) -> _Start:
+  from flax_encoder.pytorch.hf import FAMILIES, load_hf
+  path = config.init.hf
+  try:
+    cfg, variables = load_hf(path)
+  except (FileNotFoundError, ValueError, TypeError) as e:
+    raise RunError(f"config.init.hf: {e}".splitlines()[0]) from None
+  tokenizer = os.path.join(path, "tokenizer.json")
+  if not os.path.isfile(tokenizer):
+    raise RunError(f"config.init.hf: {path} has no tokenizer.json (the fast tokenizer's file; "
+                   f"transformers writes it with AutoTokenizer.from_pretrained(DIR)"
+                   f".save_pretrained(DIR))")
+  fields = {name: getattr(cfg, name) for name in ARCHITECTURE}
+  fields["param_dtype"] = np.dtype(fields["param_dtype"]).name
+  with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+    family = FAMILIES[json.load(f)["model_type"]]
+  pooler = variables.get("heads", {}).get("pooler") if family == "bert" else None
+  return _Start(fields, variables["params"], TokenizerSpec("huggingface",
+                                                           os.path.abspath(tokenizer)),
+                os.path.abspath(path), hf={"pad_id": cfg.pad_id, "family": family,
+                                           "pooler": pooler})
+
+
 def _start(config) -> _Start:
   if config.init.run:
     return _from_run(config)
   if config.init.torch_checkpoint:
     return _from_torch(config)
+  if config.init.hf:
+    return _from_hf(config)
   return _Start({}, None, None, "scratch")
+
+
+def pooling(config) -> str:
+  """config.task.pooling, or where unset the starting checkpoint's family's: BERT's pooler
+  (RoBERTa's head has its shape), DistilBERT's pre-classifier; the mean from anything else."""
+  if config.task.pooling:
+    return config.task.pooling
+  family = None
+  if config.init.get("hf"):
+    from flax_encoder.pytorch.hf import FAMILIES, read_hf_config
+    try:
+      family = FAMILIES[read_hf_config(config.init.hf)["model_type"]]
+    except ValueError as e:
+      raise RunError(f"config.init.hf: {e}") from None
+  return {None: "mean", "distilbert": "pre_classifier"}.get(family, "pooler")
+
+
+def _ids(config, start: _Start) -> tuple[int, int]:
+  """(id offset, padding id) of the examples: a Hugging Face checkpoint's own, or config.data's."""
+  if start.hf is not None:
+    return 0, start.hf["pad_id"]
+  return config.data.id_offset, config.data.pad_id
 
 
 def _encoder_config(config, start: _Start, vocab_size: int, pad_id: int) -> EncoderConfig:
@@ -203,10 +254,29 @@ def _tokenizer(config, start: _Start, paths: dict, fields: dict, workdir: str):
       spec = _as_spec(given)
   names = {"bytes": None, "sentencepiece": "tokenizer.model", "huggingface": "tokenizer.json"}
   try:
-    return spec.load(config.data.id_offset), names[spec.kind]
+    return spec.load(_ids(config, start)[0]), names[spec.kind]
   except Exception as e:  # noqa: BLE001 - whatever the library says, name the file
     raise RunError(f"config.data.tokenizer: {spec.path!r}, expected a readable {spec.kind} "
                    f"tokenizer ({type(e).__name__}: {e})") from None
+
+
+def _template(tokenizer):
+  """The special ids a Hugging Face checkpoint's tokenizer puts around texts and pairs."""
+  try:
+    template = tokenizer.template()
+  except ValueError as e:
+    raise RunError(f"config.init.hf: tokenizer.json: {e}") from None
+  if template is None:
+    raise RunError("config.init.hf: tokenizer.json has no post-processor, so it does not say "
+                   "which special tokens ([CLS], [SEP], <s> …) the model was trained with")
+  return template
+
+
+def type_separator(meta: dict) -> int | None:
+  """The id after which a pair's second text begins (its token type 1), from the examples'
+  dataset.json `meta`: the last id between the texts of a Hugging Face template."""
+  template = meta.get("template")
+  return template["between"][-1] if template and template["between"] else None
 
 
 def _train_vocabulary(kind: str, vocab_size: int, path: str, fields: dict,
@@ -291,27 +361,30 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   fields = {"text": config.data.text_field, "pair": config.data.pair_field,
             "label": config.data.label_field}
   tokenizer, tokenizer_file = _tokenizer(config, start, paths, fields, workdir)
+  _, pad_id = _ids(config, start)
+  template = _template(tokenizer) if start.hf is not None else None
   directory = os.path.join(workdir, "data")
   request = {"seq_len": config.train.seq_len, "fields": fields,
              "tokenizer": {"kind": tokenizer.spec.kind, "file": tokenizer_file,
                            "offset": tokenizer.offset},
-             "vocab_size": tokenizer.vocab_size, "pad_id": config.data.pad_id,
-             "separator_id": config.data.separator_id}
+             "vocab_size": tokenizer.vocab_size, "pad_id": pad_id,
+             "separator_id": config.data.separator_id,
+             "template": template.to_dict() if template else None}
   same_request = lambda meta: (all(meta.get(k) == v for k, v in request.items()) and
                                [i["path"] for i in meta["inputs"]] == list(paths.values()) and
                                _same_tokenizer_file(directory, tokenizer_file, tokenizer))
   build = lambda d: examples.prepare_examples(paths, d, tokenizer, tokenizer_file,
-                                              config.train.seq_len, fields, config.data.pad_id,
-                                              config.data.separator_id)
+                                              config.train.seq_len, fields, pad_id,
+                                              config.data.separator_id, template)
   dataset.prepare_once(directory, same_request, build, resume.resuming, resume.allow_changes,
                     "config.data")
   loaded = examples.load_examples(directory)
   meta = loaded["meta"]
-  cfg = _encoder_config(config, start, meta["vocab_size"], config.data.pad_id)
+  cfg = _encoder_config(config, start, meta["vocab_size"], pad_id)
   labels = meta["labels"]
   params = _start_params(start, cfg, labels, config)
   counts = np.bincount(np.asarray(loaded["train"]["labels"]), minlength=len(labels))
-  model = Classifier(cfg, len(labels), config.task.pooling)
+  model = Classifier(cfg, len(labels), pooling(config), type_separator(meta))
   task = ClassifyTask(model, config.optim.label_smoothing, int(np.argmax(counts)))
   if jax.process_index() == 0:
     cut = {s: n for s, n in meta["truncated"].items() if n}
@@ -321,9 +394,10 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                          + ", ".join(f"{n} {s}" for s, n in cut.items()) if cut else ""),
           file=sys.stderr)
   return Setup(task=task, encoder=cfg, train=loaded["train"], eval=loaded["eval"],
-               eval_fill={"tokens": config.data.pad_id, "labels": -1},
+               eval_fill={"tokens": pad_id, "labels": -1},
                record={"encoder": cfg.record(), "dataset": loaded["identity"],
-                       "source": directory, "labels": labels, "start": start.source},
+                       "source": directory, "labels": labels, "start": start.source,
+                       "pooling": model.pooling},
                start_params=params)
 
 
@@ -332,6 +406,10 @@ def _start_params(start: _Start, cfg: EncoderConfig, labels: list, config):
   if start.params is None:
     return None
   num_labels = len(labels)
+  if start.hf is not None and start.hf["pooler"] and pooling(config) == "pooler":
+    dtype = np.dtype(cfg.param_dtype)
+    return {"encoder": start.params,
+            "pooler": jax.tree.map(lambda x: x.astype(dtype), start.hf["pooler"])}
   if start.head is None:
     return {"encoder": start.params}
   kernel = start.head["kernel"]
@@ -374,9 +452,10 @@ def _check(config) -> None:
 
 
 def _check_init(init) -> None:
-  if init.run and init.torch_checkpoint:
-    raise RunError(f"config.init.torch_checkpoint: {init.torch_checkpoint!r}, expected unset "
-                   f"with config.init.run ({init.run!r}): the encoder starts from one of them")
+  given = [f"config.init.{k}" for k in ("run", "torch_checkpoint", "hf") if init.get(k)]
+  if len(given) > 1:
+    raise RunError(f"{given[1]}: {init.get(given[1].split('.')[-1])!r}, expected unset with "
+                   f"{given[0]}: the encoder starts from one of them")
   if init.torch_checkpoint and init.n_heads is None:
     raise RunError("config.init.n_heads: unset, expected the PyTorch encoder's number of heads "
                    "(the weights' shapes do not show it)")
@@ -396,7 +475,7 @@ def run_tokenizer(workdir: str, meta: dict | None = None):
 DEFINITION = Definition(
     name="classify",
     fields={
-        "task.pooling": Field(choice(POOLINGS)),
+        "task.pooling": Field(optional(choice(POOLINGS))),
         "data.train": Field(string),
         "data.eval": Field(string),
         "data.tokenizer": Field(optional(string)),
@@ -412,6 +491,7 @@ DEFINITION = Definition(
         "init.n_heads": Field(optional(integer(1))),
         "init.prefix": Field(lambda value: None if isinstance(value, str) else "a string"),
         "init.torch_head": Field(optional(string)),
+        "init.hf": Field(optional(string)),
     },
     setup=setup,
     plots=Plots(loss_title="Classification loss", loss_unit="nats / example",

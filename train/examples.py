@@ -101,9 +101,11 @@ example_ids = tokenizer_lib.example_ids  # one layout for training, predict and 
 
 
 def prepare_examples(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_file,
-                     seq_len: int, fields: dict, pad_id: int, separator_id: int) -> dict:
+                     seq_len: int, fields: dict, pad_id: int, separator_id: int,
+                     template=None) -> dict:
   """Writes `paths` {'train': …, 'eval': …} as ids and labels into `directory` (see the module
-  docstring), under a temporary name renamed at the end; returns its dataset.json."""
+  docstring), under a temporary name renamed at the end; returns its dataset.json. A
+  `template` (flax_encoder.tokenizer.Template) lays the texts out in place of the separator."""
   classes = {label: i for i, label in enumerate(read_labels(paths["train"], fields["label"]))}
   dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
   counts, truncated, inputs = {}, {}, []
@@ -120,7 +122,7 @@ def prepare_examples(paths: dict, directory: str, tokenizer: Tokenizer, tokenize
           rows = np.full((len(chunk), seq_len), pad_id, dtype)
           for i, (first, second, (_, pair, _)) in enumerate(zip(texts, pairs, chunk)):
             second = second if pair is not None else None
-            ids, cut = example_ids(first, second, seq_len, separator_id)
+            ids, cut = example_ids(first, second, seq_len, separator_id, template)
             rows[i, :len(ids)] = ids
             truncated[split] += cut
           ids_file.write(rows.tobytes())
@@ -135,6 +137,7 @@ def prepare_examples(paths: dict, directory: str, tokenizer: Tokenizer, tokenize
             "tokenizer": {"kind": tokenizer.spec.kind, "file": tokenizer_file,
                           "offset": tokenizer.offset},
             "vocab_size": tokenizer.vocab_size, "pad_id": pad_id, "separator_id": separator_id,
+            "template": template.to_dict() if template else None,
             "seq_len": seq_len, "dtype": np.dtype(dtype).name, "examples": counts,
             "truncated": truncated, "fields": fields, "inputs": inputs}
     with open(os.path.join(tmp, "dataset.json"), "w") as f:

@@ -1,0 +1,63 @@
+"""Tiny Hugging Face model directories for the tests, built here with random weights and a
+tokenizer trained on a few texts (nothing is downloaded): config.json, model.safetensors,
+tokenizer.json and tokenizer_config.json, as `save_pretrained` writes them."""
+
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import trainers
+
+TEXTS = ["0 1 2 3 4 5 6 7 8 9 0123 4567 89", "a b c d e f g h i j abcd efgh ij",
+         "+ - * / = < > ! ? % +-*/ =<>!", "the quick brown fox jumps over the lazy dog"] * 4
+
+
+def _wordpiece() -> tuple[Tokenizer, dict]:
+  tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+  tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+  tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  tok.train_from_iterator(TEXTS, trainers.WordPieceTrainer(vocab_size=120,
+                                                           special_tokens=specials))
+  cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+  tok.post_processor = processors.TemplateProcessing(
+      single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+      special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+  tok.decoder = decoders.WordPiece()
+  return tok, dict(unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
+                   mask_token="[MASK]")
+
+
+def _byte_bpe() -> tuple[Tokenizer, dict]:
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+  tok.train_from_iterator(TEXTS, trainers.BpeTrainer(
+      vocab_size=300, special_tokens=specials,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+  tok.decoder = decoders.ByteLevel()
+  return tok, dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+                   cls_token="<s>", sep_token="</s>", mask_token="<mask>")
+
+
+def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
+          **sizes) -> str:
+  """A tiny random `family` ('bert', 'roberta', 'distilbert') model with `head`
+  ('pretraining': as the published checkpoints, BERT's with its pooler and masked-LM head;
+  'masked_lm' or 'base') and its tokenizer, saved into `path`; returns it."""
+  tok, special = _byte_bpe() if family == "roberta" else _wordpiece()
+  vocab = tok.get_vocab_size()
+  torch.manual_seed(seed)
+  if family == "distilbert":
+    config = transformers.DistilBertConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4,
+                                           hidden_dim=37, max_position_embeddings=64, **sizes)
+  else:
+    common = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=37, max_position_embeddings=66, **sizes)
+    config = (transformers.RobertaConfig(pad_token_id=1, **common) if family == "roberta" else
+              transformers.BertConfig(**common))
+  auto = {"pretraining": transformers.AutoModelForPreTraining,
+          "masked_lm": transformers.AutoModelForMaskedLM, "base": transformers.AutoModel}[head]
+  auto.from_config(config).save_pretrained(path)
+  transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **special).save_pretrained(path)
+  return str(path)

@@ -1,0 +1,123 @@
+"""python -m train from a Hugging Face directory (config.init.hf): the checkpoint's encoder,
+tokenizer, ids, special tokens and pooler; predict; and the one-line refusals."""
+
+import json
+import os
+
+import chex
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from configs import classify as classify_config  # noqa: E402
+from tests import hf_models, runs  # noqa: E402
+from train import classify, examples  # noqa: E402
+from train.errors import RunError  # noqa: E402
+from train.task import Resume  # noqa: E402
+
+CLASSES = {"digits": "0123456789", "letters": "abcdefghij", "symbols": "+-*/=<>!?%"}
+
+
+def _write(path, rows):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+  """(train.jsonl, eval.jsonl) of text pairs: the label says what the pair's text is made of."""
+  directory = tmp_path_factory.mktemp("pairs")
+  rng = np.random.default_rng(0)
+
+  def rows(n):
+    out = []
+    for i in range(n):
+      label = list(CLASSES)[i % 3]
+      words = lambda chars: " ".join(
+          "".join(rng.choice(list(chars), rng.integers(1, 4))) for _ in range(rng.integers(2, 6)))
+      out.append({"text": words("abcdefghij0123456789"), "text_pair": words(CLASSES[label]),
+                  "label": label})
+    return out
+
+  return _write(directory / "train.jsonl", rows(96)), _write(directory / "eval.jsonl", rows(24))
+
+
+@pytest.fixture(scope="module", params=["bert", "roberta", "distilbert"])
+def hf_dir(request, tmp_path_factory):
+  return request.param, hf_models.write(tmp_path_factory.mktemp(request.param), request.param)
+
+
+def _config(pairs, hf_dir, **train):
+  config = classify_config.get_config()
+  config.data.train, config.data.eval = pairs
+  config.init.hf = hf_dir
+  config.train.update({"seq_len": 32, "batch_size": 8, **train})
+  return config
+
+
+def test_fine_tuning_starts_from_the_checkpoint_with_its_tokenizer_ids_and_pooler(
+    pairs, hf_dir, tmp_path):
+  from flax_encoder.pytorch.hf import load_hf
+  family, directory = hf_dir
+  setup = classify.setup(_config(pairs, directory), str(tmp_path), Resume())
+  cfg, variables = load_hf(directory)
+  chex.assert_trees_all_equal(setup.start_params["encoder"], variables["params"])
+  pooling = {"bert": "pooler", "roberta": "pooler", "distilbert": "pre_classifier"}[family]
+  assert setup.task.model.pooling == pooling
+  # BERT's pooler comes with it; RoBERTa's head and DistilBERT's pre-classifier start afresh.
+  assert ("pooler" in setup.start_params) == (family == "bert")
+  assert setup.encoder.pad_id == cfg.pad_id and setup.encoder.vocab_size == cfg.vocab_size
+  # Each example is laid out as the checkpoint's own tokenizer lays out a pair.
+  tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+  first = json.loads(open(pairs[0]).readline())
+  want = tokenizer(first["text"], first["text_pair"])["input_ids"]
+  row = np.asarray(examples.load_examples(os.path.join(tmp_path, "data"))["train"]["tokens"][0])
+  assert row[:len(want)].tolist() == want and set(row[len(want):]) == {cfg.pad_id}
+  # With token types (BERT), the second text and its [SEP] are of type 1.
+  assert setup.task.model.type_separator == tokenizer.sep_token_id
+
+
+def test_a_run_from_bert_trains_and_predicts_its_eval(pairs, tmp_path):
+  directory = hf_models.write(tmp_path / "bert", "bert")
+  train, eval_ = pairs
+  workdir = str(tmp_path / "run")
+  args = [f"--config={os.path.join(runs.ROOT, 'configs', 'classify.py')}",
+          f"--config.data.train={train}", f"--config.data.eval={eval_}",
+          f"--config.init.hf={directory}", "--config.train.num_steps=12",
+          "--config.train.batch_size=8", "--config.train.seq_len=32",
+          "--config.train.log_every=4", "--config.train.eval_every=12",
+          "--config.train.checkpoint_every=6", "--config.optim.warmup_steps=4"]
+  result = runs.train(workdir, *args, config=None)
+  assert f"fine-tuning from {directory}: 3 classes, 96 training and 24 held-out" in (
+      result.stderr)
+  records = runs.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  final = [r for r in records if r["split"] == "eval"][-1]
+  from train.predict import predict
+  out = tmp_path / "predictions.jsonl"
+  assert predict(workdir, eval_, str(out)).count == 24
+  predictions = [json.loads(line)["label"] for line in out.read_text().splitlines()]
+  truth = [json.loads(line)["label"] for line in open(eval_)]
+  assert np.mean([p == t for p, t in zip(predictions, truth)]) == pytest.approx(
+      final["accuracy"])
+
+
+def test_what_config_init_hf_cannot_use_is_one_line(pairs, tmp_path):
+  directory = hf_models.write(tmp_path / "bert", "bert")
+  config = _config(pairs, directory)
+  config.init.run = str(tmp_path)
+  with pytest.raises(RunError, match="config.init.hf: .*expected unset with config.init.run"):
+    classify.DEFINITION.check(config)
+  config = _config(pairs, directory)
+  os.remove(os.path.join(directory, "tokenizer.json"))
+  with pytest.raises(RunError, match="has no tokenizer.json"):
+    classify.setup(config, str(tmp_path / "a"), Resume())
+  config = _config(pairs, str(tmp_path / "missing"))
+  with pytest.raises(RunError, match="config.init.hf: .*missing: not a directory") as e:
+    classify.setup(config, str(tmp_path / "b"), Resume())
+  assert "\n" not in str(e.value)
+  config = _config(pairs, hf_models.write(tmp_path / "long", "bert"), seq_len=128)
+  with pytest.raises(RunError, match="config.train.seq_len: 128, expected <= "
+                                     "config.model.max_len \\(66\\)"):
+    classify.setup(config, str(tmp_path / "c"), Resume())
