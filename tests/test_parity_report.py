@@ -134,3 +134,94 @@ def test_files_the_report_cannot_use_are_one_line(tmp_path, capsys):
     assert "this must never run" not in out
     assert err.startswith("parity: error: ") and name in err and words in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+  """Tiny random bert, roberta (pad id 1) and distilbert directories, as save_pretrained
+  writes them."""
+  transformers = pytest.importorskip("transformers", reason="--hf compares against transformers")
+  sizes = dict(vocab_size=99, max_position_embeddings=64)
+  bert = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+  configs = {"bert": transformers.BertConfig(**sizes, **bert),
+             "roberta": transformers.RobertaConfig(**sizes, **bert, pad_token_id=1),
+             "distilbert": transformers.DistilBertConfig(**sizes, dim=32, n_layers=2, n_heads=4,
+                                                         hidden_dim=37)}
+  root = tmp_path_factory.mktemp("hf")
+  for seed, (name, config) in enumerate(configs.items()):
+    torch.manual_seed(seed)
+    transformers.AutoModel.from_config(config).save_pretrained(root / name)
+  return {name: str(root / name) for name in configs}
+
+
+HF_STAGES = {"bert": ["embeddings", "encoder.layer.0.attention", "encoder.layer.0",
+                      "encoder.layer.1.attention", "encoder.layer.1", "last_hidden_state"],
+             "distilbert": ["embeddings", "transformer.layer.0.sa_layer_norm",
+                            "transformer.layer.0", "transformer.layer.1.sa_layer_norm",
+                            "transformer.layer.1", "last_hidden_state"]}
+HF_STAGES["roberta"] = HF_STAGES["bert"]
+
+
+@pytest.mark.parametrize("float64", [False, True], ids=["float32", "float64"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
+def test_report_on_a_hugging_face_directory_passes_at_every_stage(hf_dirs, capsys, family,
+                                                                   float64):
+  code = parity.main(["--hf", hf_dirs[family], "--batch", "3", "--seq-len", "8",
+                      *(["--float64"] if float64 else [])])
+  out = capsys.readouterr().out
+  assert code == 0 and "PASS" in out, out
+  rows = [line.split() for line in out.splitlines()[4:-1]]
+  assert [row[0] for row in rows] == HF_STAGES[family]
+  worst = max(float(row[-2]) for row in rows)  # max abs err
+  assert worst <= (1e-13 if float64 else 1e-5)
+  assert ("float64" if float64 else "float32") in out
+  assert jax.numpy.asarray(1.0).dtype == np.float32  # x64 was scoped to the report
+
+
+def test_report_on_a_hugging_face_directory_names_the_first_stage_that_differs(
+    hf_dirs, capsys, monkeypatch):
+  load_hf = parity.load_hf
+
+  def misread_one_bias(path, **settings):  # a converter that gets one weight wrong
+    config, variables = load_hf(path, **settings)
+    variables["params"]["layers_1"]["feed_forward"]["w_2"]["bias"][3] += 1e-2
+    return config, variables
+
+  monkeypatch.setattr(parity, "load_hf", misread_one_bias)
+  code = parity.main(["--hf", hf_dirs["bert"], "--batch", "3", "--seq-len", "8"])
+  out = capsys.readouterr().out
+  assert code == 1 and "the first is encoder.layer.1\n" in out, out
+  lines = {line.split()[0]: line for line in out.splitlines()}
+  assert "> tolerance" not in lines["encoder.layer.1.attention"]
+  assert "> tolerance" in lines["encoder.layer.1"] and "> tolerance" in lines["last_hidden_state"]
+
+
+def test_a_changed_transformers_model_fails_at_its_attention(hf_dirs):
+  transformers = pytest.importorskip("transformers")
+  model = transformers.AutoModel.from_pretrained(hf_dirs["distilbert"],
+                                                 attn_implementation="eager")
+  config, variables = parity.load_hf(hf_dirs["distilbert"])
+  with torch.no_grad():
+    model.transformer.layer[0].attention.out_lin.bias[0] += 1e-2
+  tokens = parity.random_tokens(config, 2, 8, seed=0)
+  rows = parity.compare_hf(model, config, variables, tokens)
+  failed = [r.name for r in rows if not r.passes(1e-5, 1e-5)]
+  assert failed[0] == "transformer.layer.0.sa_layer_norm" and rows[0].passes(1e-5, 1e-5)
+
+
+def test_directories_and_flags_the_hugging_face_report_cannot_take_are_one_line(tmp_path,
+                                                                               capsys):
+  (tmp_path / "gpt2").mkdir()
+  (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+  (tmp_path / "relative").mkdir()
+  (tmp_path / "relative" / "config.json").write_text(json.dumps(
+      {"model_type": "bert", "position_embedding_type": "relative_key", "vocab_size": 99}))
+  for argv, words in (([str(tmp_path / "gpt2")], "model_type 'gpt2'"),
+                      ([str(tmp_path / "relative")], "position_embedding_type='relative_key'"),
+                      ([str(tmp_path / "missing")], "not a directory"),
+                      ([str(tmp_path), "--checkpoint", "model.pt"], "takes no --checkpoint"),
+                      ([str(tmp_path), "--module", "m:build"], "takes no --module")):
+    assert parity.main(["--hf", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("parity: error: ") and words in err and argv[0] in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and not out

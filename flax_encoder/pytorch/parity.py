@@ -23,6 +23,20 @@ every layer, the final norm, the output) is captured with forward hooks on the m
 the layout; a stage fails when its max abs error exceeds atol + rtol * max|PyTorch value|, and
 the report exits 1 naming the first stage that fails. Without --checkpoint or --module, both
 ports run on random weights (a check of the installation).
+
+Against transformers, for a Hugging Face bert / roberta / distilbert directory (the families
+flax_encoder.pytorch.hf.load_hf reads; transformers must be installed):
+
+  python -m flax_encoder.pytorch.parity --hf bert-dir [--float64] [--batch 4 --seq-len 32]
+
+transformers' `AutoModel.from_pretrained(dir, attn_implementation="eager")` and the Flax encoder
+of `load_hf(dir)` run on the same random ids, rows after the first padded at the end with the
+model's pad_token_id (attention_mask = ids != pad_token_id). The stages are transformers' module
+outputs: `embeddings` (after the embedding LayerNorm), each layer's attention sub-layer after
+its LayerNorm (`encoder.layer.{i}.attention`; DistilBERT `transformer.layer.{i}.sa_layer_norm`),
+each layer (`encoder.layer.{i}`, `transformer.layer.{i}`) and last_hidden_state. Every stage
+follows a LayerNorm, so the float32 default is rtol 1e-5 (atol 1e-5); float64's 1e-10 + 1e-12
+as above. A directory load_hf refuses is one line and exit 2.
 """
 
 from __future__ import annotations
@@ -48,6 +62,7 @@ from flax_encoder.pytorch.convert import (
     from_torch_state_dict,
     load_torch_checkpoint,
 )
+from flax_encoder.pytorch.hf import FAMILIES, load_hf
 from flax_encoder.pytorch.layouts import (
     FEED_FORWARD_OUTPUT,
     LAYOUTS,
@@ -122,25 +137,14 @@ def _compare(module, found: EncoderKeys, config: EncoderConfig, tokens: np.ndarr
   points = stages(found, config)
   if float64:
     _positions_in_float64(modules.get(found.module_name("pos_encoder")), config.d_model)
-  captured: dict[str, np.ndarray] = {}
-
-  def hook(name):
-    def save(_, args, output):
-      output = output[0] if isinstance(output, tuple) else output
-      captured[name] = output.detach().cpu().numpy()
-    return save
-
-  handles = [modules[t].register_forward_hook(hook(t)) for _, _, t in points if t in modules]
-  try:
-    # Grad mode stays on: under no_grad nn.TransformerEncoderLayer takes a fused fast path
-    # that skips its submodules' hooks.
-    with torch.enable_grad():
-      device = next(module.parameters()).device  # the report runs where the module is
-      source = torch.as_tensor(np.asarray(tokens), dtype=torch.int64, device=device)
-      output = call(module, source) if call is not None else module(source)
-  finally:
-    for h in handles:
-      h.remove()
+  device = next(module.parameters()).device  # the report runs where the module is
+  source = torch.as_tensor(np.asarray(tokens), dtype=torch.int64, device=device)
+  # Grad mode stays on: under no_grad nn.TransformerEncoderLayer takes a fused fast path that
+  # skips its submodules' hooks.
+  with torch.enable_grad():
+    captured, output = _hooked(modules, [t for _, _, t in points if t in modules],
+                               lambda: call(module, source) if call is not None
+                               else module(source))
   output = output[0] if isinstance(output, (tuple, list)) else output
   output = output.detach().cpu().numpy()
   expected_shape = (*np.shape(tokens), config.d_model)
@@ -149,19 +153,102 @@ def _compare(module, found: EncoderKeys, config: EncoderConfig, tokens: np.ndarr
                      f"encoder's {list(expected_shape)}; pass call= (--call) returning the "
                      f"encoder's output")
 
+  output_flax, flax_value = _run_flax(flax_config, variables, tokens)
+  rows = [_row(name, flax_value(f), captured[t]) for name, f, t in points if t in captured]
+  rows.append(_row("output", output_flax, output))
+  return rows, [name for name, _, t in points if t not in captured]
+
+
+def _hooked(modules: dict, names: Sequence[str], run: Callable[[], Any]):
+  """run() with a forward hook on each module of `names` -> ({name: its output as numpy},
+  run()'s result)."""
+  captured: dict[str, np.ndarray] = {}
+
+  def hook(name):
+    def save(_, args, output):
+      output = output[0] if isinstance(output, tuple) else output
+      captured[name] = output.detach().cpu().numpy()
+    return save
+
+  handles = [modules[name].register_forward_hook(hook(name)) for name in names]
+  try:
+    return captured, run()
+  finally:
+    for h in handles:
+      h.remove()
+
+
+def _run_flax(config: EncoderConfig, variables: dict, tokens: np.ndarray):
+  """The Flax encoder (unscanned) on `tokens` -> (its output, value(module path) of any
+  module's output, e.g. 'layers_0/norm1')."""
   with jax.default_matmul_precision("highest"):
-    output_flax, state = Encoder(flax_config).apply(
+    output, state = Encoder(config).apply(
         variables, np.asarray(tokens), capture_intermediates=True, mutable=["intermediates"])
 
-  def flax_value(path: str):
+  def value(path: str) -> np.ndarray:
     node = state["intermediates"]
     for part in path.split("/"):
       node = node[part]
     return np.asarray(node["__call__"][0])
 
-  rows = [_row(name, flax_value(f), captured[t]) for name, f, t in points if t in captured]
-  rows.append(_row("output", np.asarray(output_flax), output))
-  return rows, [name for name, _, t in points if t not in captured]
+  return np.asarray(output), value
+
+
+def hf_stages(family: str, n_layers: int) -> list[tuple[str, str, str]]:
+  """(stage, Flax module path, transformers module name) of a `load_hf` family, in forward
+  order: the embeddings after their LayerNorm, then per layer the attention sub-layer after
+  its LayerNorm and the layer's output. A stage is named for the transformers module."""
+  points = [("embeddings", "embedding_norm", "embeddings")]
+  for i in range(n_layers):
+    if family == "distilbert":
+      layer, attention = f"transformer.layer.{i}", f"transformer.layer.{i}.sa_layer_norm"
+    else:
+      layer, attention = f"encoder.layer.{i}", f"encoder.layer.{i}.attention"
+    points += [(attention, f"layers_{i}/norm1", attention), (layer, f"layers_{i}", layer)]
+  return points
+
+
+def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray) -> list[Row]:
+  """A transformers model against the Flax encoder `load_hf` reads from the same directory,
+  stage by stage (`hf_stages`, then last_hidden_state), in config.dtype.
+
+  Args:
+    model: transformers' base model of the directory (`AutoModel.from_pretrained(dir,
+      attn_implementation="eager")`: BertModel, RobertaModel, DistilBertModel …).
+    config, variables: `load_hf(dir, scan_layers=False, …)`; config.dtype float32 or float64
+      sets both sides' precision (float64 needs jax_enable_x64).
+    tokens: int ids [batch, seq]; config.pad_id (the model's pad_token_id) is padding, and
+      transformers gets attention_mask = tokens != pad_id.
+
+  Returns:
+    The rows in forward order, last_hidden_state last.
+  """
+  model_type = getattr(model.config, "model_type", None)
+  if model_type not in FAMILIES:
+    raise ValueError(f"model: a transformers {model_type!r} model, expected one of "
+                     f"{sorted(FAMILIES)}")
+  if config.scan_layers:
+    raise ValueError("config: scan_layers=True, expected False (load_hf(dir, "
+                     "scan_layers=False)): the report reads each layer's output")
+  model = model.to(torch.float64 if config.dtype == np.float64 else torch.float32).eval()
+  points = hf_stages(FAMILIES[model_type], config.n_layers)
+  modules = dict(model.named_modules())
+  absent = [t for _, _, t in points if t not in modules]
+  if absent:
+    raise ValueError(f"model: a {type(model).__name__} without the modules {absent[:4]}, "
+                     f"expected transformers' {model_type} names")
+  # The Flax side first: it checks the tokens (ids, length) with errors that name them.
+  output_flax, flax_value = _run_flax(config, {"params": variables["params"]}, tokens)
+  device = next(model.parameters()).device
+  ids = torch.as_tensor(np.asarray(tokens), dtype=torch.int64, device=device)
+  mask = (ids != config.pad_id).to(torch.int64)
+  with torch.no_grad():
+    captured, output = _hooked(modules, [t for _, _, t in points],
+                               lambda: model(input_ids=ids, attention_mask=mask))
+  rows = [_row(name, flax_value(f), captured[t]) for name, f, t in points]
+  rows.append(_row("last_hidden_state", output_flax,
+                   output.last_hidden_state.detach().cpu().numpy()))
+  return rows
 
 
 def compare(state_dict, config: EncoderConfig, layout: str, tokens: np.ndarray) -> list[Row]:
@@ -226,6 +313,8 @@ _SIZE_FLAGS = (("vocab-size", int), ("d-model", int), ("n-heads", int), ("d-ff",
 def _parse_args(argv):
   p = argparse.ArgumentParser(prog="python -m flax_encoder.pytorch.parity", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--hf", metavar="DIR", help="a Hugging Face bert/roberta/distilbert directory: "
+                 "transformers' model against the Flax encoder load_hf reads from it")
   p.add_argument("--module", help="PKG.MOD:FN, FN() returns your torch.nn.Module")
   p.add_argument("--call", help="PKG.MOD:FN, FN(module, tokens) returns the encoder's output")
   p.add_argument("--checkpoint", help=".pt/.pth/.bin or .safetensors: a state dict or a training "
@@ -245,7 +334,7 @@ def _parse_args(argv):
   p.add_argument("--atol", type=float,
                  help="absolute tolerance (default 1e-5; 1e-10 with --float64)")
   p.add_argument("--rtol", type=float, help="tolerance relative to the largest PyTorch value "
-                 "of the stage (default 1e-4; 1e-12 with --float64)")
+                 "of the stage (default 1e-4, 1e-5 with --hf; 1e-12 with --float64)")
   return p.parse_args(argv)
 
 
@@ -367,20 +456,28 @@ def _reference_module(args, checkpoint, fields):
 def main(argv: Sequence[str] | None = None) -> int:
   args = _parse_args(argv)
   try:
-    return _report(args)
+    return _hf_report(args) if args.hf else _report(args)
   except (ValueError, OSError) as e:  # the library's refusals: a file, a layout, a field
     message = str(e).strip().splitlines()[0]
-    if args.checkpoint and args.checkpoint not in message:
-      message = f"--checkpoint {args.checkpoint}: {message}"
+    flag, path = ("--hf", args.hf) if args.hf else ("--checkpoint", args.checkpoint)
+    if path and path not in message:
+      message = f"{flag} {path}: {message}"
     print(f"parity: error: {message}", file=sys.stderr)
     return 2
+
+
+def _tolerances(args) -> tuple[float, float]:
+  atol = args.atol if args.atol is not None else (1e-10 if args.float64 else 1e-5)
+  # transformers' stages all follow a LayerNorm, so float32 keeps ~1e-6 of their scale; the
+  # tutorial port's sub-layer outputs, before one, lose more to cancellation.
+  rtol = args.rtol if args.rtol is not None else (
+      1e-12 if args.float64 else 1e-5 if args.hf else 1e-4)
+  return atol, rtol
 
 
 def _report(args) -> int:
   """Prints the table of every stage; 0 if each is within tolerance, else 1."""
   fields = _fields_from_args(args)
-  atol = args.atol if args.atol is not None else (1e-10 if args.float64 else 1e-5)
-  rtol = args.rtol if args.rtol is not None else (1e-12 if args.float64 else 1e-4)
   checkpoint = load_torch_checkpoint(args.checkpoint) if args.checkpoint else None
   with jax.enable_x64(args.float64):
     build = _users_module if args.module else _reference_module
@@ -391,9 +488,54 @@ def _report(args) -> int:
   print(heading)
   if args.module:
     print(_where(found))
-  print(f"{config.n_layers} layers, d_model={config.d_model}, n_heads={config.n_heads}, "
-        f"d_ff={config.d_ff}, vocab_size={config.vocab_size}, tokens {list(tokens.shape)}, "
-        f"{config.dtype.name}, matmul precision highest")
+  print(_sizes(config, tokens))
+  return _verdict(rows, absent, *_tolerances(args))
+
+
+def _hf_report(args) -> int:
+  """_report for --hf DIR: transformers' model of DIR against load_hf's."""
+  given = [flag for flag, value in _model_flags(args) if value]
+  if given:
+    raise ValueError(f"--hf reads the model, its sizes and names from {args.hf}: it takes no "
+                     f"{', '.join(given)}")
+  dtype = "float64" if args.float64 else "float32"
+  with jax.enable_x64(args.float64):
+    config, variables = load_hf(args.hf, dtype=dtype, param_dtype=dtype, scan_layers=False,
+                                remat="none", attention_impl="reference", dropout=0.0,
+                                attention_dropout=0.0)
+    try:
+      import transformers
+    except ImportError:
+      raise ValueError("transformers is not installed: pip install 'transformers>=4.46' "
+                       "(or flax-encoder[test])") from None
+    model = transformers.AutoModel.from_pretrained(args.hf, attn_implementation="eager")
+    tokens = _tokens(args, config)
+    rows = compare_hf(model, config, variables, tokens)
+  print(f"parity: {args.hf} in transformers' {type(model).__name__} (model_type "
+        f"{model.config.model_type}, eager attention, attention_mask = ids != pad id "
+        f"{config.pad_id}) against the Flax encoder of flax_encoder.pytorch.hf.load_hf; each "
+        f"stage is a transformers module's output")
+  print(_sizes(config, tokens))
+  return _verdict(rows, [], *_tolerances(args))
+
+
+def _model_flags(args) -> list[tuple[str, Any]]:
+  """The flags that describe a model --hf reads from its directory, with their values."""
+  flags = [("--module", args.module), ("--call", args.call), ("--checkpoint", args.checkpoint),
+           ("--layout", args.layout), ("--prefix", args.prefix != "auto"),
+           ("--config", args.config), ("--no-final-norm", args.no_final_norm)]
+  return flags + [(f"--{flag}", getattr(args, flag.replace("-", "_")) is not None)
+                  for flag, _ in _SIZE_FLAGS]
+
+
+def _sizes(config: EncoderConfig, tokens: np.ndarray) -> str:
+  return (f"{config.n_layers} layers, d_model={config.d_model}, n_heads={config.n_heads}, "
+          f"d_ff={config.d_ff}, vocab_size={config.vocab_size}, tokens {list(tokens.shape)}, "
+          f"{config.dtype.name}, matmul precision highest")
+
+
+def _verdict(rows: Sequence[Row], absent: Sequence[str], atol: float, rtol: float) -> int:
+  """Prints the table and the verdict; 0 if every stage is within tolerance, else 1."""
   print(format_table(rows, atol, rtol))
   if absent:
     print(f"not compared (no such module in the PyTorch model): {', '.join(absent)}")
