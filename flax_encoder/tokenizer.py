@@ -90,7 +90,7 @@ class Tokenizer:
       raise ValueError("the tokenizer's post-processor puts other special tokens around one "
                        "text than around a pair's first and last: not a template this "
                        "library lays out")
-    return Template(*map(tuple, parts))
+    return Template(*map(tuple, parts), second_type=max(encoding.type_ids))
 
   def piece(self, own_id: int) -> str:
     """The tokenizer's own id `own_id` (without the offset) as text: a byte, a piece."""
@@ -104,18 +104,22 @@ class Tokenizer:
 @dataclasses.dataclass(frozen=True)
 class Template:
   """The special ids around an example's texts: `start` a `between` b `end` for a pair,
-  `start` a `end` for one text (BERT: [CLS], [SEP], [SEP])."""
+  `start` a `end` for one text (BERT: [CLS], [SEP], [SEP]); `second_type` is the token type
+  of b and `end` (BERT's 1; 0 where the model has no token types, RoBERTa's)."""
 
   start: tuple[int, ...] = ()
   between: tuple[int, ...] = ()
   end: tuple[int, ...] = ()
+  second_type: int = 0
 
   def to_dict(self) -> dict:
-    return {"start": list(self.start), "between": list(self.between), "end": list(self.end)}
+    return {"start": list(self.start), "between": list(self.between), "end": list(self.end),
+            "second_type": self.second_type}
 
   @classmethod
   def from_dict(cls, d: dict) -> Template:
-    return cls(*(tuple(int(i) for i in d[k]) for k in ("start", "between", "end")))
+    return cls(*(tuple(int(i) for i in d[k]) for k in ("start", "between", "end")),
+               second_type=int(d.get("second_type", 0)))
 
 
 def example_ids(first: np.ndarray, second: np.ndarray | None, seq_len: int,

@@ -8,7 +8,7 @@ import chex
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from configs import classify as classify_config  # noqa: E402
@@ -75,12 +75,16 @@ def test_fine_tuning_starts_from_the_checkpoint_with_its_tokenizer_ids_and_poole
   want = tokenizer(first["text"], first["text_pair"])["input_ids"]
   row = np.asarray(examples.load_examples(os.path.join(tmp_path, "data"))["train"]["tokens"][0])
   assert row[:len(want)].tolist() == want and set(row[len(want):]) == {cfg.pad_id}
-  # With token types (BERT), the second text and its [SEP] are of type 1.
-  assert setup.task.model.type_separator == tokenizer.sep_token_id
+  # As the WordPiece tokenizers have it, the second text and its [SEP] are of type 1
+  # (DistilBERT's model has no token-type table to read them); RoBERTa's has no types.
+  assert setup.task.model.type_separator == (None if family == "roberta" else
+                                             tokenizer.sep_token_id)
 
 
-def test_a_run_from_bert_trains_and_predicts_its_eval(pairs, tmp_path):
-  directory = hf_models.write(tmp_path / "bert", "bert")
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
+def test_a_run_trains_predicts_its_eval_and_exports_what_transformers_loads_as_itself(
+    family, pairs, tmp_path):
+  directory = hf_models.write(tmp_path / family, family)
   train, eval_ = pairs
   workdir = str(tmp_path / "run")
   args = [f"--config={os.path.join(runs.ROOT, 'configs', 'classify.py')}",
@@ -102,6 +106,28 @@ def test_a_run_from_bert_trains_and_predicts_its_eval(pairs, tmp_path):
   assert np.mean([p == t for p, t in zip(predictions, truth)]) == pytest.approx(
       final["accuracy"])
 
+  from train.export import main as export
+  out = str(tmp_path / "exported")
+  assert export(["--workdir", workdir, "--layout", "hf", "--out", out]) == 0
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(
+      out, attn_implementation="eager").eval()
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+  assert model.config.id2label == {0: "digits", 1: "letters", 2: "symbols"}
+  rows = [json.loads(line) for line in open(eval_)][:6]
+  batch = tokenizer([r["text"] for r in rows], [r["text_pair"] for r in rows], padding=True,
+                    return_token_type_ids=family == "bert",
+                    return_tensors="pt")
+  with torch.no_grad():
+    theirs = torch.softmax(model(**batch).logits, -1).numpy()
+  from train.predict import Predictor
+  ours = Predictor(workdir).probabilities([r["text"] for r in rows],
+                                          [r["text_pair"] for r in rows])
+  np.testing.assert_allclose(ours, theirs, atol=1e-5)
+  # A second export to the same place would replace it: refused, and it is left as it was.
+  assert export(["--workdir", workdir, "--layout", "hf", "--out", out]) == 2
+  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer.json",
+                                     "tokenizer_config.json"]
+
 
 def test_what_config_init_hf_cannot_use_is_one_line(pairs, tmp_path):
   directory = hf_models.write(tmp_path / "bert", "bert")
@@ -121,3 +147,14 @@ def test_what_config_init_hf_cannot_use_is_one_line(pairs, tmp_path):
   with pytest.raises(RunError, match="config.train.seq_len: 128, expected <= "
                                      "config.model.max_len \\(66\\)"):
     classify.setup(config, str(tmp_path / "c"), Resume())
+
+
+def test_a_run_of_another_architecture_is_not_exported_as_a_bert(reference_run, tmp_path,
+                                                                  capsys):
+  from train.export import main as export
+  out = tmp_path / "out"
+  assert export(["--workdir", reference_run, "--layout", "hf", "--out", str(out)]) == 2
+  error = capsys.readouterr().err
+  assert error.startswith("export: error: --layout hf: this model is not a bert model: it has "
+                          "position_embedding='sinusoidal'") and error.count("\n") == 1
+  assert not out.exists() and os.listdir(tmp_path) == []

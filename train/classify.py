@@ -273,10 +273,13 @@ def _template(tokenizer):
 
 
 def type_separator(meta: dict) -> int | None:
-  """The id after which a pair's second text begins (its token type 1), from the examples'
-  dataset.json `meta`: the last id between the texts of a Hugging Face template."""
+  """The id after which a pair's second text begins, where its tokens are of type 1 (BERT's),
+  from the examples' dataset.json `meta`: the last id between the texts of a Hugging Face
+  template; None where all tokens are of type 0."""
   template = meta.get("template")
-  return template["between"][-1] if template and template["between"] else None
+  if not template or not template["between"] or not template.get("second_type"):
+    return None
+  return template["between"][-1]
 
 
 def _train_vocabulary(kind: str, vocab_size: int, path: str, fields: dict,

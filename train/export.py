@@ -4,6 +4,7 @@
   python -m train.export --workdir runs/cls --out classifier.msgpack
   python -m train.export --workdir runs/demo --out encoder.safetensors [--layout torch_nn]
   python -m train.export --workdir runs/demo --out encoder.jaxexport [--seq-len 64]
+  python -m train.export --workdir runs/bert-cls --layout hf --out bert-cls/
 
 A .msgpack file of a pretraining run holds the encoder's config and parameters; any JAX
 program with the library installed loads it with `flax_encoder.weights.load_weights` (no
@@ -13,7 +14,7 @@ classifier's head, the tokenizer and the classes, which
 weights (.safetensors, .pt, .pth, .bin) need the `torch` extra. A .jaxexport file is the
 compiled encoder with its weights (StableHLO for CPU and CUDA), taking int32 ids
 [batch, seq_len]; it runs with `jax.export.deserialize(data).call(tokens)` and no code of this
-package.
+package. `--layout hf` writes a directory transformers loads (train.hf_export).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from train import tasks
 from train.errors import RunError
 from train.load import load_config, load_encoder
 from train.files import written_whole
-from train.workdir import out_problem
+from train.workdir import out_problem, run_file
 
 _TORCH = (".safetensors", ".pt", ".pth", ".bin")
 SUFFIXES = (".msgpack", ".jaxexport", *_TORCH)
@@ -41,8 +42,11 @@ class ExportError(Exception):
 def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None = None) -> str:
   """Writes the newest verified checkpoint's encoder to `out`; returns the path.
 
-  For a .jaxexport file, `seq_len` defaults to the run's config.train.seq_len.
+  For a .jaxexport file, `seq_len` defaults to the run's config.train.seq_len. With layout
+  "hf", `out` is a new directory (train.hf_export).
   """
+  if layout == "hf":
+    return _export_hf(workdir, out)
   if not out.endswith(SUFFIXES):
     raise ExportError(f"--out must end in {', '.join(SUFFIXES)}, got {out!r}")
   if out.endswith(_TORCH):
@@ -61,6 +65,20 @@ def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None
   with written_whole(out) as tmp:  # whatever stops the export
     _export(workdir, tmp, layout, seq_len)
   return _readable_as_umask_allows(out)
+
+
+def _export_hf(workdir: str, out: str) -> str:
+  from train import hf_export
+  if not os.path.isdir(workdir):
+    raise ExportError(f"--workdir {workdir}: no such directory")
+  problem = hf_export.check_out(out) or (
+      run_file(workdir, out) and f"--out {out}: inside the run's own {run_file(workdir, out)}")
+  if problem:
+    raise ExportError(problem)
+  try:
+    return hf_export.export_hf(workdir, out)
+  except RunError as e:
+    raise ExportError(str(e)) from None
 
 
 def _export(workdir: str, out: str, layout: str, seq_len: int | None) -> None:
@@ -102,7 +120,8 @@ def main(argv=None) -> int:
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--out", required=True)
   parser.add_argument("--layout", default="tutorial",
-                      help="PyTorch weights: tutorial (the tutorial port's names) or torch_nn")
+                      help="PyTorch weights: tutorial (the tutorial port's names) or torch_nn; "
+                           "hf: a Hugging Face directory (--out DIR)")
   parser.add_argument("--seq-len", type=int, default=None,
                       help=".jaxexport: input length (default: the run's train.seq_len)")
   args = parser.parse_args(argv)

@@ -1,0 +1,151 @@
+"""A run as a Hugging Face directory (`python -m train.export --layout hf --out DIR`):
+config.json, model.safetensors and, where the run's ids are a Hugging Face tokenizer's own,
+its tokenizer files, which transformers' Auto classes load.
+
+  fine-tuning (classify)   *ForSequenceClassification, the classes as id2label
+  pretraining (masked_lm)  the bare model (AutoModel): the encoder
+
+The run's encoder must be one of the BERT family's (`flax_encoder.pytorch.hf.hf_config` says
+what differs otherwise): a run started from a Hugging Face directory is, and keeps its family;
+one trained from scratch exports where its config.model has that architecture (learned
+positions, embedding LayerNorm, no final LayerNorm …), as BERT (RoBERTa with a
+position_offset).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+
+import numpy as np
+
+from train import examples
+from train.errors import RunError
+from train.load import load_config, load_encoder
+
+# family -> (the encoder's prefix inside a *For… model, the model class's stem)
+_MODELS = {"bert": ("bert.", "Bert"), "roberta": ("roberta.", "Roberta"),
+           "distilbert": ("distilbert.", "DistilBert")}
+# The pooling each family's sequence classifier has, and where its two dense layers sit.
+_CLASSIFIER = {"bert": ("pooler", "bert.pooler.dense", "classifier"),
+               "roberta": ("pooler", "classifier.dense", "classifier.out_proj"),
+               "distilbert": ("pre_classifier", "pre_classifier", "classifier")}
+# The files of a tokenizer directory besides tokenizer.json, copied where the run started.
+_TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+
+
+@contextlib.contextmanager
+def _directory_written_whole(out: str):
+  """A directory beside `out` to write into, renamed to `out` if the block completes (`out`
+  absent or an empty directory), else removed."""
+  tmp = f"{out.rstrip(os.sep)}.tmp-{os.getpid()}"
+  os.makedirs(tmp)
+  try:
+    yield tmp
+    os.replace(tmp, out)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_out(out: str) -> str | None:
+  """Why `out` cannot be the directory written, or None."""
+  parent = os.path.dirname(os.path.abspath(out))
+  if os.path.isdir(out) and os.listdir(out):
+    return f"--out {out}: a directory that holds files, expected a new or empty directory"
+  if os.path.exists(out) and not os.path.isdir(out):
+    return f"--out {out}: a file, expected a new or empty directory (--layout hf writes one)"
+  if not os.path.isdir(parent):
+    return f"--out {out}: no directory {parent} to write it in"
+  return None
+
+
+def _start(config) -> str | None:
+  """The Hugging Face directory the run started from (config.init.hf), or None."""
+  return config.init.get("hf") if "init" in config else None
+
+
+def _family(config, cfg) -> str:
+  init = _start(config)
+  if init:
+    from flax_encoder.pytorch.hf import FAMILIES, read_hf_config
+    try:
+      return FAMILIES[read_hf_config(init)["model_type"]]
+    except ValueError:
+      pass  # the starting directory is gone: the architecture decides
+  return "roberta" if cfg.position_offset else "bert"
+
+
+def export_hf(workdir: str, out: str) -> str:
+  """Writes the run in `workdir` to the directory `out` (see the module docstring)."""
+  import safetensors.numpy
+
+  from flax_encoder.pytorch.hf import HFError, hf_config, to_hf_state_dict
+  config = load_config(workdir)
+  task = config.task.get("name", "masked_lm")
+  if task == "classify":
+    from train.predict import Predictor
+    classifier = Predictor(workdir).text_classifier()
+    cfg, params = classifier.config, classifier.params
+    variables = {"params": params["encoder"]}
+  else:
+    cfg, variables = load_encoder(workdir)
+  family = _family(config, cfg)
+  prefix, stem = _MODELS[family]
+  try:
+    hf_config(cfg, family)  # says what differs, before anything is converted
+    if task == "classify":
+      state, extra = _classifier(family, classifier, variables, cfg, prefix, stem)
+    else:
+      state = to_hf_state_dict(variables, cfg, family)
+      extra = {"architectures": [f"{stem}Model"]}
+    contents = hf_config(cfg, family, **extra)
+  except HFError as e:
+    raise RunError(f"--layout hf: {e}") from None
+  with _directory_written_whole(out) as tmp:
+    # Contiguous: safetensors writes an array's buffer as it lies (a transposed view's too).
+    safetensors.numpy.save_file({k: np.ascontiguousarray(v, np.float32 if v.dtype.name ==
+                                                         "bfloat16" else v.dtype)
+                                 for k, v in state.items()},
+                                os.path.join(tmp, "model.safetensors"),
+                                metadata={"format": "pt"})
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+      json.dump(contents, f, indent=2)
+    _tokenizer(workdir, config, task, tmp)
+  return out
+
+
+def _classifier(family, classifier, variables, cfg, prefix, stem):
+  from flax_encoder.pytorch.hf import HFError, to_hf_state_dict
+  pooling, pooler_name, classifier_name = _CLASSIFIER[family]
+  if classifier.pooling != pooling:
+    raise HFError(f"the run pools by {classifier.pooling!r}; transformers' "
+                  f"{stem}ForSequenceClassification pools by {pooling!r} "
+                  f"(config.task.pooling={pooling!r})")
+  params = classifier.params
+  state = to_hf_state_dict(variables, cfg, family, prefix=prefix)
+  for name, dense in ((pooler_name, params["pooler"]["dense"]),
+                      (classifier_name, params["classifier"])):
+    state[name + ".weight"] = np.asarray(dense["kernel"]).T
+    state[name + ".bias"] = np.asarray(dense["bias"])
+  labels = [str(label) for label in classifier.labels]
+  return state, {"architectures": [f"{stem}ForSequenceClassification"],
+                 "id2label": dict(enumerate(labels)),
+                 "label2id": {label: i for i, label in enumerate(labels)}}
+
+
+def _tokenizer(workdir: str, config, task: str, out: str) -> None:
+  """Copies the run's tokenizer where its ids are a Hugging Face tokenizer's own."""
+  if task == "classify":
+    meta = examples.load_examples(os.path.join(workdir, "data"))["meta"]
+    tokenizer, directory = meta["tokenizer"], os.path.join(workdir, "data")
+  else:
+    return  # a pretraining run's ids carry this project's offset
+  if tokenizer["kind"] != "huggingface" or tokenizer["offset"] != 0:
+    return
+  shutil.copyfile(os.path.join(directory, tokenizer["file"]), os.path.join(out, "tokenizer.json"))
+  start = _start(config)
+  for name in _TOKENIZER_FILES:
+    if start and os.path.isfile(os.path.join(start, name)):
+      shutil.copyfile(os.path.join(start, name), os.path.join(out, name))
