@@ -61,6 +61,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.workers = 0
 
   # Masked-token prediction (train.masked_lm): what is predicted and the output layer.
+  # Further pretraining of a Hugging Face BERT, RoBERTa or DistilBERT directory (its encoder
+  # and masked-LM head; config.model's architecture fields do not apply, its training and
+  # execution fields do) on a corpus prepared with its ids: python -m train.prepare
+  # --tokenizer DIR ... then --config.data.prepared=...
+  config.init = ml_collections.ConfigDict()
+  config.init.hf = config_dict.placeholder(str)
+
   config.task = ml_collections.ConfigDict()
   config.task.name = "masked_lm"  # the task: "masked_lm" (pretraining) or "classify"
   # Fraction of each window's tokens to predict (of them 80% masked, 10% random, 10% kept),

@@ -26,7 +26,7 @@ from train import prepare, sources, tokens
 from train.errors import RunError
 from train.files import is_temporary, sha256_bytes, sha256_file
 from train.pipeline import Concatenated, Sources
-from train.tokens import FIRST_TOKEN_ID, TokenizerSpec
+from train.tokens import PROJECT_IDS, SpecialIds, TokenizerSpec
 
 
 @dataclasses.dataclass
@@ -39,6 +39,7 @@ class Windows:
   tokenizer: TokenizerSpec  # what encoded them (its file in the prepared directory)
   identity: str = ""  # SHA-256 of the dataset.json: changes whenever the data is prepared again
   sources: Sources | None = None  # where several datasets make the training rows
+  specials: SpecialIds = PROJECT_IDS  # padding, mask, separator, which ids are text
 
 
 def windows(config, workdir: str, resuming: bool = False, allow_changes: bool = False) -> Windows:
@@ -160,8 +161,8 @@ def load_prepared(prepared: str, seq_len: int, weights: str | None = None,
   directories = [d for _, found in entries for d in found]
   loaded = [_load_directory(d, seq_len) for d in directories]
   first = loaded[0]
-  identities = [{"vocabulary": w.vocab_size, "tokenizer": _tokenizer_identity(w.tokenizer)}
-                for w in loaded]
+  identities = [{"vocabulary": w.vocab_size, "tokenizer": _tokenizer_identity(w.tokenizer),
+                 "special ids": w.specials} for w in loaded]
   for directory, identity in zip(directories[1:], identities[1:]):
     for what, value in identity.items():
       if value != identities[0][what]:
@@ -177,7 +178,7 @@ def load_prepared(prepared: str, seq_len: int, weights: str | None = None,
     windows = Windows(Concatenated([w.train for w in loaded]),
                       np.concatenate([w.eval[:per_directory] for w in loaded]),
                       first.vocab_size, f"{prepared} ({first.tokenizer.kind})", first.tokenizer,
-                      identity)
+                      identity, specials=first.specials)
   if len(entries) > 1 or weights:
     sizes = [sum(len(w.train) for w, d in zip(loaded, directories) if d in found)
              for _, found in entries]
@@ -255,7 +256,8 @@ def _load_directory(directory: str, seq_len: int) -> Windows:
   spec = tokens.spec_of_dataset(directory, meta)
   identity = sha256_file(os.path.join(directory, "dataset.json"))
   return Windows(arrays["train"], arrays["eval"], meta["vocab_size"],
-                 f"{directory} ({spec.kind})", spec, identity)
+                 f"{directory} ({spec.kind})", spec, identity,
+                 specials=tokens.SpecialIds.of_meta(meta))
 
 
 _CHECK_BYTES = 64 << 20  # read at a time by check_ids
@@ -275,10 +277,11 @@ def check_ids(file: str, ids: np.ndarray, vocab_size: int) -> None:
                      f"prepare it again")
 
 
-def most_frequent_token(examples: np.ndarray, sample: int = 100_000) -> int:
-  """The commonest token (not a special id) in the first `sample` windows: the guess of the
-  baseline that always guesses one token."""
+def most_frequent_token(examples: np.ndarray, sample: int = 100_000,
+                        specials: SpecialIds = PROJECT_IDS) -> int:
+  """The commonest token (text, not a special id) in the first `sample` windows: the guess of
+  the baseline that always guesses one token."""
   head = np.asarray(examples[:sample])
-  return int(np.argmax(np.bincount(head[head >= FIRST_TOKEN_ID].astype(np.int64))))
+  return int(np.argmax(np.bincount(head[specials.is_text(head)].astype(np.int64))))
 
 

@@ -3,7 +3,9 @@ config.json, model.safetensors and, where the run's ids are a Hugging Face token
 its tokenizer files, which transformers' Auto classes load.
 
   fine-tuning (classify)   *ForSequenceClassification, the classes as id2label
-  pretraining (masked_lm)  the bare model (AutoModel): the encoder
+  further pretraining      *ForMaskedLM: the encoder and BERT's masked-LM head
+  (masked_lm from config.init.hf)
+  pretraining from scratch the bare model (AutoModel): the encoder
 
 The run's encoder must be one of the BERT family's (`flax_encoder.pytorch.hf.hf_config` says
 what differs otherwise): a run started from a Hugging Face directory is, and keeps its family;
@@ -89,6 +91,8 @@ def export_hf(workdir: str, out: str) -> str:
     classifier = Predictor(workdir).text_classifier()
     cfg, params = classifier.config, classifier.params
     variables = {"params": params["encoder"]}
+  elif _start(config):
+    cfg, variables = _masked_lm(workdir)
   else:
     cfg, variables = load_encoder(workdir)
   family = _family(config, cfg)
@@ -98,8 +102,9 @@ def export_hf(workdir: str, out: str) -> str:
     if task == "classify":
       state, extra = _classifier(family, classifier, variables, cfg, prefix, stem)
     else:
-      state = to_hf_state_dict(variables, cfg, family)
-      extra = {"architectures": [f"{stem}Model"]}
+      head = "heads" in variables
+      state = to_hf_state_dict(variables, cfg, family, prefix=prefix if head else "")
+      extra = {"architectures": [f"{stem}{'ForMaskedLM' if head else 'Model'}"]}
     contents = hf_config(cfg, family, **extra)
   except HFError as e:
     raise RunError(f"--layout hf: {e}") from None
@@ -114,6 +119,29 @@ def export_hf(workdir: str, out: str) -> str:
       json.dump(contents, f, indent=2)
     _tokenizer(workdir, config, task, tmp)
   return out
+
+
+def _masked_lm(workdir: str):
+  """(EncoderConfig, {'params': the encoder's, 'heads': {'masked_lm': …}}) of a further
+  pretraining run's newest verified checkpoint."""
+  import jax
+  import jax.numpy as jnp
+
+  from flax_encoder import Encoder
+  from flax_encoder.heads import MaskedLMHead
+  from train.load import load_params, recorded_encoder_config
+
+  def init_for(meta):
+    cfg = recorded_encoder_config(meta)
+    key, hidden = jax.random.PRNGKey(0), jnp.ones((1, cfg.d_model), cfg.dtype)
+    return lambda: {
+        "encoder": Encoder(cfg).init(key, jnp.ones((1, 1), jnp.int32))["params"],
+        "masked_lm": MaskedLMHead(cfg).init(key, hidden, jnp.ones((cfg.vocab_size,
+                                                                   cfg.d_model)))["params"]}
+
+  params, meta = load_params(workdir, init_for)
+  return recorded_encoder_config(meta), {"params": params["encoder"],
+                                         "heads": {"masked_lm": params["masked_lm"]}}
 
 
 def _classifier(family, classifier, variables, cfg, prefix, stem):
@@ -137,15 +165,18 @@ def _classifier(family, classifier, variables, cfg, prefix, stem):
 
 def _tokenizer(workdir: str, config, task: str, out: str) -> None:
   """Copies the run's tokenizer where its ids are a Hugging Face tokenizer's own."""
+  start = _start(config)
   if task == "classify":
     meta = examples.load_examples(os.path.join(workdir, "data"))["meta"]
     tokenizer, directory = meta["tokenizer"], os.path.join(workdir, "data")
+    if tokenizer["kind"] != "huggingface" or tokenizer["offset"] != 0:
+      return
+    file = os.path.join(directory, tokenizer["file"])
+  elif start:  # trained on the checkpoint's own ids (train.masked_lm checked the file)
+    file = os.path.join(start, "tokenizer.json")
   else:
     return  # a pretraining run's ids carry this project's offset
-  if tokenizer["kind"] != "huggingface" or tokenizer["offset"] != 0:
-    return
-  shutil.copyfile(os.path.join(directory, tokenizer["file"]), os.path.join(out, "tokenizer.json"))
-  start = _start(config)
+  shutil.copyfile(file, os.path.join(out, "tokenizer.json"))
   for name in _TOKENIZER_FILES:
     if start and os.path.isfile(os.path.join(start, name)):
       shutil.copyfile(os.path.join(start, name), os.path.join(out, name))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import flax.linen as nn
 import jax
@@ -17,10 +18,13 @@ import optax
 
 from flax_encoder import Encoder, EncoderConfig, segment_positions
 from flax_encoder.dense import dense
+from flax_encoder.heads import MaskedLMHead
 from train import dataset, settings
+from train.errors import RunError
+from train.files import sha256_file
 from train.task import (FIXES_STATE, FREE, Definition, Field, Plots, Resume, Setup, boolean,
                         integer, number, optional, paths, string)
-from train.tokens import FIRST_TOKEN_ID, MASK_ID, PAD_ID, SEPARATOR_ID
+from train.tokens import PROJECT_IDS, SpecialIds
 
 
 def predictions_per_row(mask_rate: float, seq_len: int, given: int | None = None) -> int:
@@ -36,12 +40,13 @@ def predictions_per_row(mask_rate: float, seq_len: int, given: int | None = None
 
 
 def mask_tokens(tokens: jax.Array, key: jax.Array, *, mask_rate: float, vocab_size: int,
-                predictions: int) -> dict:
+                predictions: int, ids: SpecialIds = PROJECT_IDS) -> dict:
   """BERT's corruption of a batch of windows, for a jitted step.
 
-  In each row, round(mask_rate * n) of its n tokens (ids >= FIRST_TOKEN_ID: never padding or a
-  separator), at least one and at most `predictions`, are chosen uniformly; of them 80% become
-  MASK_ID, 10% a random token, 10% stay. The draws depend only on `key` and the row's place
+  In each row, round(mask_rate * n) of its n text tokens (`ids.is_text`: never padding, a
+  separator or another special id), at least one and at most `predictions`, are chosen
+  uniformly; of them 80% become `ids.mask`, 10% a random token (from ids.first_token on),
+  10% stay. The draws depend only on `key` and the row's place
   in the batch, not on how the batch is split over devices (JAX's partitionable threefry).
 
   Args:
@@ -55,7 +60,7 @@ def mask_tokens(tokens: jax.Array, key: jax.Array, *, mask_rate: float, vocab_si
   """
   tokens = tokens.astype(jnp.int32)
   choose_key, action_key, random_key = jax.random.split(key, 3)
-  real = tokens >= FIRST_TOKEN_ID
+  real = ids.is_text(tokens)
   # The `predictions` real positions with the largest random scores, in random order, then
   # (in short rows) other positions as filler.
   scores = jnp.where(real, jax.random.uniform(choose_key, tokens.shape), -1.0)
@@ -65,8 +70,8 @@ def mask_tokens(tokens: jax.Array, key: jax.Array, *, mask_rate: float, vocab_si
   weights = jnp.arange(predictions) < chosen
   targets = jnp.take_along_axis(tokens, predict_at, axis=1)
   action = jax.random.uniform(action_key, predict_at.shape)
-  random_tokens = jax.random.randint(random_key, predict_at.shape, FIRST_TOKEN_ID, vocab_size)
-  replaced = jnp.where(action < 0.8, MASK_ID, jnp.where(action < 0.9, random_tokens, targets))
+  random_tokens = jax.random.randint(random_key, predict_at.shape, ids.first_token, vocab_size)
+  replaced = jnp.where(action < 0.8, ids.mask, jnp.where(action < 0.9, random_tokens, targets))
   replaced = jnp.where(weights, replaced, targets)  # filler keeps its token
   inputs = jax.vmap(lambda row, at, values: row.at[at].set(values))(tokens, predict_at, replaced)
   return {"inputs": inputs, "predict_at": predict_at, "targets": targets,
@@ -80,6 +85,9 @@ class MaskedLM(nn.Module):
     config: the encoder's.
     tie_embeddings: the output layer is the transposed embedding table plus a bias (BERT's
       choice), instead of a dense layer of its own ('head').
+    bert_head: BERT's whole head instead (`flax_encoder.heads.MaskedLMHead`, 'masked_lm':
+      dense, activation, LayerNorm, then the tied table and a bias), as a Hugging Face
+      checkpoint has it.
     head_at_every_position: with `predict_at`, compute the output layer at every position and
       then select (the cost that selecting first saves; benchmarks/head.py compares them).
   """
@@ -87,6 +95,7 @@ class MaskedLM(nn.Module):
   config: EncoderConfig
   tie_embeddings: bool = False
   head_at_every_position: bool = False
+  bert_head: bool = False
 
   @nn.compact
   def __call__(self, tokens: jax.Array, predict_at: jax.Array | None = None, *,
@@ -102,7 +111,10 @@ class MaskedLM(nn.Module):
     select = lambda x: jnp.take_along_axis(x, predict_at[..., None], axis=1)
     if predict_at is not None and not self.head_at_every_position:
       hidden = select(hidden)
-    if self.tie_embeddings:
+    if self.bert_head:
+      table = nn.meta.unbox(encoder.variables["params"]["embedding"]["embedding"])
+      logits = MaskedLMHead(cfg, name="masked_lm")(hidden, table)
+    elif self.tie_embeddings:
       table = nn.meta.unbox(encoder.variables["params"]["embedding"]["embedding"])
       bias = self.param("head_bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
                                                                   ("vocab",)),
@@ -117,11 +129,11 @@ class MaskedLM(nn.Module):
     return logits
 
 
-def document_ids(tokens: jax.Array) -> jax.Array:
+def document_ids(tokens: jax.Array, ids: SpecialIds = PROJECT_IDS) -> jax.Array:
   """int32 [batch, seq]: the segment id of each token's document in its window, 1 + the
   separators before it (a separator ends its document and belongs to it); 0 at padding."""
-  separators = (tokens == SEPARATOR_ID).astype(jnp.int32)
-  return jnp.where(tokens == PAD_ID, 0, jnp.cumsum(separators, axis=1) - separators + 1)
+  separators = (tokens == ids.separator).astype(jnp.int32)
+  return jnp.where(tokens == ids.pad, 0, jnp.cumsum(separators, axis=1) - separators + 1)
 
 
 def smoothed_loss_sum(logits, targets, weights, label_smoothing: float) -> jax.Array:
@@ -154,6 +166,7 @@ class MaskedLMTask:
     cross_document_attention: the documents packed into a window see each other, with
       positions running on across them; False encodes each as if alone (segment ids and
       per-document positions from the separators, in the step).
+    ids: the data's special ids (this project's, or a Hugging Face checkpoint's own).
   """
 
   model: MaskedLM
@@ -162,6 +175,7 @@ class MaskedLMTask:
   label_smoothing: float
   baseline_token: int
   cross_document_attention: bool = True
+  ids: SpecialIds = PROJECT_IDS
 
   def init(self, rng: jax.Array, seq_len: int):
     """Parameters, boxed with their logical axes."""
@@ -171,7 +185,8 @@ class MaskedLMTask:
   def batch(self, tokens: jax.Array, key: jax.Array) -> dict:
     """Token ids [batch, seq] -> the masked batch (`mask_tokens`), drawn from `key`."""
     return mask_tokens(tokens, key, mask_rate=self.mask_rate,
-                       vocab_size=self.model.config.vocab_size, predictions=self.predictions)
+                       vocab_size=self.model.config.vocab_size, predictions=self.predictions,
+                       ids=self.ids)
 
   def loss_count(self, batch: dict) -> jax.Array:
     """What the training loss is averaged over: the batch's masked positions."""
@@ -193,7 +208,7 @@ class MaskedLMTask:
     see each other. Masking never touches a separator, so they come from the inputs."""
     if self.cross_document_attention:
       return {}
-    segment_ids = document_ids(inputs)
+    segment_ids = document_ids(inputs, self.ids)
     return {"segment_ids": segment_ids, "positions": segment_positions(segment_ids)}
 
   @staticmethod
@@ -209,28 +224,63 @@ class MaskedLMTask:
     return int(rows.size)
 
 
-def task(config, cfg: EncoderConfig, baseline_token: int) -> MaskedLMTask:
-  """The task config.task describes (label smoothing from config.optim) for the encoder `cfg`."""
+def task(config, cfg: EncoderConfig, baseline_token: int, ids: SpecialIds = PROJECT_IDS,
+         bert_head: bool = False) -> MaskedLMTask:
+  """The task config.task describes (label smoothing from config.optim) for the encoder `cfg`
+  and data of special `ids`; `bert_head`: a Hugging Face checkpoint's head."""
   return MaskedLMTask(
-      model=MaskedLM(cfg, tie_embeddings=config.task.tie_embeddings),
+      model=MaskedLM(cfg, tie_embeddings=config.task.tie_embeddings, bert_head=bert_head),
       mask_rate=config.task.mask_rate,
       predictions=predictions_per_row(config.task.mask_rate, config.train.seq_len,
                                       config.task.max_predictions_per_seq),
       label_smoothing=config.optim.label_smoothing, baseline_token=baseline_token,
-      cross_document_attention=config.task.cross_document_attention)
+      cross_document_attention=config.task.cross_document_attention, ids=ids)
 
 
 def setup(config, workdir: str, resume: Resume) -> Setup:
-  """Pretraining on the windows config.data names (train.dataset.windows)."""
+  """Pretraining on the windows config.data names (train.dataset.windows), from scratch or,
+  with config.init.hf, on from a Hugging Face checkpoint."""
   windows = dataset.windows(config, workdir, resume.resuming, resume.allow_changes)
-  cfg = settings.encoder_config(config.model, windows.vocab_size, windows.source,
-                                config.train.seq_len)
-  return Setup(task=task(config, cfg, dataset.most_frequent_token(windows.train)), encoder=cfg,
-               train=windows.train, eval=windows.eval[:config.data.max_eval_windows],
-               eval_fill=PAD_ID,
+  baseline = dataset.most_frequent_token(windows.train, specials=windows.specials)
+  start = config.init.get("hf") if "init" in config else None
+  if start:
+    cfg, params = _from_hf(config, start, windows)
+  else:
+    cfg, params = settings.encoder_config(config.model, windows.vocab_size, windows.source,
+                                          config.train.seq_len), None
+  return Setup(task=task(config, cfg, baseline, windows.specials, bert_head=bool(start)),
+               encoder=cfg, train=windows.train,
+               eval=windows.eval[:config.data.max_eval_windows], eval_fill=windows.specials.pad,
                record={"encoder": cfg.record(), "dataset": windows.identity,
-                       "source": windows.source},
-               sources=windows.sources)
+                       "source": windows.source, "start": start or "scratch"},
+               sources=windows.sources, start_params=params)
+
+
+def _from_hf(config, path: str, windows: dataset.Windows):
+  """(EncoderConfig, starting parameters) of the Hugging Face checkpoint at `path`, run as
+  config.model's training and execution fields say; the windows must hold its own ids."""
+  from flax_encoder.pytorch.hf import load_hf
+  run = {name: config.model[name] for name in EncoderConfig.fields("training") +
+         EncoderConfig.fields("execution") if config.model.get(name) is not None}
+  try:
+    cfg, variables = load_hf(path, **run)
+  except (FileNotFoundError, ValueError, TypeError) as e:
+    raise RunError(f"config.init.hf: {e}".splitlines()[0]) from None
+  tokenizer = os.path.join(path, "tokenizer.json")
+  if windows.specials.first_token != 0 or windows.tokenizer.path is None or not (
+      os.path.isfile(tokenizer) and sha256_file(tokenizer) == sha256_file(
+          windows.tokenizer.path)):
+    raise RunError(f"config.data.prepared: {windows.source} holds other ids than the "
+                   f"checkpoint's; prepare the corpus with its tokenizer and ids: python -m "
+                   f"train.prepare --tokenizer {path} ...")
+  if "masked_lm" not in variables.get("heads", {}):
+    raise RunError(f"config.init.hf: {path} has no masked-LM head (a *ForMaskedLM or "
+                   f"*ForPreTraining checkpoint has one)")
+  if windows.vocab_size > cfg.vocab_size:
+    raise RunError(f"config.data.prepared: ids up to {windows.vocab_size - 1}, but {path}'s "
+                   f"embedding has {cfg.vocab_size} rows")
+  settings.check_seq_len(cfg, config.train.seq_len)
+  return cfg, {"encoder": variables["params"], "masked_lm": variables["heads"]["masked_lm"]}
 
 
 def summary(metrics: dict) -> str:
@@ -250,6 +300,7 @@ DEFINITION = Definition(
         "data.paths": Field(paths),
         "data.eval_fraction": Field(number(0, 1, high_open=True)),
         "data.max_eval_windows": Field(integer(1), FREE),
+        "init.hf": Field(optional(string), FIXES_STATE),
     },
     setup=setup,
     plots=Plots(loss_title="Masked-token loss", loss_unit="nats / masked token",

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import multiprocessing
@@ -58,7 +59,8 @@ from tqdm import tqdm
 
 from train.files import temporary_directory
 from train.sources import BUILTIN, PrepareError, Source, documents, expand, plan, shard_of
-from train.tokens import FIRST_TOKEN_ID, MASK_ID, PAD_ID, SEPARATOR_ID, Tokenizer, TokenizerSpec
+from train.tokens import (FIRST_TOKEN_ID, PAD_ID, PROJECT_IDS, SEPARATOR_ID, SpecialIds,
+                          Tokenizer, TokenizerSpec, hf_special_ids)
 from train.vocabulary import TRAINED, tokenizer_in
 
 __all__ = ["BUILTIN", "FORMAT", "PrepareError", "Source", "expand", "prepare", "main"]
@@ -72,63 +74,80 @@ _UNITS_IN_FLIGHT = 4  # per worker: bounds the memory held by the work queue
 # Reading (train.sources): the documents of the inputs, grouped into units of work.
 
 
-def _chunks(documents: Iterator[tuple[int, str, bool]]) -> Iterator[tuple[list, list, list]]:
+def _chunks(documents: Iterator[tuple[int, str, bool]]) -> Iterator[tuple[list, ...]]:
   """Documents grouped into units of work of about _CHUNK_CHARS characters: (parts, texts,
-  ends)."""
-  parts, texts, ends, size = [], [], [], 0
+  ends, begins): each text's part, and whether it ends and begins its document."""
+  parts, texts, ends, begins, size = [], [], [], [], 0
+  inside = set()  # the parts whose last text did not end its document
   for part, text, end in documents:
     parts.append(part)
     texts.append(text)
     ends.append(end)
+    begins.append(part not in inside)
+    (inside.discard if end else inside.add)(part)
     size += len(text)
     if size >= _CHUNK_CHARS:
-      yield parts, texts, ends
-      parts, texts, ends, size = [], [], [], 0
+      yield parts, texts, ends, begins
+      parts, texts, ends, begins, size = [], [], [], [], 0
   if texts:
-    yield parts, texts, ends
+    yield parts, texts, ends, begins
 
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizing, in this process or in a pool of workers.
 
 
-def chunk_ids(tokenizer: Tokenizer, chunk: tuple[list, list, list]) -> list[tuple[int, np.ndarray]]:
-  """(part, ids) of a chunk's texts, a separator after each that ends a document, one array
-  per part in the order the parts come."""
-  parts, texts, ends = chunk
-  separator = np.array([SEPARATOR_ID], np.int32)
+@dataclasses.dataclass(frozen=True)
+class Framing:
+  """How documents become ids: the tokenizer's ids + `offset`, `start` before each document and
+  `end` after it, `pad` after a part's last one. This project's: + 4, nothing before and the
+  separator after; a Hugging Face checkpoint's own: + 0 and its template ([CLS] … [SEP])."""
+
+  offset: int = FIRST_TOKEN_ID
+  start: tuple[int, ...] = ()
+  end: tuple[int, ...] = (SEPARATOR_ID,)
+  pad: int = PAD_ID
+  specials: SpecialIds = PROJECT_IDS
+
+
+def chunk_ids(tokenizer: Tokenizer, chunk: tuple[list, ...],
+              framing: Framing = Framing()) -> list[tuple[int, np.ndarray]]:
+  """(part, ids) of a chunk's texts, framed (`framing.start` before each that begins a
+  document, `framing.end` after each that ends one), one array per part in the order the
+  parts come."""
+  parts, texts, ends, begins = chunk
+  start, end = (np.array(ids, np.int32) for ids in (framing.start, framing.end))
   pieces = {}
-  for part, ids, end in zip(parts, tokenizer.encode_batch(texts), ends):
-    pieces.setdefault(part, []).append(ids)
-    if end:
-      pieces[part].append(separator)
+  for part, ids, ending, beginning in zip(parts, tokenizer.encode_batch(texts), ends, begins):
+    pieces.setdefault(part, []).extend(([start] if beginning else []) + [ids] +
+                                       ([end] if ending else []))
   return [(part, np.concatenate(p)) for part, p in pieces.items()]
 
 
 # A pool worker's tokenizer, loaded once when the worker starts (Pool's initializer is the only
 # way to hand each worker process a state of its own).
-_worker_tokenizer: Tokenizer | None = None
+_worker: tuple[Tokenizer, Framing] | None = None
 
 
-def _start_worker(spec: TokenizerSpec) -> None:
-  global _worker_tokenizer
+def _start_worker(spec: TokenizerSpec, framing: Framing) -> None:
+  global _worker
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-  _worker_tokenizer = spec.load()
+  _worker = spec.load(framing.offset), framing
 
 
 def _worker_chunk_ids(chunk):
-  return chunk_ids(_worker_tokenizer, chunk)
+  return chunk_ids(_worker[0], chunk, _worker[1])
 
 
 @contextlib.contextmanager
-def _encoder(spec: TokenizerSpec, workers: int):
+def _encoder(spec: TokenizerSpec, workers: int, framing: Framing):
   """Yields a function: a list of chunks -> their ids, in order, computed by `workers`
   processes (one: here, without a pool)."""
   if workers == 1:
-    tokenizer = spec.load()
-    yield lambda chunks: [chunk_ids(tokenizer, c) for c in chunks]
+    tokenizer = spec.load(framing.offset)
+    yield lambda chunks: [chunk_ids(tokenizer, c, framing) for c in chunks]
     return
-  pool = multiprocessing.get_context("spawn").Pool(workers, _start_worker, (spec,))
+  pool = multiprocessing.get_context("spawn").Pool(workers, _start_worker, (spec, framing))
   try:
     yield lambda chunks: pool.map(_worker_chunk_ids, chunks)
   finally:
@@ -167,16 +186,20 @@ class _WindowWriter:
   when (j + u) % held_out_every == held_out_every - 1, else goes to train.bin. So the windows
   of a part do not depend on which other parts are prepared with it."""
 
-  def __init__(self, directory: str, seq_len: int, dtype, held_out_every: int):
+  def __init__(self, directory: str, seq_len: int, dtype, held_out_every: int,
+               framing: Framing = Framing()):
     self.seq_len, self.dtype, self.held_out_every = seq_len, dtype, held_out_every
+    self.framing = framing
     self.files = {s: open(os.path.join(directory, f"{s}.bin"), "wb") for s in ("train", "eval")}
     self.counts = {"train": 0, "eval": 0}
     self.pending = {}  # part -> its ids not yet a full window
     self.made = {}  # part -> its windows written
-    self.text_tokens = 0  # ids other than separators
+    self.text_tokens = 0  # ids other than the framing's
 
   def add(self, part: int, ids: np.ndarray) -> None:
-    self.text_tokens += int(np.count_nonzero(ids != SEPARATOR_ID))
+    framing = self.framing
+    self.text_tokens += len(ids) - int(np.count_nonzero(np.isin(ids, framing.start +
+                                                                framing.end)))
     flat = np.concatenate([self.pending.get(part, np.zeros(0, np.int32)), ids])
     full = len(flat) // self.seq_len * self.seq_len
     self._write(part, flat[:full].reshape(-1, self.seq_len))
@@ -186,7 +209,7 @@ class _WindowWriter:
     """Writes each part's last, padded window and closes the files."""
     for part, ids in sorted(self.pending.items()):
       if len(ids):
-        last = np.full(self.seq_len, PAD_ID, np.int32)
+        last = np.full(self.seq_len, self.framing.pad, np.int32)
         last[:len(ids)] = ids
         self._write(part, last[None])
     self.pending = {}
@@ -272,12 +295,15 @@ def _prepare(paths, out, tokenizer, vocab_size, seq_len, eval_fraction, text_fie
   sources = shard_of(sources, shard, num_shards)
   every = held_out_every(eval_fraction)
   with temporary_directory(out) as tmp, contextlib.ExitStack() as stack:
+    framing = _framing(tokenizer)
+    if os.path.isdir(tokenizer):  # a Hugging Face model's: its tokenizer.json
+      tokenizer = os.path.join(tokenizer, "tokenizer.json")
     spec, tokenizer_file = tokenizer_in(tmp, tokenizer, vocab_size, paths, text_field,
                                          sample_mb, say)
     tokenizer_vocab = spec.load().size
-    vocab = FIRST_TOKEN_ID + tokenizer_vocab
+    vocab = framing.offset + tokenizer_vocab
     dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
-    windows = stack.enter_context(_WindowWriter(tmp, seq_len, dtype, every))
+    windows = stack.enter_context(_WindowWriter(tmp, seq_len, dtype, every, framing))
     # The bar counts text: the stored size is its total only for plain files read whole.
     plain = all(s.compression is None and s.format != "parquet" and len(s.keep) == s.parts
                 for s in sources)
@@ -285,9 +311,9 @@ def _prepare(paths, out, tokenizer, vocab_size, seq_len, eval_fraction, text_fie
     desc = f"encoding ({workers} worker{'s' if workers > 1 else ''})"
     with (tqdm(total=total, unit="B", unit_scale=True, desc=desc,
                disable=not progress) as bar,
-          _encoder(spec, workers) as encode):
+          _encoder(spec, workers, framing) as encode):
       chunks = _chunks(documents(sources, text_field))
-      for (_, texts, _), part_ids in _encoded(chunks, encode, workers * _UNITS_IN_FLIGHT):
+      for (_, texts, *_), part_ids in _encoded(chunks, encode, workers * _UNITS_IN_FLIGHT):
         for part, ids in part_ids:
           windows.add(part, ids)
         bar.update(sum(len(t.encode("utf-8")) for t in texts))
@@ -302,8 +328,8 @@ def _prepare(paths, out, tokenizer, vocab_size, seq_len, eval_fraction, text_fie
         "format": FORMAT,
         "tokenizer": {"kind": spec.kind, "file": tokenizer_file, "vocab_size": tokenizer_vocab},
         "vocab_size": vocab,
-        "special_ids": {"pad": PAD_ID, "mask": MASK_ID, "separator": SEPARATOR_ID},
-        "first_token_id": FIRST_TOKEN_ID,
+        "special_ids": framing.specials.to_meta(),
+        "first_token_id": framing.specials.first_token,
         "seq_len": seq_len,
         "dtype": np.dtype(dtype).name,
         "windows": windows.counts,
@@ -316,6 +342,18 @@ def _prepare(paths, out, tokenizer, vocab_size, seq_len, eval_fraction, text_fie
     with open(os.path.join(tmp, "dataset.json"), "w") as f:
       json.dump(meta, f, indent=1)
   return meta
+
+
+def _framing(tokenizer: str) -> Framing:
+  """This project's framing, or for a Hugging Face model directory (`--tokenizer DIR`) the
+  checkpoint's own ids and template."""
+  if not os.path.isdir(tokenizer):
+    return Framing()
+  try:
+    ids, template = hf_special_ids(tokenizer)
+  except ValueError as e:
+    raise PrepareError(f"--tokenizer {e}") from None
+  return Framing(0, template.start, template.end, ids.pad, ids)
 
 
 class _Terminated(Exception):

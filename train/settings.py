@@ -48,11 +48,16 @@ def build_encoder(fields: dict, vocab_size: int, pad_id: int, seq_len: int) -> E
     cfg = EncoderConfig(vocab_size=vocab_size, pad_id=pad_id, **fields)
   except ConfigError as e:
     raise RunError(f"config.model.{e.field}: {e.value!r}, expected {e.expected}") from None
+  check_seq_len(cfg, seq_len)
+  return cfg
+
+
+def check_seq_len(cfg: EncoderConfig, seq_len: int) -> None:
+  """RunError unless windows of `seq_len` fit `cfg`'s positions and its attention kernel."""
   if seq_len > cfg.max_len:
     raise RunError(f"config.train.seq_len: {seq_len}, expected <= config.model.max_len "
                    f"({cfg.max_len})")
   _check_kernel(cfg, seq_len)
-  return cfg
 
 
 def _check_kernel(cfg: EncoderConfig, seq_len: int) -> None:

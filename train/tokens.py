@@ -67,6 +67,78 @@ class Tokenizer(library.Tokenizer):
             for i in np.asarray(ids).ravel().tolist()]
 
 
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+  """The ids a masked-LM run treats apart: padding, the mask, the separator that ends each
+  document, and which ids are text (the only ones chosen for prediction): those from
+  `first_token` on, but for `others`. This project's numbering is the default; a Hugging Face
+  checkpoint's ids (`hf_special_ids`) start text at 0 and list [CLS], [UNK] … in `others`."""
+
+  pad: int = PAD_ID
+  mask: int = MASK_ID
+  separator: int = SEPARATOR_ID
+  first_token: int = FIRST_TOKEN_ID
+  others: tuple[int, ...] = ()
+
+  def is_text(self, ids):
+    """Where `ids` (a numpy or jax array) are text; the same array type back."""
+    text = ids >= self.first_token
+    for other in (self.pad, self.mask, self.separator, *self.others):
+      text = text & (ids != other)
+    return text
+
+  def to_meta(self) -> dict:
+    return {"pad": self.pad, "mask": self.mask, "separator": self.separator,
+            "others": list(self.others)}
+
+  @classmethod
+  def of_meta(cls, meta: dict) -> SpecialIds:
+    """The special ids a prepared dataset's dataset.json `meta` records."""
+    ids = meta.get("special_ids", {})
+    return cls(int(ids.get("pad", PAD_ID)), int(ids.get("mask", MASK_ID)),
+               int(ids.get("separator", SEPARATOR_ID)),
+               int(meta.get("first_token_id", FIRST_TOKEN_ID)),
+               tuple(int(i) for i in ids.get("others", ())))
+
+
+PROJECT_IDS = SpecialIds()
+
+
+def hf_special_ids(directory: str) -> tuple[SpecialIds, library.Template]:
+  """The special ids of the Hugging Face model directory `directory` (config.json's
+  pad_token_id, tokenizer_config.json's mask token, every special token of tokenizer.json)
+  and the template its tokenizer puts around a text; ValueError naming what is missing."""
+  import json
+
+  from tokenizers import Tokenizer as HFTokenizer
+  file = os.path.join(directory, "tokenizer.json")
+  if not os.path.isfile(file):
+    raise ValueError(f"{directory}: no tokenizer.json (the fast tokenizer's file; "
+                     f"transformers writes it with AutoTokenizer.from_pretrained(DIR)"
+                     f".save_pretrained(DIR))")
+  hf = HFTokenizer.from_file(file)
+  specials = {t.content: i for i, t in hf.get_added_tokens_decoder().items() if t.special}
+  named = {}
+  for name in ("tokenizer_config.json", "special_tokens_map.json", "config.json"):
+    path = os.path.join(directory, name)
+    if os.path.isfile(path):
+      with open(path, encoding="utf-8") as f:
+        named = {**json.load(f), **named}
+  token = lambda value: value.get("content") if isinstance(value, dict) else value
+  mask = specials.get(token(named.get("mask_token")))
+  pad = named.get("pad_token_id", specials.get(token(named.get("pad_token"))))
+  if mask is None or pad is None:
+    raise ValueError(f"{directory}: its tokenizer names no {'mask' if mask is None else 'pad'} "
+                     f"token (tokenizer_config.json's mask_token, config.json's pad_token_id): "
+                     f"not a masked-LM checkpoint's tokenizer")
+  template = library.Tokenizer("huggingface", open(file, "rb").read()).template()
+  if template is None or not template.end:
+    raise ValueError(f"{file}: no post-processor that ends a text with a separator ([SEP], "
+                     f"</s>)")
+  others = tuple(sorted(set(specials.values()) - {mask, pad, template.end[-1]}))
+  return SpecialIds(int(pad), int(mask), template.end[-1], 0, others), template
+
+
 def spec_of_dataset(directory: str, meta: dict) -> TokenizerSpec:
   """The tokenizer a prepared dataset (its dataset.json `meta`) was encoded with."""
   recorded = meta["tokenizer"]
