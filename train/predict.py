@@ -30,7 +30,7 @@ import numpy as np
 from flax_encoder.classifier import SequenceClassifier, macro_f1
 from flax_encoder.text_classifier import TextClassifier
 from flax_encoder.tokenizer import Template
-from train import classify, examples, sources
+from train import examples, finetune, sources
 from train.errors import RunError
 from train.files import written_whole
 from train.workdir import out_problem
@@ -68,15 +68,15 @@ class Predictor:
       raise RunError(f"--workdir {workdir}: a {config.task.get('name', 'masked_lm')} run, "
                      f"expected a fine-tuning (classify) run")
     meta = examples.load_examples(os.path.join(workdir, "data"))["meta"]
-    tokenizer = classify.run_tokenizer(workdir, meta)
+    tokenizer = finetune.run_tokenizer(workdir, meta)
     self.fields = meta["fields"]
 
-    # The pooling the run used (classify.pooling), recorded since config.init.hf could say it.
+    # The pooling the run used (finetune.pooling), recorded since config.init.hf could say it.
     pooling_of = lambda record: record.get("pooling") or config.task.pooling or "mean"
 
     def init_for(record):
       model = SequenceClassifier(recorded_encoder_config(record), len(record["labels"]),
-                                 pooling_of(record), classify.type_separator(meta))
+                                 pooling_of(record), finetune.type_separator(meta))
       return lambda: model.init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
 
     params, record = load_params(workdir, init_for)
@@ -85,7 +85,7 @@ class Predictor:
                                      tokenizer, meta["seq_len"], meta["separator_id"],
                                      pooling_of(record), batch_size,
                                      Template.from_dict(template) if template else None,
-                                     classify.type_separator(meta))
+                                     finetune.type_separator(meta))
     self.labels = self.classifier.labels
 
   def probabilities(self, texts: list[str], pairs: list[str | None]) -> np.ndarray:
