@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,24 @@ def default_buckets(config: EncoderConfig, longest: int) -> list[int]:
     return buckets
   check_kernel_length(config.attention_impl, longest)  # the longest must fit: a ValueError
   return [b for b in buckets if kernel_takes(config.attention_impl, b)]
+
+
+def padded_batches(rows: Sequence[np.ndarray], buckets: Sequence[int], batch_size: int,
+                   pad_id: int) -> Iterator[tuple[list[int], np.ndarray]]:
+  """Rows of ids (of any length up to the largest of `buckets`) in batches of a few shapes:
+  (the rows' indices, int32 ids [batch_size, bucket]), each row padded with `pad_id` to the
+  smallest bucket that holds it and the last batch of a bucket filled up with padding rows,
+  so that a jitted model compiles once per bucket."""
+  by_bucket = {}
+  for i, row in enumerate(rows):
+    by_bucket.setdefault(next(b for b in buckets if len(row) <= b), []).append(i)
+  for bucket, indices in sorted(by_bucket.items()):
+    for start in range(0, len(indices), batch_size):
+      batch = indices[start:start + batch_size]
+      ids = np.full((batch_size, bucket), pad_id, np.int32)
+      for j, i in enumerate(batch):
+        ids[j, :len(rows[i])] = rows[i]
+      yield batch, ids
 
 
 class BucketedEncoder:

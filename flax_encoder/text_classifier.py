@@ -24,7 +24,7 @@ import numpy as np
 
 from flax_encoder.classifier import POOLINGS, SequenceClassifier
 from flax_encoder.config import EncoderConfig
-from flax_encoder.inference import default_buckets
+from flax_encoder.inference import default_buckets, padded_batches
 from flax_encoder.tokenizer import Template, Tokenizer, encode_examples
 from flax_encoder.weights import CLASSIFIER_FORMAT, read, write
 
@@ -90,16 +90,8 @@ class TextClassifier:
     rows = encode_examples(self.tokenizer, list(texts), None if pairs is None else list(pairs),
                            self.seq_len, self.separator_id, self.template)
     out = np.zeros((len(rows), len(self.labels)), np.float32)
-    by_bucket = {}
-    for i, row in enumerate(rows):
-      by_bucket.setdefault(next(b for b in self.buckets if len(row) <= b), []).append(i)
-    for bucket, indices in sorted(by_bucket.items()):
-      for start in range(0, len(indices), self.batch_size):
-        batch = indices[start:start + self.batch_size]
-        ids = np.full((self.batch_size, bucket), self.config.pad_id, np.int32)
-        for j, i in enumerate(batch):
-          ids[j, :len(rows[i])] = rows[i]
-        out[batch] = np.asarray(self._probabilities(self.params, ids))[:len(batch)]
+    for batch, ids in padded_batches(rows, self.buckets, self.batch_size, self.config.pad_id):
+      out[batch] = np.asarray(self._probabilities(self.params, ids))[:len(batch)]
     return out
 
   def __call__(self, texts: Sequence[str], pairs: Sequence[str | None] | None = None) -> list:

@@ -152,3 +152,29 @@ def encode_examples(tokenizer: Tokenizer, texts: list[str], pairs: list[str | No
   seconds = tokenizer.encode_batch([p or "" for p in pairs])
   return [example_ids(a, b if p is not None else None, seq_len, separator_id, template)[0]
           for a, b, p in zip(firsts, seconds, pairs)]
+
+
+def encode_words(tokenizer: Tokenizer, examples: list[list[str]], seq_len: int,
+                 template: Template | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+  """Each example's words as ids, and where each word's first id lies in them: (ids, first),
+  ids at most `seq_len` long, first int32 [len(words)], -1 for a word cut off or tokenized to
+  nothing.
+
+  Each word is tokenized on its own after a space, so that a byte-level BPE (RoBERTa's) sees
+  it as a word in running text, as transformers' `is_split_into_words` with
+  `add_prefix_space=True` does; WordPiece and SentencePiece drop the space. The `template`'s
+  start and end ids ([CLS] … [SEP]) go around the words, which are cut to fit between them.
+  """
+  template = template or Template()
+  start, end = np.asarray(template.start, np.int32), np.asarray(template.end, np.int32)
+  room = max(seq_len - len(start) - len(end), 0)
+  pieces = iter(tokenizer.encode_batch([" " + w for words in examples for w in words]))
+  out = []
+  for words in examples:
+    own = [next(pieces) for _ in words]
+    lengths = np.asarray([len(p) for p in own], np.int64)
+    offsets = np.cumsum(lengths) - lengths
+    first = np.where((lengths > 0) & (offsets < room), offsets + len(start), -1)
+    body = np.concatenate([np.zeros(0, np.int32), *own])[:room].astype(np.int32)
+    out.append((np.concatenate([start, body, end]), first.astype(np.int32)))
+  return out

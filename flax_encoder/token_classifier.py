@@ -1,0 +1,38 @@
+"""A token classifier: the encoder, then dropout and a dense layer to one logit per tag at
+every position (BERT's BertForTokenClassification).
+
+    model = TokenClassifier(config, num_labels=9)
+    logits = model.apply({"params": params}, tokens)   # int [batch, seq] -> [batch, seq, 9]
+
+Its parameters are {"encoder": the Encoder's, "classifier": {"kernel", "bias"}}. Which
+positions carry a word's tag (its first sub-token) is the data's business:
+`flax_encoder.tokenizer.encode_words` lays the words out and says where each begins.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from flax_encoder.config import EncoderConfig
+from flax_encoder.dense import dense
+from flax_encoder.dropout import Dropout
+from flax_encoder.encoder import Encoder
+
+
+class TokenClassifier(nn.Module):
+  """The encoder, dropout and a dense layer to `num_labels` float32 logits per token (all
+  tokens of type 0, as for one text)."""
+
+  config: EncoderConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
+    """int [batch, seq] -> logits [batch, seq, num_labels], float32."""
+    cfg = self.config
+    hidden = Encoder(cfg, name="encoder")(tokens, deterministic=deterministic)
+    hidden = Dropout(cfg.dropout)(hidden, deterministic=deterministic)
+    logits = dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(hidden)
+    return logits.astype(jnp.float32)
