@@ -4,27 +4,16 @@ tokenizer.json and tokenizer_config.json, as `save_pretrained` writes them."""
 
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-from tokenizers import trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from benchmarks.hf_walkthrough import wordpiece
 
 TEXTS = ["0 1 2 3 4 5 6 7 8 9 0123 4567 89", "a b c d e f g h i j abcd efgh ij",
          "+ - * / = < > ! ? % +-*/ =<>!", "the quick brown fox jumps over the lazy dog"] * 4
 
 
 def _wordpiece() -> tuple[Tokenizer, dict]:
-  tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-  tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-  tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-  specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-  tok.train_from_iterator(TEXTS, trainers.WordPieceTrainer(vocab_size=120,
-                                                           special_tokens=specials))
-  cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-  tok.post_processor = processors.TemplateProcessing(
-      single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-      special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-  tok.decoder = decoders.WordPiece()
-  return tok, dict(unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
-                   mask_token="[MASK]")
+  return wordpiece(TEXTS, 120)
 
 
 def _byte_bpe() -> tuple[Tokenizer, dict]:
