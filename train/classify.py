@@ -26,13 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from flax_encoder.classifier import POOLINGS, macro_f1
+from flax_encoder.classifier import macro_f1
 from flax_encoder.classifier import SequenceClassifier as Classifier
 from train import examples, finetune
 from train.errors import RunError
 from train.finetune import pooling, type_separator
-from train.task import (Definition, Field, Plots, Resume, Setup, choice, integer, optional,
-                        string)
+from train.task import Definition, Plots, Resume, Setup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +103,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
       paths = examples.write_builtin(os.path.join(workdir, "builtin"))
     else:
       paths = {s: os.path.join(workdir, "builtin", f"{s}.jsonl") for s in paths}
-  prepared = prepare_texts(config, workdir, resume, paths, "class")
+  prepared = finetune.prepare_texts(config, workdir, resume, paths, "class")
   cfg, meta, loaded = prepared.encoder, prepared.meta, prepared.loaded
   labels = meta["labels"]
   params = finetune.start_params(prepared.start, cfg, config, len(labels), pooling(config),
@@ -119,26 +118,6 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                        "source": os.path.join(workdir, "data"), "labels": labels,
                        "start": prepared.start.source, "pooling": model.pooling},
                start_params=params)
-
-
-def prepare_texts(config, workdir: str, resume: Resume, paths: dict,
-                  label_kind: str) -> finetune.Prepared:
-  """The texts (and pairs) of `paths` with their labels (`label_kind`: "class" or "number"),
-  laid out as the starting encoder's tokenizer lays them out, prepared once."""
-  fields = {"text": config.data.text_field, "pair": config.data.pair_field,
-            "label": config.data.label_field}
-
-  def build(directory, tokenizer, tokenizer_file, pad_id, template):
-    return examples.prepare_examples(paths, directory, tokenizer, tokenizer_file,
-                                     config.train.seq_len, fields, pad_id,
-                                     config.data.separator_id, template, label_kind)
-
-  return finetune.prepare(
-      config, workdir, resume, paths, lambda record: [record.get(f) for f in
-                                                      (fields["text"], fields["pair"])],
-      build, {"fields": fields, "separator_id": config.data.separator_id,
-              # unrecorded (None) for classes, as in the data directories prepared before
-              "label_kind": examples.recorded_kind(label_kind)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,15 +140,7 @@ def export(workdir: str, out: str) -> str:
 
 DEFINITION = Definition(
     name="classify",
-    fields={
-        **finetune.FIELDS,
-        "task.pooling": Field(optional(choice(POOLINGS))),
-        "data.text_field": Field(string),
-        "data.pair_field": Field(string),
-        "data.label_field": Field(string),
-        "data.separator_id": Field(integer(0)),
-        "init.torch_head": Field(optional(string)),
-    },
+    fields={**finetune.FIELDS, **finetune.TEXT_FIELDS},
     setup=setup,
     plots=Plots(loss_title="Classification loss", loss_unit="nats / example",
                 train_loss="train", metrics={"accuracy": "accuracy", "macro_f1": "macro-F1"},

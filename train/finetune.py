@@ -23,10 +23,11 @@ import jax
 import numpy as np
 
 from flax_encoder import EncoderConfig
+from flax_encoder.classifier import POOLINGS
 from train import dataset, examples, settings, sources, tokens, vocabulary
 from train.errors import RunError
 from train.files import sha256_file
-from train.task import Field, Resume, integer, optional, string
+from train.task import Field, Resume, choice, integer, optional, string
 from train.tokens import TokenizerSpec
 
 # The encoder's fields a pretrained encoder brings (what it is and how its parameters are
@@ -52,6 +53,15 @@ FIELDS = {
     "init.n_heads": Field(optional(integer(1))),
     "init.prefix": Field(lambda value: None if isinstance(value, str) else "a string"),
     "init.hf": Field(optional(string)),
+}
+# The fields of the tasks that label a text or a pair of texts (classify, regress).
+TEXT_FIELDS = {
+    "task.pooling": Field(optional(choice(POOLINGS))),
+    "data.text_field": Field(string),
+    "data.pair_field": Field(string),
+    "data.label_field": Field(string),
+    "data.separator_id": Field(integer(0)),
+    "init.torch_head": Field(optional(string)),
 }
 
 
@@ -345,6 +355,26 @@ def prepare(config, workdir: str, resume: Resume, paths: dict, texts: Texts, bui
   loaded = examples.load_examples(directory)
   cfg = encoder_config(config, start, loaded["meta"]["vocab_size"], pad_id)
   return Prepared(start, loaded, cfg, pad_id)
+
+
+def prepare_texts(config, workdir: str, resume: Resume, paths: dict,
+                  label_kind: str) -> Prepared:
+  """The texts (and pairs) of `paths` with their labels (`label_kind`: "class" or "number"),
+  laid out as the starting encoder's tokenizer lays them out, prepared once."""
+  fields = {"text": config.data.text_field, "pair": config.data.pair_field,
+            "label": config.data.label_field}
+
+  def build(directory, tokenizer, tokenizer_file, pad_id, template):
+    return examples.prepare_examples(paths, directory, tokenizer, tokenizer_file,
+                                     config.train.seq_len, fields, pad_id,
+                                     config.data.separator_id, template, label_kind)
+
+  return prepare(
+      config, workdir, resume, paths, lambda record: [record.get(f) for f in
+                                                      (fields["text"], fields["pair"])],
+      build, {"fields": fields, "separator_id": config.data.separator_id,
+              # unrecorded (None) for classes, as in the data directories prepared before
+              "label_kind": examples.recorded_kind(label_kind)})
 
 
 def say_prepared(prepared: Prepared, what: str, seq_len: int, note: str = "") -> None:

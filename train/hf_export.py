@@ -3,6 +3,8 @@ config.json, model.safetensors and, where the run's ids are a Hugging Face token
 its tokenizer files, which transformers' Auto classes load.
 
   fine-tuning (classify)   *ForSequenceClassification, the classes as id2label
+  regression (regress)     *ForSequenceClassification, one output, problem_type "regression"
+  tagging (tag)            *ForTokenClassification, the tags as id2label
   further pretraining      *ForMaskedLM: the encoder and BERT's masked-LM head
   (masked_lm from config.init.hf)
   pretraining from scratch the bare model (AutoModel): the encoder
@@ -34,6 +36,8 @@ _MODELS = {"bert": ("bert.", "Bert"), "roberta": ("roberta.", "Roberta"),
 _CLASSIFIER = {"bert": ("pooler", "bert.pooler.dense", "classifier"),
                "roberta": ("pooler", "classifier.dense", "classifier.out_proj"),
                "distilbert": ("pre_classifier", "pre_classifier", "classifier")}
+# The tasks whose heads transformers has (train.predict reads their runs back).
+_FINE_TUNING = ("classify", "regress", "tag")
 # The files of a tokenizer directory besides tokenizer.json, copied where the run started.
 _TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
@@ -86,11 +90,10 @@ def export_hf(workdir: str, out: str) -> str:
   from flax_encoder.pytorch.hf import HFError, hf_config, to_hf_state_dict
   config = load_config(workdir)
   task = config.task.get("name", "masked_lm")
-  if task == "classify":
-    from train.predict import Predictor
-    classifier = Predictor(workdir).text_classifier()
-    cfg, params = classifier.config, classifier.params
-    variables = {"params": params["encoder"]}
+  if task in _FINE_TUNING:
+    from train.predict import read_run
+    run = read_run(workdir)
+    cfg, variables = run.model.config, {"params": run.params["encoder"]}
   elif _start(config):
     cfg, variables = _masked_lm(workdir)
   else:
@@ -99,8 +102,8 @@ def export_hf(workdir: str, out: str) -> str:
   prefix, stem = _MODELS[family]
   try:
     hf_config(cfg, family)  # says what differs, before anything is converted
-    if task == "classify":
-      state, extra = _classifier(family, classifier, variables, cfg, prefix, stem)
+    if task in _FINE_TUNING:
+      state, extra = _head(family, run, variables, prefix, stem)
     else:
       head = "heads" in variables
       state = to_hf_state_dict(variables, cfg, family, prefix=prefix if head else "")
@@ -144,29 +147,38 @@ def _masked_lm(workdir: str):
                                          "heads": {"masked_lm": params["masked_lm"]}}
 
 
-def _classifier(family, classifier, variables, cfg, prefix, stem):
+def _head(family, run, variables, prefix, stem):
+  """The state dict and config.json entries of a fine-tuned run as transformers' model of its
+  task: a sequence classifier (one output for regression) or a token classifier."""
   from flax_encoder.pytorch.hf import HFError, to_hf_state_dict
-  pooling, pooler_name, classifier_name = _CLASSIFIER[family]
-  if classifier.pooling != pooling:
-    raise HFError(f"the run pools by {classifier.pooling!r}; transformers' "
-                  f"{stem}ForSequenceClassification pools by {pooling!r} "
-                  f"(config.task.pooling={pooling!r})")
-  params = classifier.params
+  params, cfg = run.params, run.model.config
   state = to_hf_state_dict(variables, cfg, family, prefix=prefix)
-  for name, dense in ((pooler_name, params["pooler"]["dense"]),
-                      (classifier_name, params["classifier"])):
+  labels = [str(label) for label in run.labels or ["LABEL_0"]]
+  extra = {"id2label": dict(enumerate(labels)),
+           "label2id": {label: i for i, label in enumerate(labels)}}
+  if run.task == "tag":  # no pooler: BERT's token classifier is built without one
+    denses = (("classifier", params["classifier"]),)
+    extra["architectures"] = [f"{stem}ForTokenClassification"]
+  else:
+    pooling, pooler_name, classifier_name = _CLASSIFIER[family]
+    if run.model.pooling != pooling:
+      raise HFError(f"the run pools by {run.model.pooling!r}; transformers' "
+                    f"{stem}ForSequenceClassification pools by {pooling!r} "
+                    f"(config.task.pooling={pooling!r})")
+    denses = ((pooler_name, params["pooler"]["dense"]), (classifier_name, params["classifier"]))
+    extra["architectures"] = [f"{stem}ForSequenceClassification"]
+    if run.task == "regress":
+      extra["problem_type"] = "regression"
+  for name, dense in denses:
     state[name + ".weight"] = np.asarray(dense["kernel"]).T
     state[name + ".bias"] = np.asarray(dense["bias"])
-  labels = [str(label) for label in classifier.labels]
-  return state, {"architectures": [f"{stem}ForSequenceClassification"],
-                 "id2label": dict(enumerate(labels)),
-                 "label2id": {label: i for i, label in enumerate(labels)}}
+  return state, extra
 
 
 def _tokenizer(workdir: str, config, task: str, out: str) -> None:
   """Copies the run's tokenizer where its ids are a Hugging Face tokenizer's own."""
   start = _start(config)
-  if task == "classify":
+  if task in _FINE_TUNING:
     meta = examples.load_examples(os.path.join(workdir, "data"))["meta"]
     tokenizer, directory = meta["tokenizer"], os.path.join(workdir, "data")
     if tokenizer["kind"] != "huggingface" or tokenizer["offset"] != 0:

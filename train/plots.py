@@ -32,7 +32,10 @@ def plot_run(records: list[dict], schedule, num_steps: int, out_dir: str, labels
 
   fig, ax = plt.subplots(figsize=(6, 4))
   ax.plot(*_series(records, "train", "loss"), label=labels.train_loss)
-  ax.plot(*_series(records, "eval", "loss"), "o-", label="eval cross-entropy")
+  ax.plot(*_series(records, "eval", "loss"), "o-", label=labels.eval_loss)
+  if labels.loss_baseline:
+    metric, label = labels.loss_baseline
+    ax.plot(*_series(records, "eval", metric), "--", label=label)
   ax.set(xlabel="step", ylabel=f"loss ({labels.loss_unit})", title=labels.loss_title)
   ax.legend()
   paths.append(_save(fig, out_dir, "loss.png"))
@@ -40,9 +43,11 @@ def plot_run(records: list[dict], schedule, num_steps: int, out_dir: str, labels
   fig, ax = plt.subplots(figsize=(6, 4))
   for metric, label in labels.metrics.items():
     ax.plot(*_series(records, "eval", metric), "o-", label=label)
-  metric, label = labels.baseline
-  ax.plot(*_series(records, "eval", metric), "--", label=label)
-  ax.set(xlabel="step", ylabel="held-out score", ylim=(0, 1), title=labels.accuracy_title)
+  if labels.baseline:
+    metric, label = labels.baseline
+    ax.plot(*_series(records, "eval", metric), "--", label=label)
+  ax.set(xlabel="step", ylabel="held-out score", ylim=labels.score_range,
+         title=labels.accuracy_title)
   ax.legend()
   paths.append(_save(fig, out_dir, "accuracy.png"))
 

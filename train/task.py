@@ -7,8 +7,8 @@ checkpoints, metrics, plots, export and the settings checks read those facts fro
 know no task by name.
 
 Adding a task takes one module that defines DEFINITION, one config file in configs/, and its
-module's name in `train.tasks.DEFINITIONS`. `train.masked_lm` (pretraining) and `train.classify`
-(fine-tuning) are the two there are.
+module's name in `train.tasks.DEFINITIONS`. `train.masked_lm` (pretraining), `train.classify`,
+`train.regress` and `train.tag` (fine-tuning) are those there are.
 """
 
 from __future__ import annotations
@@ -116,14 +116,19 @@ class Setup:
 @dataclasses.dataclass(frozen=True)
 class Plots:
   """How a task's plots are titled and labelled. `metrics` are the eval metrics drawn on the
-  accuracy plot (name -> legend), `baseline` the metric drawn dashed as the baseline."""
+  accuracy plot (name -> legend), `baseline` the metric drawn dashed there as the baseline
+  (None: none), `score_range` its y-axis; `eval_loss` labels the held-out loss on the loss
+  plot, and `loss_baseline` a metric drawn dashed beside it (None: none)."""
 
   loss_title: str
   loss_unit: str
   train_loss: str
   metrics: dict
-  baseline: tuple[str, str]
+  baseline: tuple[str, str] | None
   accuracy_title: str = "Held-out accuracy"
+  eval_loss: str = "eval cross-entropy"
+  loss_baseline: tuple[str, str] | None = None
+  score_range: tuple[float, float] = (0, 1)
 
 
 # ---------------------------------------------------------------------------------------------

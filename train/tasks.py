@@ -2,6 +2,8 @@
 
   masked_lm  pretraining: masked-token prediction on windows of text (train.masked_lm)
   classify   fine-tuning: a label for each text or pair of texts (train.classify)
+  regress    fine-tuning: a number for each text or pair of texts (train.regress)
+  tag        fine-tuning: a tag for each word of a text (train.tag)
 
 Each task's module defines its `DEFINITION` (`train.task.Definition`); a new task adds its
 module here, and the program learns of it from that alone.
@@ -9,12 +11,12 @@ module here, and the program learns of it from that alone.
 
 from __future__ import annotations
 
-from train import classify, masked_lm, settings
+from train import classify, masked_lm, regress, settings, tag
 from train.errors import RunError
 from train.task import Definition
 
 DEFINITIONS: dict[str, Definition] = {
-    module.DEFINITION.name: module.DEFINITION for module in (masked_lm, classify)}
+    module.DEFINITION.name: module.DEFINITION for module in (masked_lm, classify, regress, tag)}
 
 
 def definition(name) -> Definition:

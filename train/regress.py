@@ -1,0 +1,144 @@
+r"""Fine-tuning for a number per text (regression: STS-B's similarity of a pair, say).
+
+  python -m train --config=configs/regress.py --workdir runs/sts \
+      --config.data.train=train.jsonl --config.data.eval=eval.jsonl [--config.init.hf=bert-dir]
+
+The lines are train.classify's with a number for a label: {"text": …, "text_pair": …,
+"label": 3.8}. The model is the classifier's (the encoder, pooled, dropout, a dense layer) with
+one output; the loss is the squared error, averaged over the batch (transformers'
+*ForSequenceClassification with problem_type="regression"). Evaluation reports the mean
+squared error (the loss), Pearson's and Spearman's correlation of the predictions with the
+labels, and the squared error of always predicting the training labels' mean. The encoder
+starts where train.finetune says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flax_encoder.classifier import SequenceClassifier
+from train import finetune
+from train.finetune import pooling, type_separator
+from train.task import Definition, Plots, Resume, Setup
+
+
+@dataclasses.dataclass(frozen=True)
+class RegressTask:
+  """Regression as `train.step` runs it (see `train.step.Task`). A batch holds 'tokens'
+  [batch, seq] and 'labels' float32 [batch]; a held-out batch also 'index' [batch], each
+  example's place among the held-out ones, and a NaN label pads the last."""
+
+  model: SequenceClassifier  # with one output
+  train_mean: float  # the baseline's prediction
+  eval_count: int  # held-out examples
+
+  def init(self, rng: jax.Array, seq_len: int):
+    return self.model.init(rng, jnp.ones((1, seq_len), jnp.int32))["params"]
+
+  def batch(self, rows: dict, key: jax.Array) -> dict:
+    return rows  # nothing drawn: the examples are the batch
+
+  def loss_count(self, batch: dict) -> jax.Array:
+    return jnp.sum(~jnp.isnan(batch["labels"]))
+
+  def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
+    predicted = self.model.apply({"params": params}, batch["tokens"], deterministic=False,
+                                 rngs={"dropout": dropout_rng})[:, 0]
+    valid = ~jnp.isnan(batch["labels"])
+    # The NaN of a padding row kept out of both branches: where() would pass its gradient.
+    labels = jnp.where(valid, batch["labels"], 0.0)
+    return jnp.sum(jnp.where(valid, (predicted - labels) ** 2, 0.0))
+
+  def eval_sums(self, params, batch: dict) -> dict:
+    """Each held-out example's prediction and label at its place in [eval_count] vectors,
+    which added up over the batches hold them all: Spearman's correlation ranks them all."""
+    predicted = self.model.apply({"params": params}, batch["tokens"])[:, 0]
+    valid = ~jnp.isnan(batch["labels"])
+    place = jax.nn.one_hot(batch["index"], self.eval_count, dtype=jnp.float32) * valid[:, None]
+    return {"predicted": jnp.sum(place * predicted[:, None], 0),
+            "labels": jnp.sum(place * jnp.where(valid, batch["labels"], 0.0)[:, None], 0)}
+
+  @staticmethod
+  def token_count(rows: dict) -> int:
+    """Ids in a batch of examples, padding included."""
+    return int(rows["tokens"].size)
+
+  def eval_metrics(self, sums: dict) -> dict:
+    """Summed eval_sums -> loss (the mean squared error), Pearson's and Spearman's
+    correlation, and the mean squared error of always predicting the training mean."""
+    predicted, labels = sums["predicted"], sums["labels"]
+    return {"loss": float(np.mean((predicted - labels) ** 2)),
+            "pearson": pearson(predicted, labels), "spearman": spearman(predicted, labels),
+            "baseline_mse": float(np.mean((labels - self.train_mean) ** 2))}
+
+
+def pearson(x, y) -> float:
+  """Pearson's correlation of two sequences of numbers; NaN where either is constant."""
+  x, y = (np.asarray(v, np.float64) for v in (x, y))
+  dx, dy = x - x.mean(), y - y.mean()
+  scale = np.sqrt(np.sum(dx * dx) * np.sum(dy * dy))
+  return float(np.sum(dx * dy) / scale) if scale > 0 else float("nan")
+
+
+def ranks(x) -> np.ndarray:
+  """The rank of each number (1 for the smallest), tied numbers all with their mean rank."""
+  _, inverse, counts = np.unique(np.asarray(x), return_inverse=True, return_counts=True)
+  last = np.cumsum(counts)
+  return ((last - counts + 1 + last) / 2)[inverse.ravel()]
+
+
+def spearman(x, y) -> float:
+  """Spearman's rank correlation: Pearson's of the ranks (mean ranks for ties, as
+  scipy.stats.spearmanr)."""
+  return pearson(ranks(x), ranks(y))
+
+
+# ---------------------------------------------------------------------------------------------
+# What the loop needs, and what the program knows of the task.
+
+
+def setup(config, workdir: str, resume: Resume) -> Setup:
+  """Regression on config.data.train and config.data.eval, from config.init."""
+  paths = {"train": config.data.train, "eval": config.data.eval}
+  prepared = finetune.prepare_texts(config, workdir, resume, paths, "number")
+  cfg, meta, loaded = prepared.encoder, prepared.meta, prepared.loaded
+  train_mean = float(np.mean(loaded["train"]["labels"], dtype=np.float64))
+  model = SequenceClassifier(cfg, 1, pooling(config), type_separator(meta))
+  count = meta["examples"]["eval"]
+  task = RegressTask(model, train_mean, count)
+  finetune.say_prepared(prepared, f"a number per example (the training mean {train_mean:.4g})",
+                        config.train.seq_len)
+  return Setup(task=task, encoder=cfg, train=loaded["train"],
+               eval={**loaded["eval"], "index": np.arange(count, dtype=np.int32)},
+               eval_fill={"tokens": prepared.pad_id, "labels": np.nan, "index": 0},
+               record={"encoder": cfg.record(), "dataset": loaded["identity"],
+                       "source": os.path.join(workdir, "data"),
+                       "start": prepared.start.source, "pooling": model.pooling},
+               start_params=finetune.start_params(prepared.start, cfg, config, 1,
+                                                  model.pooling))
+
+
+def summary(metrics: dict) -> str:
+  return (f"eval mean squared error {metrics['loss']:.4g} (always the training mean "
+          f"{metrics['baseline_mse']:.4g}), Pearson {metrics['pearson']:.3f}, Spearman "
+          f"{metrics['spearman']:.3f}")
+
+
+DEFINITION = Definition(
+    name="regress",
+    fields={**finetune.FIELDS, **finetune.TEXT_FIELDS},
+    setup=setup,
+    plots=Plots(loss_title="Regression loss", loss_unit="squared error / example",
+                train_loss="train", eval_loss="eval mean squared error",
+                loss_baseline=("baseline_mse", "baseline: the training mean"),
+                metrics={"pearson": "Pearson", "spearman": "Spearman"}, baseline=None,
+                score_range=(-1, 1), accuracy_title="Held-out correlation with the labels"),
+    summary=summary,
+    check=finetune.check,
+    tokenizer=lambda config, workdir: finetune.run_tokenizer(workdir),
+)
