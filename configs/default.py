@@ -37,6 +37,17 @@ def get_config() -> ml_collections.ConfigDict:
   model.type_vocab_size = 0
   model.embedding_scale = True
   model.embedding_norm = False
+  # ModernBERT's switches (flax_encoder.EncoderConfig): "rotary" positions of two bases, local
+  # attention of a window in all but every n-th layer, GeGLU, no biases, no attention norm in
+  # layer 0 (with norm_position "pre").
+  model.rope_theta = 10000.0
+  model.local_rope_theta = 10000.0
+  model.local_attention = 0
+  model.global_attention_every = 1
+  model.glu = False
+  model.dense_bias = True
+  model.norm_bias = True
+  model.first_attention_norm = True
   model.dtype = "float32"  # compute dtype; "bfloat16" for mixed precision on GPU/TPU
   model.param_dtype = "float32"
   # "xla"; "cudnn" on NVIDIA GPUs with bfloat16; "triton" (GPU) and "splash" (TPU) take the

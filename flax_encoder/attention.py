@@ -266,6 +266,34 @@ def triton_attention(query: jax.Array, key: jax.Array, value: jax.Array,
 SEGMENT_KERNEL_FUNCTIONS = {"splash": splash_attention, "triton": triton_attention}
 
 
+def rotary_angles(max_len: int, head_dim: int, theta: float) -> np.ndarray:
+  """float64 [max_len, head_dim / 2]: position p times theta^(-2i / head_dim), the angle by
+  which rotary positions turn pair i at p (computed in float64, rounded once where used)."""
+  inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+  return np.arange(max_len, dtype=np.float64)[:, None] * inv_freq
+
+
+def rotate(x: jax.Array, positions: jax.Array, theta: float, max_len: int) -> jax.Array:
+  """x [batch, seq, heads, head_dim] turned by rotary positions (`positions` int [batch,
+  seq]): x * cos + rotate_half(x) * sin, the halves of head_dim paired as transformers pairs
+  them; in at least float32, returned in x's dtype."""
+  dtype = jnp.promote_types(x.dtype, jnp.float32)
+  angles = rotary_angles(max_len, x.shape[-1], theta)
+  cos, sin = (jnp.asarray(np.concatenate([f(angles)] * 2, -1), dtype) for f in (np.cos, np.sin))
+  take = lambda table: jnp.take(table, positions, axis=0, mode="fill",
+                                fill_value=jnp.nan)[:, :, None, :]
+  x32 = x.astype(dtype)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+  return (x32 * take(cos) + rotated * take(sin)).astype(x.dtype)
+
+
+def local_window(q_len: int, k_len: int, width: int) -> jax.Array:
+  """bool [1, 1, q_len, k_len]: True where the query and key are at most width / 2 apart."""
+  distance = np.abs(np.arange(q_len)[:, None] - np.arange(k_len)[None, :])
+  return jnp.asarray(distance <= width // 2)[None, None]
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention with separate w_q, w_k, w_v, w_o projections (the tutorial port's).
 
@@ -279,7 +307,8 @@ class MultiHeadAttention(nn.Module):
   @nn.compact
   def __call__(self, query: jax.Array, key: jax.Array | None = None,
                value: jax.Array | None = None, mask: jax.Array | None = None, *,
-               deterministic: bool = True) -> jax.Array:
+               deterministic: bool = True, positions: jax.Array | None = None,
+               is_global: bool | jax.Array = True) -> jax.Array:
     """Attends from `query` to `key`/`value` (self-attention when they are omitted).
 
     Args:
@@ -290,6 +319,10 @@ class MultiHeadAttention(nn.Module):
         attention_impl 'splash' or 'triton', the segment ids instead (int [batch, seq], 0 =
         padding), which those kernels take in place of a mask.
       deterministic: no dropout when True.
+      positions: int [batch, seq], each token's position for rotary positions (self-attention;
+        default 0 … seq - 1).
+      is_global: False: a layer of config.local_attention's window (a Python bool, or a traced
+        one under nn.scan), with config.local_rope_theta.
 
     Returns:
       [batch, q, d_model].
@@ -302,6 +335,13 @@ class MultiHeadAttention(nn.Module):
     project = lambda name, x: dense(cfg, cfg.d_model, ("embed", "joined_kv"), name)(x).reshape(
         batch, x.shape[1], cfg.n_heads, cfg.head_dim)
     q, k, v = project("w_q", query), project("w_k", key), project("w_v", value)
+    if cfg.position_embedding == "rotary":
+      q, k = self._rotary(q, k, positions, is_global)
+    if cfg.local_attention and is_global is not True:
+      window = local_window(q_len, key.shape[1], cfg.local_attention)
+      if is_global is not False:  # traced: the window only where the layer is local
+        window = window | is_global
+      mask = window if mask is None else mask & window
 
     if cfg.attention_impl == "reference":
       rate = 0.0 if deterministic else cfg.attention_dropout
@@ -322,3 +362,17 @@ class MultiHeadAttention(nn.Module):
     # [batch, q, heads, head_dim] -> [batch, q, d_model]
     context = context.reshape(batch, q_len, cfg.d_model)
     return dense(cfg, cfg.d_model, ("joined_kv", "embed"), "w_o")(context)
+
+  def _rotary(self, q, k, positions, is_global):
+    cfg = self.config
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(q.shape[1]), q.shape[:2])
+    # A negative position reads NaN, as one past the table does.
+    positions = jnp.where(positions < 0, cfg.max_len, positions)
+    turn = lambda x, theta: rotate(x, positions, theta, cfg.max_len)
+    if is_global is True or not cfg.local_attention:
+      return turn(q, cfg.rope_theta), turn(k, cfg.rope_theta)
+    if is_global is False:
+      return turn(q, cfg.local_rope_theta), turn(k, cfg.local_rope_theta)
+    pick = lambda x: jnp.where(is_global, turn(x, cfg.rope_theta), turn(x, cfg.local_rope_theta))
+    return pick(q), pick(k)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 NORM_POSITIONS = ("post", "pre")
-POSITION_EMBEDDINGS = ("sinusoidal", "learned")
+POSITION_EMBEDDINGS = ("sinusoidal", "learned", "rotary")
 ACTIVATIONS = {
     "relu": jax.nn.relu,
     # PyTorch's nn.GELU default is the exact erf form; jax.nn.gelu defaults to the tanh one.
@@ -85,6 +85,20 @@ class EncoderConfig:
   type_vocab_size: int = _field(0, "architecture")  # > 0: token-type (segment A/B) embeddings
   embedding_scale: bool = _field(True, "architecture")  # embeddings * sqrt(d_model) (paper)
   embedding_norm: bool = _field(False, "architecture")  # LayerNorm on the embeddings' sum (BERT)
+  # ModernBERT's switches. "rotary" positions rotate each head's queries and keys by their
+  # position (RoFormer, halves rotated as transformers has it), with base rope_theta in the
+  # global layers and local_rope_theta in the local ones. With local_attention = w > 0, layer i
+  # is global when i % global_attention_every == 0, and local otherwise: a token sees those
+  # at most w / 2 positions away.
+  rope_theta: float = _field(10000.0, "architecture")
+  local_rope_theta: float = _field(10000.0, "architecture")
+  local_attention: int = _field(0, "architecture")
+  global_attention_every: int = _field(1, "architecture")
+  glu: bool = _field(False, "architecture")  # GeGLU: act(x W_a) * (x W_b), one w_1 of 2 d_ff
+  dense_bias: bool = _field(True, "architecture")  # biases of every dense layer
+  norm_bias: bool = _field(True, "architecture")  # biases of every LayerNorm
+  first_attention_norm: bool = _field(True, "architecture")  # Pre-LN: layer 0 normalises its
+  #                                                             input (ModernBERT's does not)
   norm_position: str = _field("post", "architecture")  # "post": Add & Norm; "pre": x + f(norm(x))
   final_norm: bool = _field(True, "architecture")
   # PyTorch's LayerNorm uses eps=1e-5; Flax defaults to 1e-6.
@@ -113,7 +127,7 @@ class EncoderConfig:
     if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, (int, np.integer)) or not (
         0 <= self.pad_id < self.vocab_size):
       raise ConfigError("pad_id", self.pad_id, f"an id in [0, vocab_size={self.vocab_size})")
-    for name in ("position_offset", "type_vocab_size"):
+    for name in ("position_offset", "type_vocab_size", "local_attention"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ConfigError(name, value, "an integer >= 0")
@@ -121,6 +135,17 @@ class EncoderConfig:
       raise ConfigError("position_offset", self.position_offset,
                         "0 with position_embedding='sinusoidal' (an offset is a row of a "
                         "learned table)")
+    if isinstance(self.global_attention_every, bool) or not isinstance(
+        self.global_attention_every, (int, np.integer)) or self.global_attention_every < 1:
+      raise ConfigError("global_attention_every", self.global_attention_every,
+                        "a positive integer")
+    for name in ("rope_theta", "local_rope_theta"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(name, value, "a number > 0")
+    if self.position_embedding == "rotary" and self.head_dim % 2:
+      raise ConfigError("n_heads", self.n_heads, f"a count that leaves an even head_dim for "
+                        f"rotary positions (d_model {self.d_model})")
     for name in ("dropout", "attention_dropout"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
@@ -135,7 +160,8 @@ class EncoderConfig:
       value = getattr(self, name)
       if value not in allowed:
         raise ConfigError(name, value, f"one of {allowed}")
-    for name in ("final_norm", "embedding_scale", "embedding_norm", "scan_layers"):
+    for name in ("final_norm", "embedding_scale", "embedding_norm", "glu", "dense_bias",
+                 "norm_bias", "first_attention_norm", "scan_layers"):
       if not isinstance(getattr(self, name), (bool, np.bool_)):
         raise ConfigError(name, getattr(self, name), "True or False")
     object.__setattr__(self, "dtype", _canonical_dtype("dtype", self.dtype))
@@ -145,6 +171,10 @@ class EncoderConfig:
           "attention_impl", "cudnn",
           f"'xla' for dtype {self.dtype.name}: cuDNN flash attention ('cudnn') needs dtype "
           f"bfloat16 or float16")
+    if self.local_attention and self.attention_impl in ("splash", "triton"):
+      raise ConfigError("attention_impl", self.attention_impl,
+                        "'reference', 'xla' or 'cudnn' with local_attention: the segment-id "
+                        "kernels take no window yet")
     if self.attention_impl != "reference" and self.attention_dropout > 0:
       raise ConfigError(
           "attention_dropout", self.attention_dropout,
@@ -192,6 +222,10 @@ class EncoderConfig:
   @property
   def head_dim(self) -> int:
     return self.d_model // self.n_heads
+
+  def is_global(self, layer: int) -> bool:
+    """Whether `layer` attends to the whole sequence (else to its local window)."""
+    return not self.local_attention or layer % self.global_attention_every == 0
 
   @classmethod
   def base(cls, vocab_size: int, **overrides) -> EncoderConfig:

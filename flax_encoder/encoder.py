@@ -29,20 +29,21 @@ _SAVED_IN_REMAT = {
 }
 
 
-# nn.remat traces its arguments; `deterministic` is a Python bool and must stay one.
-_DETERMINISTIC_ARG = list(inspect.signature(EncoderLayer.__call__).parameters).index(
-    "deterministic")
+# nn.remat traces its arguments; `deterministic` is a Python bool and must stay one, and so is
+# a layer's `is_global` unless the layers are scanned (then it is the scan's input).
+_PARAMETERS = list(inspect.signature(EncoderLayer.__call__).parameters)
 
 
 def _layer_class(cfg: EncoderConfig):
   if cfg.remat == "none":
     return EncoderLayer
+  static = ("deterministic",) if cfg.scan_layers else ("deterministic", "is_global")
   return nn.remat(EncoderLayer, policy=_SAVED_IN_REMAT[cfg.remat],
-                  static_argnums=(_DETERMINISTIC_ARG,))
+                  static_argnums=tuple(_PARAMETERS.index(name) for name in static))
 
 
-def _scan_body(layer: nn.Module, x, mask, deterministic):
-  return layer(x, mask, deterministic), None
+def _scan_body(layer: nn.Module, x, is_global, mask, deterministic, positions):
+  return layer(x, mask, deterministic, positions, is_global), None
 
 
 class Encoder(nn.Module):
@@ -126,9 +127,10 @@ class Encoder(nn.Module):
           jnp.where(types < 0, cfg.type_vocab_size, types))
     if cfg.position_embedding == "sinusoidal":
       x = PositionalEncoding(cfg.max_len, cfg.d_model, name="pos_encoder")(x, positions)
-    else:
+    elif cfg.position_embedding == "learned":
       x = x + _table(cfg, cfg.max_len + cfg.position_offset, "position_embedding")(
           _position_rows(cfg, tokens, positions))
+    rotary = positions if cfg.position_embedding == "rotary" else None  # turned in each layer
     if cfg.embedding_norm:
       x = layer_norm(cfg, "embedding_norm")(x)
     x = Dropout(cfg.dropout)(x, deterministic=deterministic)
@@ -136,14 +138,19 @@ class Encoder(nn.Module):
 
     layer = _layer_class(cfg)
     if cfg.scan_layers:
+      if not cfg.first_attention_norm:
+        raise ValueError("EncoderConfig.first_attention_norm=False makes layer 0 unlike the "
+                         "others: it cannot be scanned (scan_layers=False)")
       scan = nn.scan(_scan_body, variable_axes={"params": 0, "intermediates": 0},
                      split_rngs={"params": True, "dropout": True},
-                     in_axes=(nn.broadcast, nn.broadcast), length=cfg.n_layers,
-                     metadata_params={nn.PARTITION_NAME: "layers"})
-      x, _ = scan(layer(cfg, name="layers"), x, mask, deterministic)
+                     in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                     length=cfg.n_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+      is_global = jnp.asarray([cfg.is_global(i) for i in range(cfg.n_layers)])
+      x, _ = scan(layer(cfg, name="layers"), x, is_global, mask, deterministic, rotary)
     else:
       for i in range(cfg.n_layers):
-        x = layer(cfg, name=f"layers_{i}")(x, mask, deterministic)
+        x = layer(cfg, first=i == 0, name=f"layers_{i}")(x, mask, deterministic, rotary,
+                                                           cfg.is_global(i))
 
     if cfg.final_norm:
       x = layer_norm(cfg, "norm")(x)

@@ -16,7 +16,7 @@ def layer_norm(cfg: EncoderConfig, name: str) -> nn.LayerNorm:
   # PyTorch's LayerNorm uses eps=1e-5 (Flax: 1e-6) and a two-pass variance; Flax's default
   # E[x^2] - E[x]^2 loses digits when the mean is large.
   return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                      use_fast_variance=False, name=name,
+                      use_fast_variance=False, use_bias=cfg.norm_bias, name=name,
                       scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
                       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
 
@@ -28,18 +28,23 @@ class EncoderLayer(nn.Module):
   """
 
   config: EncoderConfig
+  first: bool = False  # layer 0: without config.first_attention_norm, no norm before attention
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: jax.Array | None = None,
-               deterministic: bool = True) -> jax.Array:
-    """[batch, seq, d_model] -> [batch, seq, d_model]; `mask` as in MultiHeadAttention."""
+               deterministic: bool = True, positions: jax.Array | None = None,
+               is_global: bool | jax.Array = True) -> jax.Array:
+    """[batch, seq, d_model] -> [batch, seq, d_model]; `mask`, `positions` (rotary) and
+    `is_global` (False: the local window) as in MultiHeadAttention."""
     cfg = self.config
     attend = lambda h: MultiHeadAttention(cfg, name="self_attn")(
-        h, mask=mask, deterministic=deterministic)
+        h, mask=mask, deterministic=deterministic, positions=positions, is_global=is_global)
     feed_forward = lambda h: PositionwiseFeedForward(cfg, name="feed_forward")(
         h, deterministic=deterministic)
     dropout = lambda h: Dropout(cfg.dropout)(h, deterministic=deterministic)
     norm1, norm2 = layer_norm(cfg, "norm1"), layer_norm(cfg, "norm2")
+    if self.first and not cfg.first_attention_norm:
+      norm1 = lambda h: h
 
     if cfg.norm_position == "post":
       x = norm1(x + dropout(attend(x)))

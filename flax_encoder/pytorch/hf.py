@@ -33,7 +33,8 @@ from flax_encoder.pytorch.convert import _to_numpy, load_torch_checkpoint
 
 # model_type -> family
 FAMILIES = {"bert": "bert", "electra": "bert", "roberta": "roberta",
-            "xlm-roberta": "roberta", "camembert": "roberta", "distilbert": "distilbert"}
+            "xlm-roberta": "roberta", "camembert": "roberta", "distilbert": "distilbert",
+            "modernbert": "modernbert"}
 # transformers' hidden_act -> EncoderConfig.activation
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                "relu": "relu"}
@@ -70,6 +71,16 @@ def _distilbert_layer(i: int) -> dict:
           ("norm2",): at + "output_layer_norm"}
 
 
+def _modernbert_layer(i: int) -> dict:
+  at = f"layers.{i}."  # and attn.Wqkv: w_q, w_k, w_v stacked (`_QKV`)
+  names = {("self_attn", "w_o"): at + "attn.Wo", ("norm2",): at + "mlp_norm",
+           ("feed_forward", "w_1"): at + "mlp.Wi", ("feed_forward", "w_2"): at + "mlp.Wo"}
+  return {("norm1",): at + "attn_norm", **names} if i else names  # layer 0 has no attn_norm
+
+
+_QKV = "attn.Wqkv"
+_MODERNBERT = {("embedding",): "embeddings.tok_embeddings", ("embedding_norm",): "embeddings.norm",
+               ("norm",): "final_norm"}
 _EMBEDDINGS = {("embedding",): "embeddings.word_embeddings",
                ("position_embedding",): "embeddings.position_embeddings",
                ("token_type_embedding",): "embeddings.token_type_embeddings",
@@ -82,18 +93,24 @@ _MASKED_LM = {
                 ("bias",): "lm_head.bias"},
     "distilbert": {("dense",): "vocab_transform", ("norm",): "vocab_layer_norm",
                    ("bias",): "vocab_projector.bias"},
+    "modernbert": {("dense",): "head.dense", ("norm",): "head.norm", ("bias",): "decoder.bias"},
 }
+_DECODER = {"bert": "cls.predictions.decoder", "roberta": "lm_head.decoder",
+            "distilbert": "vocab_projector", "modernbert": "decoder"}
 _POOLER = {("dense",): "pooler.dense"}
 
 
 def _names(family: str, config: EncoderConfig) -> Iterator[tuple[tuple, str]]:
   """(flax path under params, module name within the encoder) for each of the encoder's
-  modules."""
-  for path, name in _EMBEDDINGS.items():
+  modules (ModernBERT's stacked q, k, v apart: `_QKV`)."""
+  if family == "modernbert":
+    yield from _MODERNBERT.items()
+  for path, name in _EMBEDDINGS.items() if family != "modernbert" else ():
     if path == ("token_type_embedding",) and not config.type_vocab_size:
       continue
     yield path, name
-  layer = _distilbert_layer if family == "distilbert" else _bert_layer
+  layer = {"distilbert": _distilbert_layer, "modernbert": _modernbert_layer}.get(family,
+                                                                                 _bert_layer)
   for i in range(config.n_layers):
     for path, name in layer(i).items():
       yield (f"layers_{i}", *path), name
@@ -149,41 +166,77 @@ def config_from_hf(hf: Mapping, **settings) -> EncoderConfig:
   for option, expected in (("is_decoder", False), ("add_cross_attention", False)):
     if get(option, expected) != expected:
       refuse(option, get(option), expected)
-  if family == "distilbert":
-    act = get("activation", "gelu")
-    sizes = dict(d_model=get("dim"), n_heads=get("n_heads"), d_ff=get("hidden_dim"),
-                 n_layers=get("n_layers"), layer_norm_eps=1e-12, type_vocab_size=0)
-    rates = dict(dropout=get("dropout", 0.1), attention_dropout=get("attention_dropout", 0.1))
+  pad_id = get("pad_token_id")
+  pad_id = 0 if pad_id is None else pad_id
+  if family == "modernbert":
+    act, arch, rates = _modernbert(get, refuse)
   else:
-    act = get("hidden_act", "gelu")
+    act = get("activation" if family == "distilbert" else "hidden_act", "gelu")
+    offset = pad_id + 1 if family == "roberta" else 0
+    arch = dict(max_len=get("max_position_embeddings", 512) - offset,
+                position_embedding="learned", position_offset=offset, embedding_scale=False,
+                embedding_norm=True, final_norm=False, norm_position="post")
+  if family == "distilbert":
+    arch.update(d_model=get("dim"), n_heads=get("n_heads"), d_ff=get("hidden_dim"),
+                n_layers=get("n_layers"), layer_norm_eps=1e-12, type_vocab_size=0)
+    rates = dict(dropout=get("dropout", 0.1), attention_dropout=get("attention_dropout", 0.1))
+  elif family in ("bert", "roberta"):
     if get("position_embedding_type", "absolute") != "absolute":
       refuse("position_embedding_type", get("position_embedding_type"), "'absolute'")
     if model_type == "electra" and get("embedding_size", get("hidden_size")) != get(
         "hidden_size"):
       refuse("embedding_size", get("embedding_size"), f"hidden_size={get('hidden_size')}")
-    sizes = dict(d_model=get("hidden_size"), n_heads=get("num_attention_heads"),
-                 d_ff=get("intermediate_size"), n_layers=get("num_hidden_layers"),
-                 layer_norm_eps=get("layer_norm_eps", 1e-12),
-                 type_vocab_size=get("type_vocab_size", 2))
+    arch.update(layer_norm_eps=get("layer_norm_eps", 1e-12),
+                type_vocab_size=get("type_vocab_size", 2))
     rates = dict(dropout=get("hidden_dropout_prob", 0.1),
                  attention_dropout=get("attention_probs_dropout_prob", 0.1))
+  if family != "distilbert":
+    arch.update(d_model=get("hidden_size"), n_heads=get("num_attention_heads"),
+                d_ff=get("intermediate_size"), n_layers=get("num_hidden_layers"))
   if act not in ACTIVATIONS:
-    refuse("hidden_act" if family != "distilbert" else "activation", act,
-           f"one of {sorted(ACTIVATIONS)}")
-  pad_id = get("pad_token_id")
-  pad_id = 0 if pad_id is None else pad_id
-  offset = pad_id + 1 if family == "roberta" else 0
+    refuse({"distilbert": "activation", "modernbert": "hidden_activation"}.get(
+        family, "hidden_act"), act, f"one of {sorted(ACTIVATIONS)}")
   if settings.get("attention_impl", "reference") != "reference":
     rates["attention_dropout"] = 0.0  # the fused kernels have none
   settings = {**rates, **settings}
   try:
-    return EncoderConfig(
-        vocab_size=get("vocab_size"), max_len=get("max_position_embeddings", 512) - offset,
-        pad_id=pad_id, position_embedding="learned", position_offset=offset,
-        embedding_scale=False, embedding_norm=True, final_norm=False, norm_position="post",
-        activation=ACTIVATIONS[act], **sizes, **settings)
+    return EncoderConfig(vocab_size=get("vocab_size"), pad_id=pad_id,
+                         activation=ACTIVATIONS[act], **arch, **settings)
   except ValueError as e:  # ConfigError, or a missing size
     raise HFError(f"{where}: {e}") from None
+
+
+def _modernbert(get, refuse) -> tuple[str, dict, dict]:
+  """(activation, architecture fields, dropout rates) of a ModernBERT config.json."""
+  n = get("num_hidden_layers")
+  every = get("global_attn_every_n_layers", 1)
+  kinds = ["full_attention" if i % every == 0 else "sliding_attention" for i in range(n or 0)]
+  if get("layer_types", kinds) != kinds:
+    refuse("layer_types", get("layer_types"), f"global every {every} layers, from layer 0")
+  rope = get("rope_parameters") or {}
+  for kind, params in rope.items():
+    if (params or {}).get("rope_type", "default") != "default":
+      refuse(f"rope_parameters[{kind!r}].rope_type", params["rope_type"], "'default'")
+  theta = (rope.get("full_attention") or {}).get("rope_theta", get("global_rope_theta", 160000.0))
+  local = (rope.get("sliding_attention") or {}).get("rope_theta", get("local_rope_theta"))
+  bias = get("attention_bias", False)
+  for option in ("mlp_bias", "classifier_bias"):
+    if get(option, False) != bias:
+      refuse(option, get(option), f"attention_bias={bias!r} (one switch for every dense layer)")
+  if get("decoder_bias", True) is not True:
+    refuse("decoder_bias", get("decoder_bias"), "True")
+  act = get("hidden_activation", "gelu")
+  if get("classifier_activation", act) != act:
+    refuse("classifier_activation", get("classifier_activation"), f"{act!r}, the layers'")
+  arch = dict(max_len=get("max_position_embeddings", 8192), position_embedding="rotary",
+              rope_theta=float(theta), local_rope_theta=float(local or theta),
+              local_attention=get("local_attention", 128), global_attention_every=every,
+              glu=True, dense_bias=bias, norm_bias=get("norm_bias", False),
+              layer_norm_eps=get("norm_eps", 1e-5), first_attention_norm=False,
+              embedding_scale=False, embedding_norm=True, final_norm=True, norm_position="pre",
+              type_vocab_size=0)
+  rates = dict(dropout=get("mlp_dropout", 0.0), attention_dropout=get("attention_dropout", 0.0))
+  return act, arch, rates
 
 
 def read_hf_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -209,9 +262,10 @@ def read_hf_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def _base_prefix(state: Mapping, model_type: str, family: str) -> str:
-  word = _EMBEDDINGS[("embedding",)] + ".weight"
+  word = (_MODERNBERT if family == "modernbert" else _EMBEDDINGS)[("embedding",)] + ".weight"
   base = {"bert": "bert.", "electra": "electra.", "roberta": "roberta.",
-          "xlm-roberta": "roberta.", "camembert": "roberta.", "distilbert": "distilbert."}
+          "xlm-roberta": "roberta.", "camembert": "roberta.", "distilbert": "distilbert.",
+          "modernbert": "model."}
   for prefix in ("", base[model_type]):
     if prefix + word in state:
       return prefix
@@ -232,10 +286,11 @@ def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
 
   def module(name: str, path: tuple, where: str) -> dict:
     kind = _kind(path)
+    has_bias = {"dense": config.dense_bias, "norm": config.norm_bias}.get(kind, False)
     if kind == "vector":
       keys = {"bias": name}
     else:
-      keys = {"weight": name + ".weight"} | ({} if kind == "table" else {"bias": name + ".bias"})
+      keys = {"weight": name + ".weight"} | ({"bias": name + ".bias"} if has_bias else {})
     out = {}
     for what, key in keys.items():
       key = where + key
@@ -256,6 +311,10 @@ def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
   params: dict = {}
   for path, name in _names(family, config):
     _put(params, path, module(name, path, prefix))
+  if family == "modernbert":
+    for i in range(config.n_layers):
+      params[f"layers_{i}"]["self_attn"].update(_split_qkv(
+          module(f"layers.{i}.{_QKV}", ("qkv",), prefix)))
   heads: dict = {}
   if any(k.startswith(prefix + "pooler.") for k in state):
     heads["pooler"] = {"dense": module("pooler.dense", ("dense",), prefix)}
@@ -272,9 +331,15 @@ def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
   return {"params": params, "heads": heads} if heads else {"params": params}
 
 
+def _split_qkv(qkv: dict) -> dict:
+  """ModernBERT's Wqkv (kernel [d, 3 d], q k v stacked) -> w_q, w_k, w_v."""
+  parts = {k: np.split(v, 3, axis=-1) for k, v in qkv.items()}
+  return {name: {k: v[i] for k, v in parts.items()}
+          for i, name in enumerate(("w_q", "w_k", "w_v"))}
+
+
 def _check_tied(state, hf, family, table, cast) -> None:
-  decoder = {"bert": "cls.predictions.decoder.weight", "roberta": "lm_head.decoder.weight",
-             "distilbert": "vocab_projector.weight"}[family]
+  decoder = _DECODER[family] + ".weight"
   untied = hf.get("tie_word_embeddings", True) is False
   if untied or (decoder in state and not np.array_equal(cast(state[decoder]), table)):
     raise HFError(f"the masked-LM decoder {decoder!r} is not tied to the word embeddings "
@@ -283,10 +348,13 @@ def _check_tied(state, hf, family, table, cast) -> None:
 
 def _expected_shapes(config: EncoderConfig) -> dict:
   d, f = config.d_model, config.d_ff
-  return {("embedding", "weight"): (config.vocab_size, d),
+  return {("qkv", "weight"): (d, 3 * d), ("qkv", "bias"): (3 * d,),
+          ("w_1", "weight"): (d, f * (2 if config.glu else 1)),
+          ("w_1", "bias"): (f * (2 if config.glu else 1),),
+          ("embedding", "weight"): (config.vocab_size, d),
           ("position_embedding", "weight"): (config.max_len + config.position_offset, d),
           ("token_type_embedding", "weight"): (config.type_vocab_size, d),
-          ("w_1", "weight"): (d, f), ("w_1", "bias"): (f,), ("w_2", "weight"): (f, d)}
+          ("w_2", "weight"): (f, d)}
 
 
 def _put(tree: dict, path: tuple, value) -> None:
@@ -380,8 +448,7 @@ def to_hf_state_dict(variables: Mapping, config: EncoderConfig, family: str,
   if "masked_lm" in heads:
     for path, name in _MASKED_LM[family].items():
       emit(heads["masked_lm"], path, name)
-    decoder = {"bert": "cls.predictions.decoder", "roberta": "lm_head.decoder",
-               "distilbert": "vocab_projector"}[family]
+    decoder = _DECODER[family]
     state[decoder + ".weight"] = state[prefix + _EMBEDDINGS[("embedding",)] + ".weight"]
     if family == "bert":
       state[decoder + ".bias"] = state["cls.predictions.bias"]
