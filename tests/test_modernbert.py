@@ -170,3 +170,15 @@ def test_scanned_layers_are_refused_for_a_first_layer_without_its_norm(tmp_path)
   with pytest.raises(ValueError, match="first_attention_norm=False makes layer 0 unlike"):
     Encoder(dataclasses.replace(config, scan_layers=True)).init(
         jax.random.PRNGKey(0), np.ones((1, 8), np.int32))
+
+
+def test_the_parity_report_compares_every_layer_and_the_final_norm(tmp_path, capsys):
+  from flax_encoder.pytorch.parity import main
+  modernbert(tmp_path)
+  assert main(["--hf", str(tmp_path)]) == 0
+  out = capsys.readouterr().out
+  stages = [line.split()[0] for line in out.splitlines() if line.startswith(("embeddings",
+                                                                             "layers", "final"))]
+  assert stages == ["embeddings", *[f"layers.{i}{part}" for i in range(4)
+                                    for part in (".attn", "")], "final_norm"]
+  assert "PASS" in out

@@ -24,8 +24,8 @@ the layout; a stage fails when its max abs error exceeds atol + rtol * max|PyTor
 the report exits 1 naming the first stage that fails. Without --checkpoint or --module, both
 ports run on random weights (a check of the installation).
 
-Against transformers, for a Hugging Face bert / roberta / distilbert directory (the families
-flax_encoder.pytorch.hf.load_hf reads; transformers must be installed):
+Against transformers, for a Hugging Face bert / roberta / distilbert / modernbert directory
+(the families flax_encoder.pytorch.hf.load_hf reads; transformers must be installed):
 
   python -m flax_encoder.pytorch.parity --hf bert-dir [--float64] [--batch 4 --seq-len 32]
 
@@ -197,8 +197,14 @@ def _run_flax(config: EncoderConfig, variables: dict, tokens: np.ndarray):
 def hf_stages(family: str, n_layers: int) -> list[tuple[str, str, str]]:
   """(stage, Flax module path, transformers module name) of a `load_hf` family, in forward
   order: the embeddings after their LayerNorm, then per layer the attention sub-layer after
-  its LayerNorm and the layer's output. A stage is named for the transformers module."""
+  its LayerNorm (ModernBERT's: its output before the residual) and the layer's output
+  (ModernBERT's final LayerNorm last). A stage is named for the transformers module."""
   points = [("embeddings", "embedding_norm", "embeddings")]
+  if family == "modernbert":  # Pre-LN: each attention sub-layer's output before its residual
+    for i in range(n_layers):
+      points += [(f"layers.{i}.attn", f"layers_{i}/self_attn", f"layers.{i}.attn"),
+                 (f"layers.{i}", f"layers_{i}", f"layers.{i}")]
+    return points + [("final_norm", "norm", "final_norm")]
   for i in range(n_layers):
     if family == "distilbert":
       layer, attention = f"transformer.layer.{i}", f"transformer.layer.{i}.sa_layer_norm"
@@ -313,7 +319,7 @@ _SIZE_FLAGS = (("vocab-size", int), ("d-model", int), ("n-heads", int), ("d-ff",
 def _parse_args(argv):
   p = argparse.ArgumentParser(prog="python -m flax_encoder.pytorch.parity", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--hf", metavar="DIR", help="a Hugging Face bert/roberta/distilbert directory: "
+  p.add_argument("--hf", metavar="DIR", help="a Hugging Face bert/roberta/distilbert/modernbert directory: "
                  "transformers' model against the Flax encoder load_hf reads from it")
   p.add_argument("--module", help="PKG.MOD:FN, FN() returns your torch.nn.Module")
   p.add_argument("--call", help="PKG.MOD:FN, FN(module, tokens) returns the encoder's output")
