@@ -80,7 +80,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.init.hf = config_dict.placeholder(str)
 
   config.task = ml_collections.ConfigDict()
-  config.task.name = "masked_lm"  # the task: "masked_lm" (pretraining) or "classify"
+  # The task: "masked_lm" (pretraining); fine-tuning is "classify", "regress" or "tag"
+  # (configs/classify.py, regress.py, tag.py).
+  config.task.name = "masked_lm"
   # Fraction of each window's tokens to predict (of them 80% masked, 10% random, 10% kept),
   # drawn on the device at every step, as BERT; padding and separators are never predicted.
   config.task.mask_rate = 0.15

@@ -8,9 +8,10 @@
 
 A .msgpack file of a pretraining run holds the encoder's config and parameters; any JAX
 program with the library installed loads it with `flax_encoder.weights.load_weights` (no
-checkout, no orbax). Of a fine-tuning run, it holds what its task exports: the encoder, the
-classifier's head, the tokenizer and the classes, which
-`flax_encoder.text_classifier.TextClassifier.load` turns into a function from texts to labels. PyTorch
+checkout, no orbax). Of a fine-tuning run, it holds what its task exports: for a classifier
+the encoder, the head, the tokenizer and the classes, which
+`flax_encoder.text_classifier.TextClassifier.load` turns into a function from texts to labels;
+for regression and tagging the encoder alone (`--layout hf` writes their heads too). PyTorch
 weights (.safetensors, .pt, .pth, .bin) need the `torch` extra. A .jaxexport file is the
 compiled encoder with its weights (StableHLO for CPU and CUDA), taking int32 ids
 [batch, seq_len]; it runs with `jax.export.deserialize(data).call(tokens)` and no code of this
