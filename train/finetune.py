@@ -152,16 +152,20 @@ def start_of(config) -> Start:
 
 def pooling(config) -> str:
   """config.task.pooling, or where unset the starting checkpoint's family's: BERT's pooler
-  (RoBERTa's head has its shape), DistilBERT's pre-classifier; the mean from anything else."""
+  (RoBERTa's head has its shape), DistilBERT's pre-classifier, ModernBERT's first token or
+  mean (its classifier_pooling); the mean from anything else."""
   if config.task.pooling:
     return config.task.pooling
-  family = None
+  family, hf = None, {}
   if config.init.get("hf"):
     from flax_encoder.pytorch.hf import FAMILIES, read_hf_config
     try:
-      family = FAMILIES[read_hf_config(config.init.hf)["model_type"]]
+      hf = read_hf_config(config.init.hf)
     except ValueError as e:
       raise RunError(f"config.init.hf: {e}") from None
+    family = FAMILIES[hf["model_type"]]
+  if family == "modernbert":
+    return {"cls": "first"}.get(hf.get("classifier_pooling", "cls"), "mean")
   return {None: "mean", "distilbert": "pre_classifier"}.get(family, "pooler")
 
 
