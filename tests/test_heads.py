@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 from flax_encoder.tokenizer import Tokenizer, encode_words  # noqa: E402
 from tests import hf_models, runs  # noqa: E402
 from train import examples, regress, tag  # noqa: E402
+from train.errors import RunError  # noqa: E402
 from train.predict import Tagger, predict  # noqa: E402
 
 WORDS = {"PER": ["ada", "fox", "brown dog"], "LOC": ["oslo", "abcd", "over there"]}
@@ -252,6 +253,11 @@ def _unseen_words_are_null(workdir, tmp_path):
   # The 30 ids between [CLS] and [SEP] hold the first 8 words (4 ids each), no more.
   assert set(written[1][:5]) <= tags and written[1][-5:] == [None] * 5
   assert written[2] == []
+  bad = _write(tmp_path / "bad.jsonl", [*lines, {"tokens": ["ada"], "tags": ["B-ORG"]}])
+  with pytest.raises(RunError, match=r"^\S*bad.jsonl:4: tag 'B-ORG', expected one of the run's "
+                                     r"tags \['B-LOC'"):
+    predict(workdir, bad, str(tmp_path / "never.jsonl"))
+  assert not os.path.exists(tmp_path / "never.jsonl")
 
 
 # ---------------------------------------------------------------------------------------------

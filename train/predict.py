@@ -111,9 +111,11 @@ def read_run(workdir: str) -> FineTuned:
 
 
 def _run(run: FineTuned | str, task: str) -> FineTuned:
+  """`run` (a workdir, or the run read), which must be a `task` run."""
+  given = run if isinstance(run, str) else "the run"
   run = read_run(run) if isinstance(run, str) else run
   if run.task != task:
-    raise RunError(f"a {run.task} run, expected a {task} run")
+    raise RunError(f"--workdir {given}: a {run.task} run, expected a {task} run")
   return run
 
 
