@@ -31,7 +31,7 @@ def _byte_bpe() -> tuple[Tokenizer, dict]:
 
 def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
           **sizes) -> str:
-  """A tiny random `family` ('bert', 'roberta', 'distilbert') model with `head`
+  """A tiny random `family` ('bert', 'roberta', 'distilbert', 'modernbert') model with `head`
   ('pretraining': as the published checkpoints, BERT's with its pooler and masked-LM head;
   'masked_lm' or 'base') and its tokenizer, saved into `path`; returns it."""
   tok, special = _byte_bpe() if family == "roberta" else _wordpiece()
@@ -40,11 +40,19 @@ def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
   if family == "distilbert":
     config = transformers.DistilBertConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4,
                                            hidden_dim=37, max_position_embeddings=64, **sizes)
+  elif family == "modernbert":  # the WordPiece tokenizer's ids: [PAD] 0, [CLS] 2, [SEP] 3
+    config = transformers.ModernBertConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+        num_attention_heads=4, max_position_embeddings=128, local_attention=16,
+        global_attn_every_n_layers=3, pad_token_id=0, bos_token_id=2, eos_token_id=3,
+        cls_token_id=2, sep_token_id=3, **sizes)
   else:
     common = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=37, max_position_embeddings=66, **sizes)
     config = (transformers.RobertaConfig(pad_token_id=1, **common) if family == "roberta" else
               transformers.BertConfig(**common))
+  if family == "modernbert" and head == "pretraining":
+    head = "masked_lm"  # its published checkpoints are ModernBertForMaskedLM
   auto = {"pretraining": transformers.AutoModelForPreTraining,
           "masked_lm": transformers.AutoModelForMaskedLM, "base": transformers.AutoModel}[head]
   auto.from_config(config).save_pretrained(path)

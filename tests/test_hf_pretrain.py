@@ -21,7 +21,7 @@ from train.task import Resume  # noqa: E402
 DOCUMENTS = [" ".join(hf_models.TEXTS[i % 4].split()[::1 + i % 3]) for i in range(60)]
 
 
-@pytest.fixture(scope="module", params=["bert", "roberta"])
+@pytest.fixture(scope="module", params=["bert", "roberta", "modernbert"])
 def checkpoint(request, tmp_path_factory):
   """(family, its directory, a corpus prepared with its tokenizer and ids)."""
   base = tmp_path_factory.mktemp(request.param)
@@ -100,6 +100,7 @@ def test_the_loss_at_step_0_is_what_transformers_computes_on_the_same_masked_bat
                               task.ids.separator]).any()
 
 
+@pytest.mark.parametrize("checkpoint", ["bert", "roberta"], indirect=True)
 def test_a_further_pretraining_run_exports_what_transformers_loads_as_itself(checkpoint,
                                                                              tmp_path):
   family, directory, prepared = checkpoint

@@ -44,7 +44,7 @@ def pairs(tmp_path_factory):
   return _write(directory / "train.jsonl", rows(96)), _write(directory / "eval.jsonl", rows(24))
 
 
-@pytest.fixture(scope="module", params=["bert", "roberta", "distilbert"])
+@pytest.fixture(scope="module", params=["bert", "roberta", "distilbert", "modernbert"])
 def hf_dir(request, tmp_path_factory):
   return request.param, hf_models.write(tmp_path_factory.mktemp(request.param), request.param)
 
@@ -64,7 +64,8 @@ def test_fine_tuning_starts_from_the_checkpoint_with_its_tokenizer_ids_and_poole
   setup = classify.setup(_config(pairs, directory), str(tmp_path), Resume())
   cfg, variables = load_hf(directory)
   chex.assert_trees_all_equal(setup.start_params["encoder"], variables["params"])
-  pooling = {"bert": "pooler", "roberta": "pooler", "distilbert": "pre_classifier"}[family]
+  pooling = {"bert": "pooler", "roberta": "pooler", "distilbert": "pre_classifier",
+             "modernbert": "first"}[family]
   assert setup.task.model.pooling == pooling
   # BERT's pooler comes with it; RoBERTa's head and DistilBERT's pre-classifier start afresh.
   assert ("pooler" in setup.start_params) == (family == "bert")
@@ -76,7 +77,8 @@ def test_fine_tuning_starts_from_the_checkpoint_with_its_tokenizer_ids_and_poole
   row = np.asarray(examples.load_examples(os.path.join(tmp_path, "data"))["train"]["tokens"][0])
   assert row[:len(want)].tolist() == want and set(row[len(want):]) == {cfg.pad_id}
   # As the WordPiece tokenizers have it, the second text and its [SEP] are of type 1
-  # (DistilBERT's model has no token-type table to read them); RoBERTa's has no types.
+  # (DistilBERT's and ModernBERT's models have no token-type table to read them); RoBERTa's
+  # has no types.
   assert setup.task.model.type_separator == (None if family == "roberta" else
                                              tokenizer.sep_token_id)
 
