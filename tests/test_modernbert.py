@@ -41,35 +41,11 @@ def modernbert(path, dtype=torch.float32, **overrides):
 
 
 @pytest.fixture
-def float64_rotary(monkeypatch):
-  """transformers' ModernBERT turns queries and keys, and takes its eager softmax, in float32
-  whatever the model's dtype; here in the model's, so that a float64 model is float64
-  throughout (the maths unchanged)."""
-  from transformers.models.modernbert import modeling_modernbert as module
-
-  def attention(module_, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if attention_mask is not None:
-      weights = weights + attention_mask
-    weights = torch.softmax(weights, dim=-1)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
-
-  def apply(q, k, cos, sin, unsqueeze_dim=1):
-    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-    turn = lambda x: x * cos + module.rotate_half(x) * sin
-    return turn(q), turn(k)
-
-  def forward(self, x, position_ids, layer_type):
-    theta = self.config.rope_parameters[layer_type]["rope_theta"]
-    dim = self.config.hidden_size // self.config.num_attention_heads
-    inv_freq = theta ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    angles = position_ids[..., None].to(torch.float64) * inv_freq
-    angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-
-  monkeypatch.setattr(module, "apply_rotary_pos_emb", apply)
-  monkeypatch.setattr(module, "eager_attention_forward", attention)
-  monkeypatch.setattr(module.ModernBertRotaryEmbedding, "forward", forward)
+def float64_rotary():
+  """transformers' ModernBERT in float64 throughout (`parity.modernbert_in_float64`)."""
+  from flax_encoder.pytorch.parity import modernbert_in_float64
+  with modernbert_in_float64():
+    yield
 
 
 def run(model, ids):
@@ -182,3 +158,5 @@ def test_the_parity_report_compares_every_layer_and_the_final_norm(tmp_path, cap
   assert stages == ["embeddings", *[f"layers.{i}{part}" for i in range(4)
                                     for part in (".attn", "")], "final_norm"]
   assert "PASS" in out
+  assert main(["--hf", str(tmp_path), "--float64"]) == 0
+  assert "PASS" in capsys.readouterr().out

@@ -42,6 +42,7 @@ as above. A directory load_hf refuses is one line and exit 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -248,13 +249,55 @@ def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray
   device = next(model.parameters()).device
   ids = torch.as_tensor(np.asarray(tokens), dtype=torch.int64, device=device)
   mask = (ids != config.pad_id).to(torch.int64)
-  with torch.no_grad():
+  in_float64 = (modernbert_in_float64() if model_type == "modernbert" and
+                config.dtype == np.float64 else contextlib.nullcontext())
+  with torch.no_grad(), in_float64:
     captured, output = _hooked(modules, [t for _, _, t in points],
                                lambda: model(input_ids=ids, attention_mask=mask))
   rows = [_row(name, flax_value(f), captured[t]) for name, f, t in points]
   rows.append(_row("last_hidden_state", output_flax,
                    output.last_hidden_state.detach().cpu().numpy()))
   return rows
+
+
+@contextlib.contextmanager
+def modernbert_in_float64():
+  """Within it, transformers' ModernBERT turns queries and keys, and takes its eager softmax,
+  in the model's dtype: it does both in float32 whatever the model's, so that a float64
+  ModernBERT is ~1e-9 off float64 maths. The maths are unchanged."""
+  from transformers.models.modernbert import modeling_modernbert as module
+
+  def attention(_, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+      weights = weights + attention_mask
+    weights = torch.softmax(weights, dim=-1)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+  def rotary(q, k, cos, sin, unsqueeze_dim=1):
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    turn = lambda x: x * cos + module.rotate_half(x) * sin
+    return turn(q), turn(k)
+
+  def angles(self, x, position_ids, layer_type):
+    theta = self.config.rope_parameters[layer_type]["rope_theta"]
+    dim = self.config.hidden_size // self.config.num_attention_heads
+    inv_freq = theta ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    turned = position_ids[..., None].to(torch.float64) * inv_freq
+    turned = torch.cat((turned, turned), dim=-1)
+    return turned.cos().to(x.dtype), turned.sin().to(x.dtype)
+
+  patched = ((module, "eager_attention_forward", attention),
+             (module, "apply_rotary_pos_emb", rotary),
+             (module.ModernBertRotaryEmbedding, "forward", angles))
+  saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
+  try:
+    for owner, name, value in patched:
+      setattr(owner, name, value)
+    yield
+  finally:
+    for owner, name, value in saved:
+      setattr(owner, name, value)
 
 
 def compare(state_dict, config: EncoderConfig, layout: str, tokens: np.ndarray) -> list[Row]:
@@ -302,12 +345,15 @@ def format_table(rows: Sequence[Row], atol: float, rtol: float) -> str:
 
 
 def random_tokens(config: EncoderConfig, batch: int, seq_len: int, seed: int) -> np.ndarray:
-  """Random ids != pad_id, each row but the first padded from a random length on."""
+  """Random ids != pad_id, each row but the first padded from a random length on (with local
+  attention, less padding than half the window: in transformers' float64 a padding token that
+  sees only padding is NaN, and its mask carries the NaN on)."""
   rng = np.random.default_rng(seed)
   tokens = rng.integers(0, config.vocab_size - 1, size=(batch, seq_len))
   tokens = tokens + (tokens >= config.pad_id)  # skip pad_id
+  shortest = max(1, seq_len - config.local_attention // 2 + 1) if config.local_attention else 1
   for row in range(1, batch):
-    tokens[row, rng.integers(1, seq_len + 1):] = config.pad_id
+    tokens[row, rng.integers(min(shortest, seq_len), seq_len + 1):] = config.pad_id
   return tokens
 
 
