@@ -160,3 +160,33 @@ def test_a_run_of_another_architecture_is_not_exported_as_a_bert(reference_run, 
   assert error.startswith("export: error: --layout hf: this model is not a bert model: it has "
                           "position_embedding='sinusoidal'") and error.count("\n") == 1
   assert not out.exists() and os.listdir(tmp_path) == []
+
+
+def test_a_run_from_scratch_of_a_bert_family_architecture_exports_too(pairs, tmp_path):
+  train, eval_ = pairs
+  workdir = str(tmp_path / "run")
+  distilbert = ["position_embedding=learned", "embedding_scale=False", "embedding_norm=True",
+                "final_norm=False", "layer_norm_eps=1e-12", "activation=gelu", "d_model=16",
+                "n_heads=2", "d_ff=32", "n_layers=1", "max_len=32"]
+  runs.train(workdir, f"--config={os.path.join(runs.ROOT, 'configs', 'classify.py')}",
+             f"--config.data.train={train}", f"--config.data.eval={eval_}",
+             "--config.data.tokenizer=bytes", "--config.task.pooling=pre_classifier",
+             *[f"--config.model.{f}" for f in distilbert], "--config.train.num_steps=4",
+             "--config.train.batch_size=8", "--config.train.seq_len=32",
+             "--config.train.eval_every=4", "--config.train.checkpoint_every=4", config=None)
+  from train.export import main as export
+  from train.predict import Predictor
+  out = str(tmp_path / "exported")
+  assert export(["--workdir", workdir, "--layout", "hf", "--out", out]) == 0
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
+  assert model.config.model_type == "distilbert" and not os.path.exists(
+      os.path.join(out, "tokenizer.json"))  # its ids carry this project's offset
+  classifier = Predictor(workdir).text_classifier()
+  ids = np.asarray([[30, 40, 50, 60, 70, 2, 80, 90]])
+  import jax
+  from flax_encoder.classifier import SequenceClassifier
+  ours = SequenceClassifier(classifier.config, 3, "pre_classifier").apply(
+      {"params": classifier.params}, ids)
+  with torch.no_grad():
+    theirs = model(input_ids=torch.tensor(ids)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(jax.device_get(ours)), theirs, atol=1e-5)

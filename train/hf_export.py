@@ -12,8 +12,8 @@ its tokenizer files, which transformers' Auto classes load.
 The run's encoder must be one of the BERT family's (`flax_encoder.pytorch.hf.hf_config` says
 what differs otherwise): a run started from a Hugging Face directory is, and keeps its family;
 one trained from scratch exports where its config.model has that architecture (learned
-positions, embedding LayerNorm, no final LayerNorm …), as BERT (RoBERTa with a
-position_offset).
+positions, embedding LayerNorm, no final LayerNorm …): as RoBERTa with a position_offset, as
+BERT with token types, as DistilBERT without.
 """
 
 from __future__ import annotations
@@ -80,7 +80,9 @@ def _family(config, cfg) -> str:
       return FAMILIES[read_hf_config(init)["model_type"]]
     except ValueError:
       pass  # the starting directory is gone: the architecture decides
-  return "roberta" if cfg.position_offset else "bert"
+  if cfg.position_offset:
+    return "roberta"
+  return "bert" if cfg.type_vocab_size else "distilbert"  # DistilBERT has no token types
 
 
 def export_hf(workdir: str, out: str) -> str:

@@ -389,6 +389,9 @@ def hf_config(config: EncoderConfig, family: str, **extra) -> dict:
   if family == "distilbert":
     want["type_vocab_size"] = 0
     want["layer_norm_eps"] = 1e-12
+  elif config.type_vocab_size < 1:
+    raise HFError(f"this model is not a {family} model: it has type_vocab_size=0, a {family} "
+                  f"model at least 1")
   wrong = {k: getattr(config, k) for k, v in want.items() if getattr(config, k) != v}
   if wrong:
     raise HFError(f"this model is not a {family} model: it has "
