@@ -157,8 +157,8 @@ def test_a_run_of_another_architecture_is_not_exported_as_a_bert(reference_run, 
   out = tmp_path / "out"
   assert export(["--workdir", reference_run, "--layout", "hf", "--out", str(out)]) == 2
   error = capsys.readouterr().err
-  assert error.startswith("export: error: --layout hf: this model is not a bert model: it has "
-                          "position_embedding='sinusoidal'") and error.count("\n") == 1
+  assert error.startswith("export: error: --layout hf: this model is not a distilbert model: it "
+                          "has position_embedding='sinusoidal'") and error.count("\n") == 1
   assert not out.exists() and os.listdir(tmp_path) == []
 
 
