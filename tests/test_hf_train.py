@@ -83,7 +83,8 @@ def test_fine_tuning_starts_from_the_checkpoint_with_its_tokenizer_ids_and_poole
                                              tokenizer.sep_token_id)
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
+@pytest.mark.parametrize("family", ["bert", *(pytest.param(f, marks=pytest.mark.slow)
+                                              for f in ("roberta", "distilbert"))])
 def test_a_run_trains_predicts_its_eval_and_exports_what_transformers_loads_as_itself(
     family, pairs, tmp_path):
   directory = hf_models.write(tmp_path / family, family)
