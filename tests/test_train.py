@@ -280,7 +280,7 @@ def test_the_vocab_size_comes_from_the_data_and_an_explicit_one_must_agree():
   assert config.model.vocab_size == 260  # read, never written
 
 
-@pytest.mark.parametrize("name", ["default", "base", "big", "small", "subword"])
+@pytest.mark.parametrize("name", ["default", "base", "big", "small", "subword", "modern"])
 def test_every_config_builds_a_valid_encoder_config(name, tmp_path):
   import importlib
   config = importlib.import_module(f"configs.{name}").get_config()
@@ -293,6 +293,9 @@ def test_every_config_builds_a_valid_encoder_config(name, tmp_path):
   if name == "small":
     assert (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.n_layers, cfg.max_len) == (312, 6, 1248, 3, 80)
     assert cfg.dropout == 0.05
+  if name == "modern":
+    assert [cfg.is_global(i) for i in range(cfg.n_layers)] == [True, False, False]
+    assert cfg.position_embedding == "rotary" and cfg.glu and not cfg.dense_bias
 
 
 def test_exporting_pytorch_weights_without_torch_is_one_line(reference_run, tmp_path):
