@@ -1,6 +1,6 @@
 r"""One command that checks the whole program on the accelerator JAX sees, and measures it.
 
-  python -m benchmarks.accelerator --out DIR                  # every part, about 15 minutes
+  python -m benchmarks.accelerator --out DIR                  # every part, about 20 minutes
   python -m benchmarks.accelerator --out DIR --parts parity,attention
   python -m benchmarks.accelerator --out DIR --tiny           # tiny sizes, on any machine
 
@@ -19,6 +19,11 @@ DIR/log.txt are written again as each part ends:
                the PyTorch port under torch.compile with bfloat16 autocast on the same weights
                and batches: tokens/s, MFU against the device's dense bf16 peak and against a
                large matmul measured here
+  bert         BERT-base read by load_hf (benchmarks/hf.py's masked-LM step: encoder, BERT's
+               head at every position, AdamW), bfloat16 compute, at 256x128 and 64x512,
+               against transformers' BertForMaskedLM under torch.compile (sdpa, bfloat16
+               autocast) on the same weights and batches: tokens/s, MFU; the transformers
+               side is skipped, with a note, where torch has no CUDA or transformers is missing
   attention    reference, xla and cudnn attention: max error against float32, forward and
                backward time, at 512 and 2048 tokens with padding
   big          the big model with scanned layers, remat none, full and save_dots: step time
@@ -52,9 +57,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (part, variant, seconds allowed on an accelerator); tiny runs get a fraction of that.
 JOBS = (("environment", None, 90), ("suite", None, 360), ("parity", None, 150),
-        ("train_step", None, 330), ("attention", None, 180), ("big", "none", 120),
-        ("big", "full", 120), ("big", "save_dots", 120), ("train_run", None, 200),
-        ("profile", None, 150))
+        ("train_step", None, 330), ("bert", None, 420), ("attention", None, 180),
+        ("big", "none", 120), ("big", "full", 120), ("big", "save_dots", 120),
+        ("train_run", None, 200), ("profile", None, 150))
 PARTS = tuple(dict.fromkeys(part for part, _, _ in JOBS))
 TINY_LIMIT_S = 120  # on a quiet machine of 4 cores or more; scaled up for fewer or busier
 
@@ -229,6 +234,100 @@ def train_step(tiny: bool, variant=None) -> dict:
       rows.append(row)
   if not on_gpu and not tiny:
     notes.append("torch.compile runs on the CPU here: the comparison is a GPU one")
+  return {"rows": rows, "notes": notes}
+
+
+def _bert_directory(directory: str, tiny: bool) -> str:
+  """BERT-base (or benchmarks/hf.py's tiny BERT) with Flax's random initialisation, saved as
+  a transformers directory (config.json, model.safetensors): transformers, which GPU images
+  often lack, is needed for its own side only."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  from safetensors.numpy import save_file
+
+  from benchmarks import hf
+  from flax_encoder import Encoder
+  from flax_encoder.heads import MaskedLMHead
+  from flax_encoder.pytorch.hf import config_from_hf, hf_config, to_hf_state_dict
+  config = config_from_hf({"model_type": "bert", **(hf.TINY if tiny else hf.BERT_BASE)})
+  encoder_key, head_key = jax.random.split(jax.random.key(0))
+  params = nn.unbox(Encoder(config).init(encoder_key, jnp.ones((1, 8), jnp.int32))["params"])
+  head = nn.unbox(MaskedLMHead(config).init(head_key, jnp.zeros((1, 8, config.d_model)),
+                                            params["embedding"]["embedding"])["params"])
+  state = to_hf_state_dict({"params": params, "heads": {"masked_lm": head}}, config, "bert",
+                           prefix="bert.")
+  save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(hf_config(config, "bert", architectures=["BertForMaskedLM"]), f)
+  return directory
+
+
+def _bert_torch_device() -> tuple[str | None, str]:
+  """(where transformers' side runs, or None, and a note saying why not)."""
+  import importlib.util
+
+  import jax
+  missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+  if missing:
+    return None, f"transformers' side skipped: {' and '.join(missing)} not installed"
+  import torch
+  if jax.default_backend() == "cpu":
+    return "cpu", "tiny sizes on the CPU: transformers eager, not compiled"
+  if jax.default_backend() != "gpu":
+    return None, f"transformers' side skipped: JAX runs on {jax.default_backend()}, not a GPU"
+  if not torch.cuda.is_available():
+    return None, f"transformers' side skipped: torch {torch.__version__} has no CUDA"
+  return "cuda", ""
+
+
+def bert(tiny: bool, variant=None) -> dict:
+  """BERT-base's masked-LM step (benchmarks/hf.py) in bfloat16, Flax against transformers."""
+  # JAX takes 75% of a GPU by default; transformers' side needs room beside it.
+  os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.45")
+  import jax
+
+  from benchmarks import hf
+  from benchmarks.bench import interleaved, matmul_peak
+  from train.throughput import device_peak
+  device = jax.devices()[0].device_kind
+  peak = matmul_peak("bfloat16", sizes=(256,) if tiny else (8192,), reps=3)
+  measured = max(r["flops_per_s"] for r in peak if r["impl"] == "jax")
+  nominal = device_peak(device)
+  torch_device, why = _bert_torch_device()
+  other = "transformers" if tiny or torch_device != "cuda" else "transformers compiled"
+  rows, notes = [], [f"{device}; Flax attention {_best_attention()}; bfloat16 compute, float32 "
+                     f"parameters (transformers: bfloat16 autocast, sdpa attention)", why]
+  with tempfile.TemporaryDirectory() as directory:
+    _bert_directory(directory, tiny)
+    for batch, seq in ((4, 32),) if tiny else ((256, 128), (64, 512)):
+      batches = hf.masked_batches(hf.vocab_size_of(directory), batch, seq)
+      config, _, flax_train = hf.flax_side(directory, batches, "bfloat16", _best_attention())
+      runners, first = {"flax": flax_train}, {}
+      if torch_device:
+        try:
+          torch_train = hf.torch_side(directory, batches, "sdpa", other.endswith("compiled"),
+                                      "bfloat16", torch_device)
+          # Both on batch 0 from the same weights (and compiled here, outside the timing).
+          first = {"flax": flax_train(), other: torch_train()}
+          runners[other] = torch_train
+        except Exception as e:  # noqa: BLE001 - torch.compile's failures are many and varied
+          notes.append(f"{other} at {batch}x{seq} failed: {type(e).__name__}: {str(e)[:200]}")
+      seconds = interleaved(runners, reps=3 if tiny else 10, warmup=2)
+      flops = hf.train_flops_per_token(config, seq) * batch * seq
+      for impl, s in seconds.items():
+        row = {"batch x seq": f"{batch}x{seq}", "impl": impl, "ms": round(s * 1e3, 2),
+               "tokens/s": round(batch * seq / s),
+               "MFU (measured matmul)": f"{flops / s / measured:.1%}"}
+        if nominal:
+          row["MFU (datasheet peak)"] = f"{flops / s / nominal:.1%}"
+        if other in seconds:
+          row[f"tokens/s vs {other}"] = f"{seconds[other] / s:.2f}x"
+          row["first-step loss"] = round(first[impl], 4)
+        rows.append(row)
+  notes.append("masked-LM step of benchmarks/hf.py (encoder, BERT's head at every position, "
+               "cross-entropy at the masked 15%, AdamW), dropout off; MFU counts 6 (N_matmul "
+               "+ d vocab + d^2) + 12 L d seq flops a token; random weights from Flax's init")
   return {"rows": rows, "notes": notes}
 
 

@@ -34,8 +34,8 @@ def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:] + (out / "log.txt").read_text()[-3000:]
   results = json.loads((out / "results.json").read_text())
   parts = {(e["part"], e["variant"]): e for e in results["parts"]}
-  assert [p for p, _ in parts] == ["environment", "suite", "parity", "train_step", "attention",
-                                   "big", "train_run", "profile"]
+  assert [p for p, _ in parts] == ["environment", "suite", "parity", "train_step", "bert",
+                                   "attention", "big", "train_run", "profile"]
   assert all(e["status"] == "ok" for e in parts.values()), parts
   assert "skipped" in parts[("suite", None)]["notes"][0]
   parity = parts[("parity", None)]["rows"]
@@ -43,6 +43,12 @@ def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   steps = parts[("train_step", None)]["rows"]
   assert {r["impl"] for r in steps} == {"jax", "torch"}  # torch.compile where there is a GPU
   assert all(r["tokens/s"] > 0 for r in steps)
+  bert = parts[("bert", None)]
+  flax, transformers = bert["rows"]
+  assert (flax["impl"], transformers["impl"]) == ("flax", "transformers")  # compiled on a GPU
+  assert flax["tokens/s"] > 0 and transformers["tokens/s"] > 0
+  # The same step on the same weights and batch, both in bfloat16.
+  assert abs(flax["first-step loss"] / transformers["first-step loss"] - 1) < 0.02
   impls = {r["impl"] for r in parts[("attention", None)]["rows"]}
   assert impls == {"reference", "xla"}  # cudnn needs an NVIDIA GPU
   assert all(float(r["max abs err vs float32"]) < 0.05
@@ -51,5 +57,5 @@ def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   assert parts[("train_run", None)]["rows"][0]["steps"] == 40
   assert parts[("profile", None)]["rows"]
   markdown = (out / "results.md").read_text()
-  assert markdown.count("\n## ") == 8 and "| stage |" in markdown
+  assert markdown.count("\n## ") == 9 and "| stage |" in markdown
   assert os.path.getsize(out / "log.txt") > 0

@@ -2,6 +2,7 @@
 and both sides of the comparison compute the same training step."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -61,3 +62,25 @@ def test_input_pipeline_benchmark_runs(capsys):
   lines = [line for line in capsys.readouterr().out.splitlines() if "tokens/s" in line]
   assert [line.split(" (")[0] for line in lines] == ["64 x 128", "64 x 512"]
   assert all(float(line.split(": ")[1].split()[0]) > 0 for line in lines)
+
+
+def test_the_hugging_face_bert_benchmark_compares_equal_losses(tmp_path, monkeypatch):
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  from benchmarks import hf
+  monkeypatch.setattr(bench, "PAUSE_S", 0.0)
+  out = tmp_path / "hf.json"
+  assert hf.main(["--tiny", "--reps", "1", "--out", str(out)]) == 0
+  results = json.loads(out.read_text())
+  assert {"jax", "torch", "transformers", "cpu", "cores"} <= set(results["environment"])
+  impls = ["flax", "transformers sdpa", "transformers eager"]
+  assert [r["impl"] for r in results["losses"]] == impls  # no torch.compile when tiny
+  for r in results["losses"]:  # step 0 to 1e-4, step 1 (after an AdamW update) to 1e-3
+    assert r["rel_diff_step0"] <= 1e-4 and r["rel_diff_step1"] <= 1e-3
+  assert results["losses"][0]["loss_step0"] > 0
+  records = {(r["section"], r["impl"]): r for r in results["records"]}
+  assert set(records) == {(s, i) for s in ("forward", "train") for i in impls}
+  assert all(r["ms"] > 0 and r["tokens_per_s"] > 0 for r in records.values())
+  assert set(results["ratios"]["train"]) == {
+      "flax / transformers sdpa", "flax / transformers eager",
+      "flax / best transformers eager mode"}

@@ -1,0 +1,354 @@
+r"""A Hugging Face BERT in Flax (`flax_encoder.pytorch.load_hf`) against transformers' own
+BertForMaskedLM: the same weights, the same batches, the same masked-LM training step.
+
+  python -m benchmarks.hf --out benchmarks/results/hf.json     # BERT-base at 8x128: minutes
+  python -m benchmarks.hf --tiny                               # a tiny BERT: seconds
+
+The model is `transformers.BertConfig()`'s (BERT-base: hidden 768, 12 layers, 12 heads,
+intermediate 3072, vocabulary 30522, exact-erf GELU) with random weights, built by
+transformers (`BertForMaskedLM(config)`), saved with `save_pretrained` to a temporary directory
+and read back by both sides: by `load_hf` on the Flax side, by `from_pretrained` on the
+PyTorch side with `attn_implementation` "sdpa" (transformers' default) and "eager".
+
+Sections:
+  forward  the encoder's last_hidden_state (no pooler, no head): Flax `Encoder.apply` under
+           jax.jit against `model.bert(input_ids, attention_mask)` under torch.no_grad.
+  train    one masked-LM step: encoder, BERT's head (dense, GELU, LayerNorm, the tied
+           decoder) at every position as BertForMaskedLM computes it, cross-entropy over
+           the masked positions, backward, AdamW (lr 1e-4, betas 0.9/0.999, eps 1e-8, weight
+           decay 0.01: torch's defaults but the rate; decay on every parameter, biases and
+           LayerNorms too, as both apply it without a mask), no clipping. Flax:
+           one jitted function, optax.adamw, state donated; PyTorch: BertForMaskedLM(...,
+           labels=...).loss, backward, torch.optim.AdamW.
+
+Dropout is off on both sides (torch eval mode, Flax deterministic), so that both compute the
+same function; training with dropout costs both a little more. Each batch is `--size` random
+ids with round(0.15 seq) positions a row replaced by [MASK] and predicted; four batches are
+cycled through, the same on both sides. Before timing, every implementation's first step
+(batch 0, the same weights) must give Flax's loss to rtol 1e-4, and its second (after one
+AdamW update) to rtol 1e-3; both are in the JSON.
+
+Implementations: "flax" (jax.jit; attention_impl "reference", load_hf's default, or
+`--attention xla`), "transformers sdpa", "transformers eager" (PyTorch eager
+mode with each attention implementation) and the same through torch.compile ("... compiled";
+`--no-compile`, or `--tiny`, leaves them out). float32 with full-precision matmuls on both
+sides, torch.set_num_threads(os.cpu_count()), glibc malloc keeping freed memory for both
+(train.host.keep_freed_memory, as benchmarks.bench and python -m train run). Timing is
+benchmarks.bench's: warm-up, then repetitions interleaved across implementations after an
+untimed 0.5 s pause each, medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from benchmarks import bench
+from benchmarks.workload import flops_per_token
+from flax_encoder import Encoder, EncoderConfig
+from flax_encoder.heads import MaskedLMHead
+from flax_encoder.pytorch.hf import load_hf
+from train.host import keep_freed_memory
+
+MASK_RATE = 0.15
+N_BATCHES = 4
+ADAMW = dict(learning_rate=1e-4, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
+ATTENTIONS = ("sdpa", "eager")  # transformers' attn_implementation; "sdpa" is its default
+# transformers.BertConfig()'s sizes, spelled out for the builders that do without transformers.
+BERT_BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                 intermediate_size=3072, max_position_embeddings=512)
+TINY = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=37, max_position_embeddings=64)
+MASK_ID = 103  # bert-base-uncased's [MASK]
+FIRST_ID = 1000  # random ids from here: no [PAD], [CLS], [SEP] or [MASK] among them
+
+
+# ---------------------------------------------------------------------------------------------
+# The model and the batches
+
+
+def bert_config(tiny: bool = False, **overrides):
+  """transformers.BertConfig(): BERT-base, or a tiny one."""
+  import transformers
+  return transformers.BertConfig(**(TINY if tiny else BERT_BASE), **overrides)
+
+
+def save_random_bert(config, directory: str) -> str:
+  """A BertForMaskedLM of `config` with transformers' random initialisation (seed 0), saved
+  with save_pretrained to `directory`."""
+  import torch
+  import transformers
+  torch.manual_seed(0)
+  transformers.BertForMaskedLM(config).save_pretrained(directory)
+  return directory
+
+
+def vocab_size_of(directory: str) -> int:
+  """The vocab_size of the model directory's config.json."""
+  with open(os.path.join(directory, "config.json")) as f:
+    return json.load(f)["vocab_size"]
+
+
+def masked_batches(vocab_size: int, batch: int, seq: int, n: int = N_BATCHES,
+                   seed: int = 0) -> list[dict]:
+  """`n` batches of random ids, round(MASK_RATE seq) positions a row replaced by the [MASK]
+  id: {"input_ids", "targets" (the original ids), "weights" (1.0 where predicted)}."""
+  rng = np.random.default_rng(seed)
+  first = FIRST_ID if vocab_size > 2 * FIRST_ID else 1
+  mask_id = min(MASK_ID, vocab_size - 1)
+  masked = max(1, round(MASK_RATE * seq))
+  out = []
+  for _ in range(n):
+    ids = rng.integers(first, vocab_size, (batch, seq))
+    at = np.argsort(rng.random((batch, seq)), axis=1)[:, :masked]
+    weights = np.zeros((batch, seq), np.float32)
+    np.put_along_axis(weights, at, 1.0, axis=1)
+    out.append({"input_ids": np.where(weights > 0, mask_id, ids).astype(np.int32),
+                "targets": ids.astype(np.int32), "weights": weights})
+  return out
+
+
+def train_flops_per_token(config: EncoderConfig, seq: int) -> float:
+  """The standard count (benchmarks.workload.flops_per_token) with the head's decoder at every
+  position, plus its d x d transform."""
+  return flops_per_token(config, seq, train=True, predicted=1.0) + 6 * config.d_model**2
+
+
+# ---------------------------------------------------------------------------------------------
+# The two sides. Each runner takes the next of the batches in turn; train runners return the
+# step's loss as a float.
+
+
+def flax_side(directory: str, batches: list[dict], dtype: str = "float32",
+              attention_impl: str = "reference"):
+  """(config, forward runner, train runner) of load_hf(directory)."""
+  config, variables = load_hf(directory, dtype=dtype, attention_impl=attention_impl,
+                              dropout=0.0, attention_dropout=0.0)
+  encoder, head = Encoder(config), MaskedLMHead(config)
+  tx = optax.adamw(**ADAMW)
+
+  def loss_fn(params, b):
+    hidden = encoder.apply({"params": params["encoder"]}, b["input_ids"])
+    logits = head.apply({"params": params["head"]}, hidden,
+                        params["encoder"]["embedding"]["embedding"])
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
+                                                             b["targets"])
+    return jnp.sum(losses * b["weights"]) / jnp.sum(b["weights"])
+
+  def train_step(state, b):
+    params, opt_state = state
+    loss, grads = jax.value_and_grad(loss_fn)(params, b)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), loss
+
+  params = jax.device_put({"encoder": variables["params"],
+                           "head": variables["heads"]["masked_lm"]})
+  state = [(params, tx.init(params))]
+  step = jax.jit(train_step, donate_argnums=0)
+  forward = jax.jit(lambda p, ids: encoder.apply({"params": p}, ids))
+  forward_params = jax.device_put(variables["params"])  # the train state is donated
+  device_batches = [jax.device_put(b) for b in batches]
+  next_forward = itertools.cycle(device_batches).__next__
+  next_train = itertools.cycle(device_batches).__next__
+
+  def run_forward():
+    forward(forward_params, next_forward()["input_ids"]).block_until_ready()
+
+  def run_train():
+    state[0], loss = step(state[0], next_train())
+    return float(loss)
+
+  return config, run_forward, run_train
+
+
+def torch_side(directory: str, batches: list[dict], attention: str, compile_: bool,
+               dtype: str = "float32", device: str = "cpu", section: str = "train"):
+  """A runner of `section` ("forward" or "train") for transformers' BertForMaskedLM read
+  from `directory` with attn_implementation `attention`, through torch.compile if
+  `compile_`, under bfloat16 autocast if `dtype` says so."""
+  import torch
+  import transformers
+  model = transformers.BertForMaskedLM.from_pretrained(
+      directory, attn_implementation=attention).to(device).eval()  # eval: no dropout
+  tensors = [{"input_ids": torch.from_numpy(b["input_ids"]).long().to(device),
+              "attention_mask": torch.ones(b["input_ids"].shape, dtype=torch.long,
+                                           device=device),
+              "labels": torch.from_numpy(np.where(b["weights"] > 0, b["targets"], -100)
+                                         ).long().to(device)} for b in batches]
+  next_batch = itertools.cycle(tensors).__next__
+  sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+  autocast = lambda: torch.autocast(device_type=device, dtype=torch.bfloat16,
+                                    enabled=dtype == "bfloat16")
+  if section == "forward":
+    encoder = torch.compile(model.bert) if compile_ else model.bert
+
+    def run_forward():
+      b = next_batch()
+      with torch.no_grad(), autocast():
+        encoder(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+      sync()
+
+    return run_forward
+  optimizer = torch.optim.AdamW(model.parameters(), lr=ADAMW["learning_rate"],
+                                betas=(ADAMW["b1"], ADAMW["b2"]), eps=ADAMW["eps"],
+                                weight_decay=ADAMW["weight_decay"])
+  trained = torch.compile(model) if compile_ else model
+
+  def run_train():
+    optimizer.zero_grad(set_to_none=True)
+    with autocast():
+      loss = trained(**next_batch()).loss
+    loss.backward()
+    optimizer.step()
+    sync()
+    return float(loss.detach())
+
+  return run_train
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring
+
+
+def implementations(compile_: bool) -> list[tuple[str, str, bool]]:
+  """(name, attn_implementation, compiled) of each PyTorch implementation."""
+  impls = [(f"transformers {a}", a, False) for a in ATTENTIONS]
+  return impls + ([(f"transformers {a} compiled", a, True) for a in ATTENTIONS]
+                  if compile_ else [])
+
+
+def check_losses(losses: dict[str, list[float]]) -> list[dict]:
+  """Rows of each implementation's first two losses against Flax's; raises if step 0 differs
+  by more than rtol 1e-4 or step 1 by more than 1e-3."""
+  rows = []
+  for name, ls in losses.items():
+    rel = [abs(a - b) / abs(b) for a, b in zip(ls, losses["flax"])]
+    rows.append({"impl": name, "loss_step0": ls[0], "loss_step1": ls[1],
+                 "rel_diff_step0": rel[0], "rel_diff_step1": rel[1]})
+    if rel[0] > 1e-4 or rel[1] > 1e-3:
+      raise AssertionError(f"{name}'s losses {ls} differ from Flax's {losses['flax']} "
+                           f"(relative {rel[0]:.1e}, {rel[1]:.1e}): not the same step")
+  return rows
+
+
+def _records(section: str, seconds: dict, batch: int, seq: int, flops: float) -> list[dict]:
+  return [{"section": section, "impl": name, "batch": batch, "seq": seq,
+           "ms": s * 1e3, "tokens_per_s": batch * seq / s, "flops_per_s": flops / s,
+           "flax_over_this": seconds["flax"] / s} for name, s in seconds.items()]
+
+
+def measure(directory: str, batch: int, seq: int, reps: int, warmup: int, compile_: bool,
+            attention_impl: str = "reference") -> dict:
+  """{"records": forward and train timings, "losses": check_losses' rows}, one section at a
+  time (each section's models are freed before the next's are built)."""
+  import torch
+  batches = masked_batches(vocab_size_of(directory), batch, seq)
+  impls = implementations(compile_)
+  config, flax_forward, flax_train = flax_side(directory, batches,
+                                               attention_impl=attention_impl)
+  forward = {"flax": flax_forward}
+  for name, attention, compiled in impls:
+    forward[name] = torch_side(directory, batches, attention, compiled, section="forward")
+  seconds = bench.interleaved(forward, reps, warmup)
+  records = _records("forward", seconds, batch, seq,
+                     flops_per_token(config, seq, train=False) * batch * seq)
+  _report(records)
+  del forward, flax_forward
+  train = {"flax": flax_train}
+  for name, attention, compiled in impls:
+    train[name] = torch_side(directory, batches, attention, compiled)
+  losses = {name: [run(), run()] for name, run in train.items()}  # also compiles
+  loss_rows = check_losses(losses)
+  seconds = bench.interleaved(train, reps, warmup)
+  train_records = _records("train", seconds, batch, seq,
+                           train_flops_per_token(config, seq) * batch * seq)
+  _report(train_records)
+  torch.compiler.reset()
+  return {"records": records + train_records, "losses": loss_rows}
+
+
+def ratios(records: list[dict]) -> dict:
+  """{section: {"flax / <impl>": time ratio}} and, per section, Flax against the faster of
+  transformers' eager-mode (uncompiled) implementations."""
+  out = {}
+  for section in ("forward", "train"):
+    rows = {r["impl"]: r for r in records if r["section"] == section}
+    out[section] = {f"flax / {name}": r["flax_over_this"] for name, r in rows.items()
+                    if name != "flax"}
+    best = min((r["ms"], name) for name, r in rows.items()
+               if name.startswith("transformers") and not name.endswith("compiled"))
+    out[section]["flax / best transformers eager mode"] = rows["flax"]["ms"] / best[0]
+  return out
+
+
+def _report(records: list[dict]) -> None:
+  for r in records:
+    print(f"{r['section']:8s} {r['batch']}x{r['seq']:<5d} {r['impl']:30s} {r['ms']:9.1f} ms"
+          f"  flax/this {r['flax_over_this']:.2f}", file=sys.stderr, flush=True)
+
+
+def environment() -> dict:
+  import transformers
+  return {**bench.environment(), "transformers": transformers.__version__}
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.hf", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--size", default=None, help="batch x seq (default 8x128; 2x16 tiny)")
+  parser.add_argument("--tiny", action="store_true",
+                      help="a tiny BERT, no torch.compile, 2 repetitions: seconds")
+  parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+  parser.add_argument("--attention", default="reference", choices=("reference", "xla"),
+                      help="the Flax side's attention_impl (default: load_hf's)")
+  parser.add_argument("--reps", type=int, default=None, help="default 10 (2 tiny)")
+  parser.add_argument("--warmup", type=int, default=None, help="default 2 (1 tiny)")
+  parser.add_argument("--out", default=None, help="results JSON (default: print only)")
+  args = parser.parse_args(argv)
+  size = args.size or ("2x16" if args.tiny else "8x128")
+  batch, seq = (int(x) for x in size.split("x"))
+  reps = args.reps or (2 if args.tiny else 10)
+  warmup = args.warmup or (1 if args.tiny else 2)
+  compile_ = not (args.no_compile or args.tiny)
+
+  malloc = "keep" if keep_freed_memory() else "default (not glibc)"
+  import torch
+  import transformers
+  transformers.utils.logging.disable_progress_bar()
+  torch.set_num_threads(os.cpu_count())
+  jax.config.update("jax_default_matmul_precision", "highest")
+  config = bert_config(args.tiny)
+  load_before = os.getloadavg()
+  with tempfile.TemporaryDirectory() as directory:
+    save_random_bert(config, directory)
+    measured = measure(directory, batch, seq, reps, warmup, compile_, args.attention)
+  # Other processes on a small machine slow both sides, PyTorch's spinning threads the more.
+  load = {"load_average_before": load_before, "load_average_after": os.getloadavg(),
+          "malloc": malloc}
+  results = {"environment": {**environment(), **load}, "dtype": "float32", "size": size,
+             "flax_attention": args.attention, "reps": reps, "warmup": warmup,
+             "dropout": "off on both sides (torch eval mode, flax deterministic)",
+             "bert_config": {k: v for k, v in config.to_dict().items()
+                             if isinstance(v, (int, float, str))},
+             **measured, "ratios": ratios(measured["records"])}
+  for section, rs in results["ratios"].items():
+    print(f"{section}: " + ", ".join(f"{k} {v:.2f}" for k, v in rs.items()), file=sys.stderr)
+  if args.out:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+      json.dump(results, f, indent=1)
+    print(f"wrote {args.out}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
