@@ -192,6 +192,20 @@ def parity(tiny: bool, variant=None) -> dict:
       f"1e-5 + 1e-4 * max|PyTorch value|; relative errors are max abs err / max|PyTorch value|"]}
 
 
+def _speed_row(batch: int, seq: int, impl: str, seconds: dict, flops: float, measured: float,
+               nominal: float | None, other: str) -> dict:
+  """A results row of `impl`'s step time (`seconds[impl]`, of `flops`): tokens/s, MFU
+  against the measured matmul and the datasheet peak, and its speed against `other`'s."""
+  s = seconds[impl]
+  row = {"batch x seq": f"{batch}x{seq}", "impl": impl, "ms": round(s * 1e3, 2),
+         "tokens/s": round(batch * seq / s), "MFU (measured matmul)": f"{flops / s / measured:.1%}"}
+  if nominal:
+    row["MFU (datasheet peak)"] = f"{flops / s / nominal:.1%}"
+  if other in seconds:
+    row[f"tokens/s vs {other}"] = f"{seconds[other] / s:.2f}x"
+  return row
+
+
 def train_step(tiny: bool, variant=None) -> dict:
   import jax
 
@@ -223,15 +237,8 @@ def train_step(tiny: bool, variant=None) -> dict:
         notes.append(f"{other} at {batch}x{seq} failed: {type(e).__name__}: {str(e)[:200]}")
     seconds = interleaved(runners, reps=3 if tiny else 10, warmup=2)
     flops = flops_per_token(cfg, seq, train=True, predicted=predictions(seq) / seq) * batch * seq
-    for impl, s in seconds.items():
-      row = {"batch x seq": f"{batch}x{seq}", "impl": impl, "ms": round(s * 1e3, 2),
-             "tokens/s": round(batch * seq / s),
-             "MFU (measured matmul)": f"{flops / s / measured:.1%}"}
-      if nominal:
-        row["MFU (datasheet peak)"] = f"{flops / s / nominal:.1%}"
-      if other in seconds:
-        row[f"tokens/s vs {other}"] = f"{seconds[other] / s:.2f}x"
-      rows.append(row)
+    rows += [_speed_row(batch, seq, impl, seconds, flops, measured, nominal, other)
+             for impl in seconds]
   if not on_gpu and not tiny:
     notes.append("torch.compile runs on the CPU here: the comparison is a GPU one")
   return {"rows": rows, "notes": notes}
@@ -315,14 +322,9 @@ def bert(tiny: bool, variant=None) -> dict:
           notes.append(f"{other} at {batch}x{seq} failed: {type(e).__name__}: {str(e)[:200]}")
       seconds = interleaved(runners, reps=3 if tiny else 10, warmup=2)
       flops = hf.train_flops_per_token(config, seq) * batch * seq
-      for impl, s in seconds.items():
-        row = {"batch x seq": f"{batch}x{seq}", "impl": impl, "ms": round(s * 1e3, 2),
-               "tokens/s": round(batch * seq / s),
-               "MFU (measured matmul)": f"{flops / s / measured:.1%}"}
-        if nominal:
-          row["MFU (datasheet peak)"] = f"{flops / s / nominal:.1%}"
+      for impl in seconds:
+        row = _speed_row(batch, seq, impl, seconds, flops, measured, nominal, other)
         if other in seconds:
-          row[f"tokens/s vs {other}"] = f"{seconds[other] / s:.2f}x"
           row["first-step loss"] = round(first[impl], 4)
         rows.append(row)
   notes.append("masked-LM step of benchmarks/hf.py (encoder, BERT's head at every position, "

@@ -84,24 +84,32 @@ def checked_apply(fn: Callable, **jit_kwargs) -> Callable:
   return run
 
 
+def _check_ids(name: str, value: Any, shape: tuple[int, int], limit: int | None = None,
+               bound: str = "") -> None:
+  """Raises unless `value` is an integer array of the tokens' `shape` and, given a `limit`
+  (named `bound`), its concrete values lie in [0, limit); a traced one is checked for shape
+  only."""
+  dtype = getattr(value, "dtype", None)
+  if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
+    raise TypeError(f"{name} must be an integer array of the tokens' shape {list(shape)}, got "
+                    f"{type(value).__name__} of dtype {dtype}")
+  if tuple(value.shape) != tuple(shape):
+    raise ValueError(f"{name} has shape {list(value.shape)}, expected the tokens' "
+                     f"{list(shape)}")
+  if limit is not None and not isinstance(value, jax.core.Tracer):
+    values = np.asarray(value)
+    if values.size and (values.min() < 0 or values.max() >= limit):
+      raise ValueError(f"{name} must lie in [0, {bound}={limit}), got min "
+                       f"{int(values.min())}, max {int(values.max())}")
+
+
 def check_packing(segment_ids: Any, positions: Any, shape: tuple[int, int], max_len: int) -> None:
   """Raises unless `segment_ids` and `positions` (each optional) are integer arrays of the
   tokens' `shape`, and concrete positions lie in [0, max_len)."""
-  for name, value in (("segment_ids", segment_ids), ("positions", positions)):
-    if value is None:
-      continue
-    dtype = getattr(value, "dtype", None)
-    if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
-      raise TypeError(f"{name} must be an integer array of the tokens' shape {list(shape)}, got "
-                      f"{type(value).__name__} of dtype {dtype}")
-    if tuple(value.shape) != tuple(shape):
-      raise ValueError(f"{name} has shape {list(value.shape)}, expected the tokens' "
-                       f"{list(shape)}")
-  if positions is not None and not isinstance(positions, jax.core.Tracer):
-    values = np.asarray(positions)
-    if values.size and (values.min() < 0 or values.max() >= max_len):
-      raise ValueError(f"positions must lie in [0, max_len={max_len}), got min "
-                       f"{int(values.min())}, max {int(values.max())}")
+  if segment_ids is not None:
+    _check_ids("segment_ids", segment_ids, shape)
+  if positions is not None:
+    _check_ids("positions", positions, shape, max_len, "max_len")
 
 
 def check_token_types(token_types: Any, shape: tuple[int, int], type_vocab_size: int) -> None:
@@ -113,15 +121,4 @@ def check_token_types(token_types: Any, shape: tuple[int, int], type_vocab_size:
   if not type_vocab_size:
     raise ValueError("token_types given to a model without token-type embeddings "
                      "(EncoderConfig.type_vocab_size=0)")
-  dtype = getattr(token_types, "dtype", None)
-  if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
-    raise TypeError(f"token_types must be an integer array of the tokens' shape {list(shape)}, "
-                    f"got {type(token_types).__name__} of dtype {dtype}")
-  if tuple(token_types.shape) != tuple(shape):
-    raise ValueError(f"token_types has shape {list(token_types.shape)}, expected the tokens' "
-                     f"{list(shape)}")
-  if not isinstance(token_types, jax.core.Tracer):
-    values = np.asarray(token_types)
-    if values.size and (values.min() < 0 or values.max() >= type_vocab_size):
-      raise ValueError(f"token_types must lie in [0, type_vocab_size={type_vocab_size}), got "
-                       f"min {int(values.min())}, max {int(values.max())}")
+  _check_ids("token_types", token_types, shape, type_vocab_size, "type_vocab_size")

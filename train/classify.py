@@ -30,6 +30,7 @@ from flax_encoder.classifier import macro_f1
 from flax_encoder.classifier import SequenceClassifier as Classifier
 from train import examples, finetune
 from train.errors import RunError
+from train.optim import smoothed_loss_sum
 from train.finetune import pooling, type_separator
 from train.task import Definition, Plots, Resume, Setup
 
@@ -55,9 +56,8 @@ class ClassifyTask:
   def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
     logits = self.model.apply({"params": params}, batch["tokens"], deterministic=False,
                               rngs={"dropout": dropout_rng})
-    labels = optax.smooth_labels(jax.nn.one_hot(batch["labels"], self.model.num_labels),
-                                 self.label_smoothing)
-    return jnp.sum(optax.softmax_cross_entropy(logits, labels) * (batch["labels"] >= 0))
+    return smoothed_loss_sum(logits, batch["labels"], batch["labels"] >= 0,
+                             self.label_smoothing)
 
   def eval_sums(self, params, batch: dict) -> dict:
     logits = self.model.apply({"params": params}, batch["tokens"])

@@ -20,6 +20,7 @@ from flax_encoder import Encoder, EncoderConfig, segment_positions
 from flax_encoder.dense import dense
 from flax_encoder.heads import MaskedLMHead
 from train import dataset, settings
+from train.optim import smoothed_loss_sum
 from train.errors import RunError
 from train.files import sha256_file
 from train.task import (FIXES_STATE, FREE, Definition, Field, Plots, Resume, Setup, boolean,
@@ -134,13 +135,6 @@ def document_ids(tokens: jax.Array, ids: SpecialIds = PROJECT_IDS) -> jax.Array:
   separators before it (a separator ends its document and belongs to it); 0 at padding."""
   separators = (tokens == ids.separator).astype(jnp.int32)
   return jnp.where(tokens == ids.pad, 0, jnp.cumsum(separators, axis=1) - separators + 1)
-
-
-def smoothed_loss_sum(logits, targets, weights, label_smoothing: float) -> jax.Array:
-  """Label-smoothed cross-entropy summed over the weighted (masked) positions."""
-  logits = logits.astype(jnp.float32)
-  labels = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), label_smoothing)
-  return jnp.sum(optax.softmax_cross_entropy(logits, labels) * weights)
 
 
 def eval_sums(logits, targets, weights, baseline_token: int) -> dict:

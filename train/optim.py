@@ -75,3 +75,11 @@ def make_optimizer(optim, d_model: int,
   if optim.clip_norm is None:
     return tx, schedule
   return optax.chain(optax.clip_by_global_norm(optim.clip_norm), tx), schedule
+
+
+def smoothed_loss_sum(logits, targets, weights, label_smoothing: float) -> jax.Array:
+  """Label-smoothed cross-entropy summed over the weighted (masked, labelled) positions
+  (config.optim.label_smoothing); a target of weight 0 may be anything, -1 say."""
+  logits = logits.astype(jnp.float32)
+  labels = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), label_smoothing)
+  return jnp.sum(optax.softmax_cross_entropy(logits, labels) * weights)

@@ -27,6 +27,7 @@ import optax
 from flax_encoder.classifier import macro_f1
 from flax_encoder.token_classifier import TokenClassifier
 from train import examples, finetune
+from train.optim import smoothed_loss_sum
 from train.task import Definition, Field, Plots, Resume, Setup, string
 
 
@@ -107,9 +108,8 @@ class TagTask:
   def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
     logits = self.model.apply({"params": params}, batch["tokens"], deterministic=False,
                               rngs={"dropout": dropout_rng})
-    labels = optax.smooth_labels(jax.nn.one_hot(batch["labels"], self.model.num_labels),
-                                 self.label_smoothing)
-    return jnp.sum(optax.softmax_cross_entropy(logits, labels) * (batch["labels"] >= 0))
+    return smoothed_loss_sum(logits, batch["labels"], batch["labels"] >= 0,
+                             self.label_smoothing)
 
   def eval_sums(self, params, batch: dict) -> dict:
     logits = self.model.apply({"params": params}, batch["tokens"])
