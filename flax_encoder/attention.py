@@ -19,6 +19,7 @@ import numpy as np
 from flax_encoder.config import EncoderConfig
 from flax_encoder.dropout import apply_mask, keep_mask
 from flax_encoder.dense import dense
+from flax_encoder.packing import ids_mask
 
 # The PyTorch tutorial port fills masked scores with -1e9 (`masked_fill(mask == 0, -1e9)`), not
 # -inf, so a row whose keys are all masked averages the values instead of producing NaN.
@@ -288,10 +289,69 @@ def rotate(x: jax.Array, positions: jax.Array, theta: float, max_len: int) -> ja
   return (x32 * take(cos) + rotated * take(sin)).astype(x.dtype)
 
 
+def _is_ids(mask) -> bool:
+  return mask is not None and mask.ndim == 2 and jnp.issubdtype(mask.dtype, jnp.integer)
+
+
 def local_window(q_len: int, k_len: int, width: int) -> jax.Array:
   """bool [1, 1, q_len, k_len]: True where the query and key are at most width / 2 apart."""
   distance = np.abs(np.arange(q_len)[:, None] - np.arange(k_len)[None, :])
   return jnp.asarray(distance <= width // 2)[None, None]
+
+
+def windowed_attention(query: jax.Array, key: jax.Array, value: jax.Array, ids: jax.Array,
+                       width: int) -> jax.Array:
+  """Self-attention in which a token sees the keys at most width / 2 positions away, computed
+  block by block so that no [seq, seq] array is ever built: time and memory grow linearly with
+  the sequence. The sequence is cut into blocks of width / 2 positions; the queries of a block
+  meet the keys of that block and of its two neighbours, all that their window can reach.
+
+  The numbers are those of the full-mask path (`fused_attention` with `ids_mask(ids) &
+  local_window(...)`), including a query that may attend to nothing: it gets the mean of all
+  the values, as a softmax over equal masked scores gives it there.
+
+  Args:
+    query, key, value: [batch, seq, heads, head_dim].
+    ids: int [batch, seq] from `packing.attention_ids` (segments and padding).
+    width: the window, config.local_attention.
+
+  Returns:
+    [batch, seq, heads, head_dim].
+  """
+  batch, seq, heads, head_dim = query.shape
+  half = width // 2
+  block = max(half, 1)
+  n = -(-seq // block)
+  extra = n * block - seq
+
+  def blocks(x, before, after, fill=0):
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (before, after)
+    x = jnp.pad(x, widths, constant_values=fill)
+    return x.reshape(batch, -1, block, *x.shape[2:])
+
+  def neighbours(x):  # [batch, n + 2, block, ...] -> [batch, n, 3 * block, ...]
+    return jnp.concatenate([x[:, :-2], x[:, 1:-1], x[:, 2:]], axis=2)
+
+  q = blocks(query, 0, extra)
+  k, v = (neighbours(blocks(x, block, extra + block)) for x in (key, value))
+  query_ids = jnp.abs(blocks(ids, 0, extra))[..., None]  # [batch, n, block, 1]
+  key_ids = neighbours(blocks(ids, block, extra + block))[:, :, None, :]  # 0 past the ends
+  # Query a of a block sits at block + a among its 3 * block keys.
+  offset = block + np.arange(block)[:, None] - np.arange(3 * block)[None, :]
+  allowed = (key_ids > 0) & (key_ids == query_ids) & (np.abs(offset) <= half)
+
+  precision = jnp.promote_types(query.dtype, jnp.float32)
+  logits = jnp.einsum("bnqhd,bnkhd->bnhqk", q, k, preferred_element_type=precision)
+  logits = logits / np.sqrt(head_dim).astype(precision)
+  logits = jnp.where(allowed[:, :, None], logits, -0.7 * jnp.finfo(precision).max)
+  weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
+  out = jnp.einsum("bnhqk,bnkhd->bnqhd", weights, v, preferred_element_type=precision)
+  out = out.reshape(batch, n * block, heads, head_dim)[:, :seq]
+  # A query that may attend to nothing: the mean of every value, as on the full-mask path.
+  nothing = ~allowed.any(-1).reshape(batch, n * block)[:, :seq, None, None]
+  mean = jnp.mean(value.astype(precision), axis=1, keepdims=True)
+  return jnp.where(nothing, mean, out).astype(value.dtype)
 
 
 class MultiHeadAttention(nn.Module):
@@ -337,8 +397,39 @@ class MultiHeadAttention(nn.Module):
     q, k, v = project("w_q", query), project("w_k", key), project("w_v", value)
     if cfg.position_embedding == "rotary":
       q, k = self._rotary(q, k, positions, is_global)
+    if _is_ids(mask) and cfg.attention_impl in ("xla", "cudnn"):
+      context = self._by_ids(q, k, v, mask, is_global)
+    else:
+      if _is_ids(mask) and cfg.attention_impl == "reference":
+        mask = ids_mask(mask)
+      context = self._by_mask(q, k, v, mask, deterministic, is_global)
+    # [batch, q, heads, head_dim] -> [batch, q, d_model]
+    context = context.reshape(batch, q_len, cfg.d_model)
+    return dense(cfg, cfg.d_model, ("joined_kv", "embed"), "w_o")(context)
+
+  def _by_ids(self, q, k, v, ids, is_global):
+    """attention_impl 'xla' or 'cudnn' given `packing.attention_ids`: the local layers by
+    `windowed_attention` once the sequence is longer than the three blocks it reads per query
+    (shorter, the full mask costs less), the global ones by `fused_attention`."""
+    cfg = self.config
+    seq = q.shape[1]
+    whole = lambda: fused_attention(q, k, v, ids_mask(ids), cfg.attention_impl)
+    if seq > 3 * max(cfg.local_attention // 2, 1):
+      local = lambda: windowed_attention(q, k, v, ids, cfg.local_attention)
+    else:
+      local = lambda: fused_attention(
+          q, k, v, ids_mask(ids) & local_window(seq, seq, cfg.local_attention),
+          cfg.attention_impl)
+    if is_global is True or not cfg.local_attention:
+      return whole()
+    if is_global is False:
+      return local()
+    return jax.lax.cond(is_global, whole, local)  # traced under nn.scan
+
+  def _by_mask(self, q, k, v, mask, deterministic, is_global):
+    cfg = self.config
     if cfg.local_attention and is_global is not True:
-      window = local_window(q_len, key.shape[1], cfg.local_attention)
+      window = local_window(q.shape[1], k.shape[1], cfg.local_attention)
       if is_global is not False:  # traced: the window only where the layer is local
         window = window | is_global
       mask = window if mask is None else mask & window
@@ -349,19 +440,17 @@ class MultiHeadAttention(nn.Module):
       context, weights = scaled_dot_product_attention(q, k, v, mask, dropout_rate=rate,
                                                       dropout_rng=rng)
       self.sow("intermediates", "attention_weights", weights)
-    elif cfg.attention_impl in SEGMENT_KERNELS:
+      return context
+    if cfg.attention_impl in SEGMENT_KERNELS:
       impl = cfg.attention_impl
       if mask is None or mask.ndim != 2 or not jnp.issubdtype(mask.dtype, jnp.integer):
         raise ValueError(f"attention_impl={impl!r} attends by segment ids (int [batch, seq]), "
                          f"not by a mask: the Encoder passes them")
       check_backend(impl)
-      context = SEGMENT_KERNEL_FUNCTIONS[impl](q, k, v, mask, interpret=_interpreting.get())
-    else:
-      context = fused_attention(q, k, v, mask, cfg.attention_impl)
-
-    # [batch, q, heads, head_dim] -> [batch, q, d_model]
-    context = context.reshape(batch, q_len, cfg.d_model)
-    return dense(cfg, cfg.d_model, ("joined_kv", "embed"), "w_o")(context)
+      # attention_ids' padding (negative) is segment 0 to the kernels
+      return SEGMENT_KERNEL_FUNCTIONS[impl](q, k, v, jnp.maximum(mask, 0),
+                                            interpret=_interpreting.get())
+    return fused_attention(q, k, v, mask, cfg.attention_impl)
 
   def _rotary(self, q, k, positions, is_global):
     cfg = self.config

@@ -19,7 +19,7 @@ from flax_encoder.inputs import (check_packing, check_token_shape, check_token_t
                                  check_token_values)
 from flax_encoder.layer import EncoderLayer, layer_norm
 from flax_encoder.masks import check_mask, padding_mask
-from flax_encoder.packing import segment_mask
+from flax_encoder.packing import attention_ids, segment_mask
 from flax_encoder.sharding import ACTIVATION_AXES
 
 # What each EncoderConfig.remat option keeps from the forward pass for the backward pass.
@@ -76,7 +76,9 @@ class Encoder(nn.Module):
       segment_ids: int [batch, seq], for rows that pack several sequences: a token attends
         only to tokens of its own segment; 0 marks padding (`flax_encoder.packing`). Combined
         with `mask` when both are given. attention_impl 'splash' and 'triton' take no mask:
-        segment ids (or, without them, the padding) go to their kernels.
+        segment ids (or, without them, the padding) go to their kernels; so do the local
+        layers of 'xla' and 'cudnn' when no `mask` is given (`windowed_attention`: no
+        [seq, seq] array).
       positions: int [batch, seq], each token's position in its sequence, in [0, max_len);
         defaults to 0 … seq - 1 (with a position_offset, the count of real tokens before it,
         as transformers' RoBERTa has it). For packed rows,
@@ -97,13 +99,15 @@ class Encoder(nn.Module):
 
     if mask is not None:
       check_mask(mask, batch, cfg.n_heads, seq, seq)
-    if cfg.attention_impl in SEGMENT_KERNELS:  # segment ids, never a [seq, seq] mask
-      if mask is not None:
-        raise ValueError(f"attention_impl={cfg.attention_impl!r} attends by segment ids, not "
-                         f"by a mask: pass segment_ids (padding, pad_id tokens, is left out "
-                         f"either way)")
-      real = (tokens != cfg.pad_id).astype(jnp.int32)
-      mask = real if segment_ids is None else jnp.asarray(segment_ids, jnp.int32) * real
+    if cfg.attention_impl in SEGMENT_KERNELS and mask is not None:
+      raise ValueError(f"attention_impl={cfg.attention_impl!r} attends by segment ids, not "
+                       f"by a mask: pass segment_ids (padding, pad_id tokens, is left out "
+                       f"either way)")
+    if cfg.attention_impl in SEGMENT_KERNELS or (
+        cfg.local_attention and cfg.attention_impl in ("xla", "cudnn") and mask is None):
+      # One int per token, never a [seq, seq] mask: the kernels take segment ids, and the
+      # local layers of the fused paths attend by windows of them (windowed_attention).
+      mask = attention_ids(tokens, cfg.pad_id, segment_ids)
     elif segment_ids is not None:
       packed = segment_mask(segment_ids) & padding_mask(tokens, cfg.pad_id)
       mask = packed if mask is None else mask & packed

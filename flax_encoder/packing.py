@@ -21,6 +21,24 @@ def segment_mask(segment_ids: jax.Array) -> jax.Array:
   return same & (segment_ids != 0)[:, None, None, :]
 
 
+def attention_ids(tokens: jax.Array, pad_id: int,
+                  segment_ids: jax.Array | None = None) -> jax.Array:
+  """int32 [batch, seq]: one int per token that says whom it attends to, for the attention
+  paths that build no [seq, seq] mask. Its magnitude is the token's segment (1 for every token
+  of an unpacked row, 0 for the padding of a packed one) and its sign says whether other
+  tokens may attend to it (negative for pad_id tokens): a query attends to a key iff the key's
+  id is positive and equals the magnitude of the query's. That is `padding_mask(tokens)`
+  unpacked and `segment_mask(segment_ids) & padding_mask(tokens)` packed (`ids_mask`)."""
+  segments = 1 if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
+  return jnp.where(tokens == pad_id, -1, 1).astype(jnp.int32) * segments
+
+
+def ids_mask(ids: jax.Array) -> jax.Array:
+  """bool [batch, 1, q, k], the mask that `attention_ids` stands for."""
+  key = ids[:, None, None, :]
+  return (key > 0) & (key == jnp.abs(ids)[:, None, :, None])
+
+
 def segment_positions(segment_ids: jax.Array) -> jax.Array:
   """int32 [batch, seq]: each token's index within the run of equal segment ids it belongs to
   (0 at every change of id), the `positions` that encode each packed sequence as if alone."""

@@ -1,0 +1,108 @@
+"""Sliding-window attention without a [seq, seq] mask (`attention.windowed_attention`): the
+same numbers and gradients as the full-mask path, padded, packed and past the ends, in the
+Encoder's local layers under attention_impl 'xla', and no [seq, seq] array in its program."""
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flax_encoder import Encoder, EncoderConfig, segment_positions
+from flax_encoder.attention import fused_attention, local_window, windowed_attention
+from flax_encoder.layer import EncoderLayer
+from flax_encoder.packing import attention_ids, ids_mask
+
+pytestmark = pytest.mark.library
+
+
+def _inputs(rng, seq, packed):
+  """Row 0 packs two sequences, a padding token inside the first and padding at the end (when
+  `packed`); row 1 ends in padding longer than a window, whose queries may attend to nothing."""
+  tokens = rng.integers(1, 50, (2, seq))
+  tokens[0, 3] = 0
+  tokens[1, seq - 9:] = 0
+  segments = None
+  if packed:
+    segments = np.ones((2, seq), np.int32)
+    segments[0, seq // 3:] = 2
+    segments[0, seq - 4:] = 0
+  return tokens, segments
+
+
+@pytest.mark.parametrize("width,seq", [(16, 40), (16, 8), (32, 100), (7, 50), (1, 20), (2, 33)])
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_windowed_path_computes_what_the_full_mask_does(width, seq, packed):
+  rng = np.random.default_rng(seq + width)
+  tokens, segments = _inputs(rng, seq, packed)
+  ids = attention_ids(jnp.asarray(tokens), 0, segments)
+  mask = ids_mask(ids) & local_window(seq, seq, width)
+  with jax.enable_x64(True):
+    q, k, v = (jnp.asarray(rng.normal(size=(2, seq, 3, 8))) for _ in range(3))
+    full = lambda q, k, v: fused_attention(q, k, v, mask, "xla")
+    band = lambda q, k, v: windowed_attention(q, k, v, ids, width)
+    np.testing.assert_allclose(band(q, k, v), full(q, k, v), rtol=0, atol=1e-13)
+    # Gradients too, through every output (queries that attend to nothing included).
+    cotangent = jnp.asarray(rng.normal(size=q.shape))
+    pull = lambda f: jax.vjp(f, q, k, v)[1](cotangent)
+    for got, want in zip(pull(band), pull(full)):
+      np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_attention_ids_stand_for_the_padding_and_segment_masks():
+  from flax_encoder.masks import padding_mask
+  from flax_encoder.packing import segment_mask
+  tokens, segments = _inputs(np.random.default_rng(0), 12, packed=True)
+  unpacked = np.broadcast_to(padding_mask(tokens), (2, 1, 12, 12))
+  np.testing.assert_array_equal(ids_mask(attention_ids(tokens, 0)), unpacked)
+  packed = segment_mask(segments) & padding_mask(tokens)
+  np.testing.assert_array_equal(ids_mask(attention_ids(tokens, 0, segments)), packed)
+
+
+def _config(**changes):
+  return EncoderConfig(**{**dict(
+      vocab_size=50, d_model=16, n_heads=2, d_ff=24, n_layers=3, max_len=128,
+      norm_position="pre", position_embedding="rotary", local_attention=8,
+      global_attention_every=3, final_norm=True), **changes})
+
+
+@pytest.mark.parametrize("changes", [{}, dict(scan_layers=True), dict(remat="full")],
+                         ids=["layers", "scanned", "remat"])
+def test_the_encoders_local_layers_under_xla_equal_the_reference(changes):
+  config = _config(**changes)
+  rng = np.random.default_rng(0)
+  tokens, segments = _inputs(rng, 40, packed=True)
+  positions = segment_positions(segments)
+  variables = Encoder(config).init(jax.random.key(0), tokens)
+  for seg, pos in ((None, None), (segments, positions)):
+    want = Encoder(config).apply(variables, tokens, segment_ids=seg, positions=pos)
+    xla = Encoder(dataclasses.replace(config, attention_impl="xla"))
+    got = jax.jit(lambda v, t: xla.apply(v, t, segment_ids=seg, positions=pos))(
+        variables, tokens)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+
+
+def _square(text, seq):
+  """Whether a lowered program holds an array with two axes of `seq`."""
+  return re.search(rf"\b{seq}x{seq}x", text) is not None or f"x{seq}x{seq}x" in text
+
+
+def test_a_local_layer_builds_no_seq_by_seq_array_forward_or_backward():
+  seq = 1024
+  config = _config(attention_impl="xla", max_len=seq)
+  tokens = jnp.ones((1, seq), jnp.int32)
+  x = jnp.ones((1, seq, config.d_model))
+  ids = attention_ids(tokens, 0)
+  layer = EncoderLayer(config)
+  variables = layer.init(jax.random.key(0), x, ids, True, None, False)
+
+  def lowered(mask, is_global):
+    loss = lambda v, x: layer.apply(v, x, mask, True, None, is_global).sum()
+    return jax.jit(jax.grad(loss, argnums=(0, 1))).lower(variables, x).as_text()
+
+  assert not _square(lowered(ids, False), seq)
+  # The check can fail: a global layer, and a local one given a mask, hold [seq, seq] arrays.
+  assert _square(lowered(ids, True), seq)
+  assert _square(lowered(ids_mask(ids), False), seq)
