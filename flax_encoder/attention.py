@@ -215,7 +215,8 @@ def interpret_kernels():
 
 
 def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array,
-                     segment_ids: jax.Array, *, interpret: bool = False) -> jax.Array:
+                     segment_ids: jax.Array, *, window: int = 0,
+                     interpret: bool = False) -> jax.Array:
   """softmax(q k^T / sqrt(d)) v where a query attends only to keys of its own segment, by
   TPU Splash attention (Pallas): the segment ids go to the kernel, which skips the blocks
   they rule out and never builds a [seq, seq] mask. Padding is segment 0: its queries see
@@ -225,6 +226,8 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   Args:
     query, key, value: [batch, seq, heads, head_dim]; seq a multiple of SPLASH_BLOCK.
     segment_ids: int [batch, seq].
+    window: > 0: a query sees only the keys at most window / 2 positions away (a local layer's
+      config.local_attention), and the kernel skips the blocks outside that band.
     interpret: run the kernel in Pallas's interpret mode (any backend, slowly).
 
   Returns:
@@ -238,8 +241,10 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                             block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                             block_q_dq=block, block_kv_dq=block)
+  mask = (masks.LocalMask((seq, seq), (window // 2, window // 2), offset=0) if window
+          else masks.FullMask((seq, seq)))
   kernel = splash.make_splash_mha(
-      masks.MultiHeadMask([masks.FullMask((seq, seq)) for _ in range(heads)]),
+      masks.MultiHeadMask([mask] * heads),
       block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
   heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [batch, heads, seq, head_dim]
   segment_ids = segment_ids.astype(jnp.int32)
@@ -428,7 +433,7 @@ class MultiHeadAttention(nn.Module):
 
   def _by_mask(self, q, k, v, mask, deterministic, is_global):
     cfg = self.config
-    if cfg.local_attention and is_global is not True:
+    if cfg.local_attention and is_global is not True and cfg.attention_impl != "splash":
       window = local_window(q.shape[1], k.shape[1], cfg.local_attention)
       if is_global is not False:  # traced: the window only where the layer is local
         window = window | is_global
@@ -447,9 +452,14 @@ class MultiHeadAttention(nn.Module):
         raise ValueError(f"attention_impl={impl!r} attends by segment ids (int [batch, seq]), "
                          f"not by a mask: the Encoder passes them")
       check_backend(impl)
-      # attention_ids' padding (negative) is segment 0 to the kernels
-      return SEGMENT_KERNEL_FUNCTIONS[impl](q, k, v, jnp.maximum(mask, 0),
-                                            interpret=_interpreting.get())
+      segments = jnp.maximum(mask, 0)  # attention_ids' padding (negative) is segment 0
+      run = lambda window=0: SEGMENT_KERNEL_FUNCTIONS[impl](
+          q, k, v, segments, interpret=_interpreting.get(), **({"window": window} if window else {}))
+      if is_global is True or not cfg.local_attention:
+        return run()
+      if is_global is False:
+        return run(cfg.local_attention)
+      return jax.lax.cond(is_global, run, lambda: run(cfg.local_attention))
     return fused_attention(q, k, v, mask, cfg.attention_impl)
 
   def _rotary(self, q, k, positions, is_global):

@@ -171,10 +171,10 @@ class EncoderConfig:
           "attention_impl", "cudnn",
           f"'xla' for dtype {self.dtype.name}: cuDNN flash attention ('cudnn') needs dtype "
           f"bfloat16 or float16")
-    if self.local_attention and self.attention_impl in ("splash", "triton"):
+    if self.local_attention and self.attention_impl == "triton":
       raise ConfigError("attention_impl", self.attention_impl,
-                        "'reference', 'xla' or 'cudnn' with local_attention: the segment-id "
-                        "kernels take no window yet")
+                        "'xla' or 'cudnn' with local_attention: JAX's Triton attention kernel "
+                        "takes no window")
     if self.attention_impl != "reference" and self.attention_dropout > 0:
       raise ConfigError(
           "attention_dropout", self.attention_dropout,

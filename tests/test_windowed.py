@@ -106,3 +106,33 @@ def test_a_local_layer_builds_no_seq_by_seq_array_forward_or_backward():
   # The check can fail: a global layer, and a local one given a mask, hold [seq, seq] arrays.
   assert _square(lowered(ids, True), seq)
   assert _square(lowered(ids_mask(ids), False), seq)
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["layers", "scanned"])
+def test_splash_takes_the_window_as_its_local_mask(scan):
+  # Splash (interpret mode here) skips the blocks outside the band; rows of 256 (its blocks
+  # are 128), packed, with a window of 32, equal the reference at every real token.
+  from flax_encoder.attention import interpret_kernels
+  config = _config(max_len=256, local_attention=32, scan_layers=scan)
+  rng = np.random.default_rng(0)
+  segments = np.zeros((1, 256), np.int32)
+  segments[0, :150], segments[0, 150:240] = 1, 2
+  tokens = np.where(segments > 0, rng.integers(1, 50, (1, 256)), 0)
+  positions = segment_positions(segments)
+  variables = Encoder(config).init(jax.random.key(0), tokens)
+  want = Encoder(config).apply(variables, tokens, segment_ids=segments, positions=positions)
+  with interpret_kernels():
+    splash = Encoder(dataclasses.replace(config, attention_impl="splash"))
+    got = jax.jit(lambda v: splash.apply(v, tokens, segment_ids=segments,
+                                         positions=positions))(variables)
+  real = segments > 0
+  np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], rtol=0, atol=2e-5)
+  wide = Encoder(dataclasses.replace(config, local_attention=1024)).apply(  # a window in name
+      variables, tokens, segment_ids=segments, positions=positions)
+  assert np.abs(np.asarray(wide) - np.asarray(want))[real].max() > 1e-3
+
+
+def test_triton_with_a_window_is_refused_naming_what_takes_one():
+  from flax_encoder.config import ConfigError
+  with pytest.raises(ConfigError, match="attention_impl.*'xla' or 'cudnn'.*takes no window"):
+    _config(attention_impl="triton")
