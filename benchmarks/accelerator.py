@@ -26,6 +26,10 @@ DIR/log.txt are written again as each part ends:
                side is skipped, with a note, where torch has no CUDA or transformers is missing
   attention    reference, xla and cudnn attention: max error against float32, forward and
                backward time, at 512 and 2048 tokens with padding
+  long         one sliding-window layer of ModernBERT-base's shape at 8,192 tokens, bfloat16
+               (benchmarks/long_sequence.py): the windowed path that builds no [seq, seq]
+               array against the full mask by XLA and by cuDNN: forward+backward time and
+               the compiled program's temporaries
   big          the big model with scanned layers, remat none, full and save_dots: step time
                and peak memory
   train_run    python -m train --config=configs/base.py for 2 minutes on the built-in data:
@@ -58,6 +62,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (part, variant, seconds allowed on an accelerator); tiny runs get a fraction of that.
 JOBS = (("environment", None, 90), ("suite", None, 360), ("parity", None, 150),
         ("train_step", None, 330), ("bert", None, 420), ("attention", None, 180),
+        ("long", None, 150),
         ("big", "none", 120), ("big", "full", 120), ("big", "save_dots", 120),
         ("train_run", None, 200), ("profile", None, 150))
 PARTS = tuple(dict.fromkeys(part for part, _, _ in JOBS))
@@ -379,6 +384,16 @@ def attention(tiny: bool, variant=None) -> dict:
   return {"rows": rows, "notes": [f"bfloat16 q, k, v [batch, tokens, {heads} heads, {head_dim}], "
                                   f"keys padded from a random length in [3/4, 1] of the row; "
                                   f"the float32 reference at full precision"]}
+
+
+def long(tiny: bool, variant=None) -> dict:
+  from benchmarks.long_sequence import measure
+  rows = measure([256] if tiny else [8192], "float32" if tiny else "bfloat16",
+                 reps=2 if tiny else 10, tiny=tiny)
+  return {"rows": rows, "notes": [
+      "one local layer (window 128, ModernBERT-base shape), one row, forward+backward; "
+      "cuDNN's own sliding window is one-sided or causal, so on cudnn the symmetric window "
+      "is a mask, and attention_impl='cudnn' runs its local layers by the windowed path"]}
 
 
 def big(tiny: bool, variant: str | None = None) -> dict:

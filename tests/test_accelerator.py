@@ -35,7 +35,7 @@ def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   results = json.loads((out / "results.json").read_text())
   parts = {(e["part"], e["variant"]): e for e in results["parts"]}
   assert [p for p, _ in parts] == ["environment", "suite", "parity", "train_step", "bert",
-                                   "attention", "big", "train_run", "profile"]
+                                   "attention", "long", "big", "train_run", "profile"]
   assert all(e["status"] == "ok" for e in parts.values()), parts
   assert "skipped" in parts[("suite", None)]["notes"][0]
   parity = parts[("parity", None)]["rows"]
@@ -53,9 +53,12 @@ def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   assert impls == {"reference", "xla"}  # cudnn needs an NVIDIA GPU
   assert all(float(r["max abs err vs float32"]) < 0.05
              for r in parts[("attention", None)]["rows"])
+  long = parts[("long", None)]["rows"]
+  assert {r["path"] for r in long} == {"windowed", "full mask"}  # and cudnn on a GPU
+  assert all(float(r["max abs diff vs full mask"]) < 1e-5 for r in long)
   assert [r["remat"] for r in parts[("big", None)]["rows"]] == ["none", "full", "save_dots"]
   assert parts[("train_run", None)]["rows"][0]["steps"] == 40
   assert parts[("profile", None)]["rows"]
   markdown = (out / "results.md").read_text()
-  assert markdown.count("\n## ") == 9 and "| stage |" in markdown
+  assert markdown.count("\n## ") == 10 and "| stage |" in markdown
   assert os.path.getsize(out / "log.txt") > 0

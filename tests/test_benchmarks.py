@@ -84,3 +84,15 @@ def test_the_hugging_face_bert_benchmark_compares_equal_losses(tmp_path, monkeyp
   assert set(results["ratios"]["train"]) == {
       "flax / transformers sdpa", "flax / transformers eager",
       "flax / best transformers eager mode"}
+
+
+def test_the_long_sequence_benchmark_shows_the_windowed_layer_growing_linearly(monkeypatch):
+  from benchmarks import long_sequence
+  monkeypatch.setattr(bench, "PAUSE_S", 0.0)
+  rows = long_sequence.measure([128, 256, 512], reps=1, tiny=True)
+  memory = {(r["path"], r["tokens"]): r["XLA temporaries MB"] for r in rows}
+  assert {r["path"] for r in rows} == {"windowed", "full mask"}
+  assert all(float(r["max abs diff vs full mask"]) < 1e-5 for r in rows)
+  for seq in (128, 256):  # twice the tokens: about twice the memory, against about four times
+    assert memory["windowed", 2 * seq] < 2.3 * memory["windowed", seq]
+    assert memory["full mask", 2 * seq] > 3 * memory["full mask", seq]
