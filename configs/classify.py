@@ -38,7 +38,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.task.name = "classify"
   # "mean" over the real tokens; "first": the first token's; "pooler": a dense layer and tanh
   # on the first token (BERT's pooler, RoBERTa's head); "pre_classifier": the same with ReLU
-  # (DistilBERT's). Unset: the family's from config.init.hf, "mean" otherwise.
+  # (DistilBERT's); "first_head", "mean_head": the first token or the mean through ModernBERT's
+  # prediction head (dense, activation, LayerNorm). Unset: the family's from config.init.hf
+  # (ModernBERT's as its classifier_pooling says), "mean" otherwise.
   config.task.pooling = config_dict.placeholder(str)
 
   config.data = ml_collections.ConfigDict()
@@ -71,10 +73,10 @@ def get_config() -> ml_collections.ConfigDict:
   # The prefix of a torch.nn.Linear [classes, d_model] in the checkpoint to start the
   # classifier from (labels must then be the integers 0 … classes - 1 of its rows).
   config.init.torch_head = config_dict.placeholder(str)
-  # A Hugging Face BERT, RoBERTa or DistilBERT directory (config.json, weights, tokenizer.json):
-  # its encoder, its tokenizer with its own ids, padding and special tokens ([CLS] a [SEP] b
-  # [SEP], <s> a </s></s> b </s>; config.data's ids and tokenizer do not apply), and BERT's
-  # pooler.
+  # A Hugging Face BERT, RoBERTa, DistilBERT or ModernBERT directory (config.json, weights,
+  # tokenizer.json): its encoder, its tokenizer with its own ids, padding and special tokens
+  # ([CLS] a [SEP] b [SEP], <s> a </s></s> b </s>; config.data's ids and tokenizer do not
+  # apply), BERT's pooler and ModernBERT's prediction head.
   config.init.hf = config_dict.placeholder(str)
 
   # The usual fine-tuning recipe: AdamW, linear warm-up then decay to 0, no label smoothing.

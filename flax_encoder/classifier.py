@@ -8,6 +8,9 @@ Its parameters are {"encoder": the Encoder's, "classifier": {"kernel", "bias"}};
 (config.dropout) sits between the pooling and the dense layer. The poolings of the BERT
 family add a dense layer on the first token ({"pooler": {"dense": …}}): "pooler", tanh (BERT's
 pooler, RoBERTa's classification head), and "pre_classifier", ReLU (DistilBERT's).
+ModernBERT's pool the first token ("first_head") or the mean ("mean_head"), then pass it
+through its prediction head ({"head": {"dense": …, "norm": …}}, `heads.PredictionHead`); its
+classifier always has a bias, as transformers' ModernBertForSequenceClassification's.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from flax_encoder.config import EncoderConfig
 from flax_encoder.dense import dense
 from flax_encoder.dropout import Dropout
 from flax_encoder.encoder import Encoder
-from flax_encoder.heads import Pooler
+from flax_encoder.heads import Pooler, PredictionHead
 
-POOLINGS = ("mean", "first", "pooler", "pre_classifier")
+POOLINGS = ("mean", "first", "pooler", "pre_classifier", "first_head", "mean_head")
+# ModernBERT's: the pooling before its prediction head.
+HEAD_POOLINGS = {"first_head": "first", "mean_head": "mean"}
 _POOLER_ACTIVATION = {"pooler": "tanh", "pre_classifier": "relu"}
 
 
@@ -75,10 +80,14 @@ class SequenceClassifier(nn.Module):
       types = pair_token_types(tokens, self.type_separator)
     hidden = Encoder(cfg, name="encoder")(tokens, token_types=types,
                                           deterministic=deterministic)
+    head = self.pooling in HEAD_POOLINGS
     if self.pooling in _POOLER_ACTIVATION:
       pooled = Pooler(cfg, _POOLER_ACTIVATION[self.pooling], name="pooler")(hidden)
     else:
-      pooled = pool(hidden, tokens != cfg.pad_id, self.pooling)
+      pooled = pool(hidden, tokens != cfg.pad_id, HEAD_POOLINGS.get(self.pooling, self.pooling))
+    if head:
+      pooled = PredictionHead(cfg, name="head")(pooled)
     pooled = Dropout(cfg.dropout)(pooled, deterministic=deterministic)
-    logits = dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(pooled)
+    logits = dense(cfg, self.num_labels, ("embed", "classes"), "classifier",
+                   bias=cfg.dense_bias or head)(pooled)
     return logits.astype(jnp.float32)

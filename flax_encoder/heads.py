@@ -1,4 +1,4 @@
-"""The heads BERT-family checkpoints carry on top of the encoder.
+"""The heads BERT-family and ModernBERT checkpoints carry on top of the encoder.
 
     hidden = Encoder(config).apply(variables, tokens)                 # [batch, seq, d]
     logits = MaskedLMHead(config).apply(
@@ -8,7 +8,9 @@
 
 `MaskedLMHead`: dense d -> d, the config's activation, LayerNorm, then the embedding table
 transposed (the decoder tied to the input embedding) plus a bias per token. `Pooler`: BERT's
-dense d -> d and tanh on the first token. `flax_encoder.pytorch.load_hf` puts the weights of
+dense d -> d and tanh on the first token. `PredictionHead`: ModernBERT's `head`, the masked-LM
+head's first three steps alone (dense, activation, LayerNorm), which its classifiers apply to
+the pooled or per-token hidden states. `flax_encoder.pytorch.load_hf` puts the weights of
 those a checkpoint has under `variables["heads"]`.
 """
 
@@ -23,6 +25,13 @@ from flax_encoder.dense import dense
 from flax_encoder.layer import layer_norm
 
 
+def _transform(cfg: EncoderConfig, hidden: jax.Array) -> jax.Array:
+  """LayerNorm(activation(dense(hidden))), d -> d: its modules "dense" and "norm" belong to the
+  module that calls it."""
+  h = ACTIVATIONS[cfg.activation](dense(cfg, cfg.d_model, ("embed", "mlp"), "dense")(hidden))
+  return layer_norm(cfg, "norm")(h)
+
+
 class MaskedLMHead(nn.Module):
   """Hidden states -> vocabulary logits through BERT's transform and the tied decoder."""
 
@@ -33,8 +42,7 @@ class MaskedLMHead(nn.Module):
     """hidden [..., d_model] and the embedding table [vocab_size, d_model] -> logits
     [..., vocab_size] in config.dtype."""
     cfg = self.config
-    h = ACTIVATIONS[cfg.activation](dense(cfg, cfg.d_model, ("embed", "mlp"), "dense")(hidden))
-    h = layer_norm(cfg, "norm")(h)
+    h = _transform(cfg, hidden)
     bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
                                                            ("vocab",)),
                       (cfg.vocab_size,), cfg.param_dtype)
@@ -53,3 +61,15 @@ class Pooler(nn.Module):
     """[batch, seq, d_model] -> [batch, d_model]."""
     act = {"tanh": jnp.tanh, "relu": jax.nn.relu}[self.activation]
     return act(dense(self.config, self.config.d_model, ("embed", "mlp"), "dense")(hidden[:, 0]))
+
+
+class PredictionHead(nn.Module):
+  """ModernBERT's prediction head: LayerNorm(activation(dense(hidden))), d -> d, at every
+  position given (biases as config.dense_bias and config.norm_bias say)."""
+
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, hidden: jax.Array) -> jax.Array:
+    """[..., d_model] -> [..., d_model] in config.dtype."""
+    return _transform(self.config, hidden)

@@ -65,7 +65,7 @@ def test_fine_tuning_starts_from_the_checkpoint_with_its_tokenizer_ids_and_poole
   cfg, variables = load_hf(directory)
   chex.assert_trees_all_equal(setup.start_params["encoder"], variables["params"])
   pooling = {"bert": "pooler", "roberta": "pooler", "distilbert": "pre_classifier",
-             "modernbert": "first"}[family]
+             "modernbert": "first_head"}[family]
   assert setup.task.model.pooling == pooling
   # BERT's pooler comes with it; RoBERTa's head and DistilBERT's pre-classifier start afresh.
   assert ("pooler" in setup.start_params) == (family == "bert")

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from flax_encoder import EncoderConfig
-from flax_encoder.classifier import POOLINGS
+from flax_encoder.classifier import HEAD_POOLINGS, POOLINGS
 from train import dataset, examples, settings, sources, tokens, vocabulary
 from train.errors import RunError
 from train.files import sha256_file
@@ -73,8 +73,8 @@ class Start:
   tokenizer: TokenizerSpec | None  # None: config.data.tokenizer decides
   source: str
   head: dict | None = None  # the classifier's parameters, from a PyTorch Linear
-  # A Hugging Face checkpoint's: its ids as they are (offset 0), its padding id, its family
-  # and its pooler's parameters (BERT's).
+  # A Hugging Face checkpoint's: its ids as they are (offset 0), its padding id, its family,
+  # its pooler's parameters (BERT's) and its prediction head's (ModernBERT's, "head"), or None.
   hf: dict | None = None
 
 
@@ -132,11 +132,14 @@ def _from_hf(config) -> Start:
   fields["param_dtype"] = np.dtype(fields["param_dtype"]).name
   with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
     family = FAMILIES[json.load(f)["model_type"]]
-  pooler = variables.get("heads", {}).get("pooler") if family == "bert" else None
+  heads = variables.get("heads", {})
+  pooler = heads.get("pooler") if family == "bert" else None
+  # transformers' ModernBERT classifiers read the masked-LM head's dense and norm as theirs.
+  head = heads.get("prediction_head") if family == "modernbert" else None
   return Start(fields, variables["params"], TokenizerSpec("huggingface",
                                                           os.path.abspath(tokenizer)),
                os.path.abspath(path), hf={"pad_id": cfg.pad_id, "family": family,
-                                          "pooler": pooler})
+                                          "pooler": pooler, "head": head})
 
 
 def start_of(config) -> Start:
@@ -153,7 +156,7 @@ def start_of(config) -> Start:
 def pooling(config) -> str:
   """config.task.pooling, or where unset the starting checkpoint's family's: BERT's pooler
   (RoBERTa's head has its shape), DistilBERT's pre-classifier, ModernBERT's first token or
-  mean (its classifier_pooling); the mean from anything else."""
+  mean (its classifier_pooling) through its prediction head; the mean from anything else."""
   if config.task.pooling:
     return config.task.pooling
   family, hf = None, {}
@@ -165,7 +168,7 @@ def pooling(config) -> str:
       raise RunError(f"config.init.hf: {e}") from None
     family = FAMILIES[hf["model_type"]]
   if family == "modernbert":
-    return {"cls": "first"}.get(hf.get("classifier_pooling", "cls"), "mean")
+    return {"mean": "mean_head"}.get(hf.get("classifier_pooling", "cls"), "first_head")
   return {None: "mean", "distilbert": "pre_classifier"}.get(family, "pooler")
 
 
@@ -395,16 +398,21 @@ def say_prepared(prepared: Prepared, what: str, seq_len: int, note: str = "") ->
 
 
 def start_params(start: Start, cfg: EncoderConfig, config, outputs: int,
-                 pooled_by: str | None = None, classes: list | None = None):
+                 pooled_by: str | None = None, classes: list | None = None,
+                 head: bool = False):
   """The parameters to start from, or None: the encoder's; BERT's pooler where the head pools
-  with it (`pooled_by`); the classifier (`outputs` of them: the `classes`' scores, or one
-  number) from a PyTorch Linear."""
+  with it (`pooled_by`); ModernBERT's prediction head where the model has one (`pooled_by` one
+  of HEAD_POOLINGS, or `head`) and the checkpoint too; the classifier (`outputs` of them: the
+  `classes`' scores, or one number) from a PyTorch Linear."""
   if start.params is None:
     return None
+  dtype = np.dtype(cfg.param_dtype)
   if start.hf is not None and start.hf["pooler"] and pooled_by == "pooler":
-    dtype = np.dtype(cfg.param_dtype)
     return {"encoder": start.params,
             "pooler": jax.tree.map(lambda x: x.astype(dtype), start.hf["pooler"])}
+  if start.hf is not None and start.hf.get("head") and (head or pooled_by in HEAD_POOLINGS):
+    return {"encoder": start.params,
+            "head": jax.tree.map(lambda x: x.astype(dtype), start.hf["head"])}
   if start.head is None:
     return {"encoder": start.params}
   kernel, name = start.head["kernel"], config.init.torch_head
@@ -417,7 +425,6 @@ def start_params(start: Start, cfg: EncoderConfig, config, outputs: int,
     raise RunError(f"config.init.torch_head: {name!r} is a Linear "
                    f"{kernel.shape[0]} -> {kernel.shape[1]}, expected {cfg.d_model} -> "
                    f"{outputs} ({what})")
-  dtype = np.dtype(cfg.param_dtype)
   return {"encoder": start.params,
           "classifier": {"kernel": kernel.astype(dtype), "bias": start.head["bias"].astype(dtype)}}
 

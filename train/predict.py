@@ -94,8 +94,8 @@ def read_run(workdir: str) -> FineTuned:
 
   def model_for(record):
     cfg = recorded_encoder_config(record)
-    if task == "tag":
-      return TokenClassifier(cfg, len(record["labels"]))
+    if task == "tag":  # ModernBERT's prediction head where the run recorded one
+      return TokenClassifier(cfg, len(record["labels"]), head=record.get("head", False))
     # The pooling the run used (finetune.pooling), recorded since config.init.hf could say it.
     pooling = record.get("pooling") or config.task.get("pooling") or "mean"
     outputs = 1 if task == "regress" else len(record["labels"])

@@ -8,7 +8,8 @@ Each line holds a text's words and their tags, lists of one length: {"tokens": [
 its own (`flax_encoder.tokenizer.encode_words`), the Hugging Face template's special ids
 around them; the word's tag is learnt at its first id and the other ids are left out of the
 loss, as transformers' token-classification fine-tuning does. The model is the encoder,
-dropout and a dense layer per token (`flax_encoder.token_classifier.TokenClassifier`);
+dropout and a dense layer per token (`flax_encoder.token_classifier.TokenClassifier`; from a
+ModernBERT directory its prediction head first, as transformers' token classifier has it);
 cross-entropy over the tagged ids. Evaluation reports the accuracy over the tagged words, the
 macro-F1 over the tags, the accuracy of always answering the commonest training tag and,
 where the tags are BIO (O, B-X, I-X), the F1 over entities (`entity_counts`).
@@ -186,7 +187,10 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
       record.get(fields["tokens"]))], build, {"fields": fields, "label_kind": "tag"})
   cfg, meta, loaded = prepared.encoder, prepared.meta, prepared.loaded
   tags, scheme = meta["labels"], BIO.of(meta["labels"])
-  model = TokenClassifier(cfg, len(tags))
+  # From a ModernBERT checkpoint, its prediction head before the classifier (transformers').
+  start = prepared.start
+  model = TokenClassifier(cfg, len(tags), head=bool(start.hf and start.hf["family"] ==
+                                                    "modernbert"))
   task = TagTask(model, config.optim.label_smoothing,
                  int(np.argmax(_tag_counts(loaded["train"]["labels"], len(tags)))), scheme)
   untagged = {s: n for s, n in meta["untagged"].items() if n}
@@ -198,8 +202,9 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                eval_fill={"tokens": prepared.pad_id, "labels": -1},
                record={"encoder": cfg.record(), "dataset": loaded["identity"],
                        "source": os.path.join(workdir, "data"), "labels": tags,
-                       "start": prepared.start.source},
-               start_params=finetune.start_params(prepared.start, cfg, config, len(tags)))
+                       "start": start.source, "head": model.head},
+               start_params=finetune.start_params(start, cfg, config, len(tags),
+                                                  head=model.head))
 
 
 def _text(words) -> str | None:

@@ -1,16 +1,18 @@
-"""Hugging Face BERT-family directories in and out: `config.json` + weights <-> (EncoderConfig,
-flax variables).
+"""Hugging Face BERT-family and ModernBERT directories in and out: `config.json` + weights <->
+(EncoderConfig, flax variables).
 
-    config, variables = load_hf("bert-dir")              # bert, roberta, distilbert, …
+    config, variables = load_hf("bert-dir")              # bert, roberta, distilbert, modernbert …
     hidden = Encoder(config).apply(variables, input_ids)  # transformers' last_hidden_state
     variables["heads"]["masked_lm"], variables["heads"]["pooler"]   # where the checkpoint has them
 
-The families share one encoder (post-LN, learned positions, a LayerNorm on the embeddings, no
-final LayerNorm) and differ in names, token types and positions:
+The BERT families share one encoder (post-LN, learned positions, a LayerNorm on the
+embeddings, no final LayerNorm) and differ in names, token types and positions:
 
   bert        bert, electra (discriminator, embedding_size = hidden_size)
   roberta     roberta, xlm-roberta, camembert: positions start after the padding id
   distilbert  distilbert: other names, no token types, no pooler
+  modernbert  modernbert: Pre-LN, rotary, GeGLU, local attention (`_modernbert`); q, k and v
+              in one matrix, and a prediction head its masked-LM head and classifiers share
 
 `to_hf_state_dict` and `hf_config` go the other way, for `save_pretrained`-style directories
 (train.export --layout hf). A `model_type` or an option these do not compute the way
@@ -35,6 +37,8 @@ from flax_encoder.pytorch.convert import _to_numpy, load_torch_checkpoint
 FAMILIES = {"bert": "bert", "electra": "bert", "roberta": "roberta",
             "xlm-roberta": "roberta", "camembert": "roberta", "distilbert": "distilbert",
             "modernbert": "modernbert"}
+# The families hf_config and to_hf_state_dict write.
+_EXPORTED = ("bert", "roberta", "distilbert", "modernbert")
 # transformers' hidden_act -> EncoderConfig.activation
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                "relu": "relu"}
@@ -98,6 +102,10 @@ _MASKED_LM = {
 _DECODER = {"bert": "cls.predictions.decoder", "roberta": "lm_head.decoder",
             "distilbert": "vocab_projector", "modernbert": "decoder"}
 _POOLER = {("dense",): "pooler.dense"}
+# ModernBERT's prediction head ("prediction_head" under variables["heads"]): the masked-LM
+# head's dense and norm, which its *ForSequenceClassification and *ForTokenClassification read
+# by the same names.
+_PREDICTION_HEAD = {("dense",): "head.dense", ("norm",): "head.norm"}
 
 
 def _names(family: str, config: EncoderConfig) -> Iterator[tuple[tuple, str]]:
@@ -228,6 +236,8 @@ def _modernbert(get, refuse) -> tuple[str, dict, dict]:
   act = get("hidden_activation", "gelu")
   if get("classifier_activation", act) != act:
     refuse("classifier_activation", get("classifier_activation"), f"{act!r}, the layers'")
+  if get("classifier_pooling", "cls") not in ("cls", "mean"):
+    refuse("classifier_pooling", get("classifier_pooling"), "'cls' or 'mean'")
   arch = dict(max_len=get("max_position_embeddings", 8192), position_embedding="rotary",
               rope_theta=float(theta), local_rope_theta=float(local or theta),
               local_attention=get("local_attention", 128), global_attention_every=every,
@@ -318,6 +328,10 @@ def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
   heads: dict = {}
   if any(k.startswith(prefix + "pooler.") for k in state):
     heads["pooler"] = {"dense": module("pooler.dense", ("dense",), prefix)}
+  if family == "modernbert" and _PREDICTION_HEAD[("dense",)] + ".weight" in state:
+    heads["prediction_head"] = {}
+    for path, name in _PREDICTION_HEAD.items():
+      _put(heads["prediction_head"], path, module(name, path, ""))
   mlm = _MASKED_LM[family]
   if mlm[("bias",)] in state or (family == "bert" and "cls.predictions.decoder.bias" in state):
     if family == "bert" and mlm[("bias",)] not in state:
@@ -364,14 +378,16 @@ def _put(tree: dict, path: tuple, value) -> None:
 
 
 def load_hf(path: str | os.PathLike, **settings) -> tuple[EncoderConfig, dict]:
-  """A Hugging Face BERT, RoBERTa or DistilBERT directory -> (EncoderConfig, variables).
+  """A Hugging Face BERT, RoBERTa, DistilBERT or ModernBERT directory -> (EncoderConfig,
+  variables).
 
   `Encoder(config).apply(variables, input_ids)` returns transformers' last_hidden_state
   (padding is the model's own pad_token_id; `token_types=` as its token_type_ids, zeros by
   default). `variables["heads"]` holds the masked-LM head ("masked_lm", for
-  `flax_encoder.heads.MaskedLMHead`) and the pooler ("pooler", for `heads.Pooler`) where the
-  checkpoint has them. `settings` choose how it runs (dtype, param_dtype, attention_impl,
-  scan_layers, remat, dropout): see `config_from_hf`.
+  `flax_encoder.heads.MaskedLMHead`), the pooler ("pooler", for `heads.Pooler`) and ModernBERT's
+  prediction head ("prediction_head", for `heads.PredictionHead`: the masked-LM head's dense and
+  norm, or a classifier's) where the checkpoint has them. `settings` choose how it runs (dtype,
+  param_dtype, attention_impl, scan_layers, remat, dropout): see `config_from_hf`.
   """
   hf = read_hf_config(path)
   config = config_from_hf(hf, **settings)
@@ -380,16 +396,23 @@ def load_hf(path: str | os.PathLike, **settings) -> tuple[EncoderConfig, dict]:
 
 def hf_config(config: EncoderConfig, family: str, **extra) -> dict:
   """The config.json contents of `config` as a transformers `family` model ('bert',
-  'roberta', 'distilbert'); `extra` entries (architectures, id2label …) are added."""
-  if family not in ("bert", "roberta", "distilbert"):
-    raise HFError(f"family {family!r}: expected 'bert', 'roberta' or 'distilbert'")
-  want = dict(position_embedding="learned", embedding_scale=False, embedding_norm=True,
-              final_norm=False, norm_position="post",
-              position_offset=config.pad_id + 1 if family == "roberta" else 0)
+  'roberta', 'distilbert', 'modernbert'); `extra` entries (architectures, id2label …) are
+  added. HFError naming the fields that differ where `config` is not such a model."""
+  if family not in _EXPORTED:
+    raise HFError(f"family {family!r}: expected one of {_EXPORTED}")
+  if family == "modernbert":
+    want = dict(position_embedding="rotary", position_offset=0, type_vocab_size=0,
+                embedding_scale=False, embedding_norm=True, final_norm=True, norm_position="pre",
+                first_attention_norm=False, glu=True)
+  else:
+    want = dict(position_embedding="learned", embedding_scale=False, embedding_norm=True,
+                final_norm=False, norm_position="post", glu=False, dense_bias=True,
+                norm_bias=True, local_attention=0,
+                position_offset=config.pad_id + 1 if family == "roberta" else 0)
   if family == "distilbert":
     want["type_vocab_size"] = 0
     want["layer_norm_eps"] = 1e-12
-  elif config.type_vocab_size < 1:
+  elif family != "modernbert" and config.type_vocab_size < 1:
     raise HFError(f"this model is not a {family} model: it has type_vocab_size=0, a {family} "
                   f"model at least 1")
   wrong = {k: getattr(config, k) for k, v in want.items() if getattr(config, k) != v}
@@ -399,7 +422,9 @@ def hf_config(config: EncoderConfig, family: str, **extra) -> dict:
                   f"{', '.join(f'{k}={want[k]!r}' for k in wrong)}")
   act = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[config.activation]
   max_positions = config.max_len + config.position_offset
-  if family == "distilbert":
+  if family == "modernbert":
+    out = _modernbert_config(config, act)
+  elif family == "distilbert":
     out = dict(model_type="distilbert", vocab_size=config.vocab_size, dim=config.d_model,
                n_heads=config.n_heads, hidden_dim=config.d_ff, n_layers=config.n_layers,
                activation=act, max_position_embeddings=max_positions,
@@ -416,11 +441,36 @@ def hf_config(config: EncoderConfig, family: str, **extra) -> dict:
   return {**out, "tie_word_embeddings": True, **extra}
 
 
+def _modernbert_config(config: EncoderConfig, act: str) -> dict:
+  """ModernBertConfig's fields of `config` (a ModernBERT architecture), as transformers 5
+  writes them: the window's layers as layer_types, both rotary bases in rope_parameters. The
+  special ids are None: `hf_config`'s caller may give a tokenizer's."""
+  every = config.global_attention_every if config.local_attention else 1
+  kinds = ["full_attention" if config.is_global(i) else "sliding_attention"
+           for i in range(config.n_layers)]
+  rope = {"full_attention": {"rope_type": "default", "rope_theta": config.rope_theta},
+          "sliding_attention": {"rope_type": "default", "rope_theta": config.local_rope_theta}}
+  return dict(model_type="modernbert", vocab_size=config.vocab_size, hidden_size=config.d_model,
+              intermediate_size=config.d_ff, num_hidden_layers=config.n_layers,
+              num_attention_heads=config.n_heads, hidden_activation=act,
+              classifier_activation=act, max_position_embeddings=config.max_len,
+              norm_eps=config.layer_norm_eps, norm_bias=config.norm_bias,
+              attention_bias=config.dense_bias, mlp_bias=config.dense_bias,
+              classifier_bias=config.dense_bias, decoder_bias=True,
+              local_attention=config.local_attention, global_attn_every_n_layers=every,
+              layer_types=kinds, rope_parameters=rope, embedding_dropout=config.dropout,
+              mlp_dropout=config.dropout, classifier_dropout=config.dropout,
+              attention_dropout=config.attention_dropout, pad_token_id=config.pad_id,
+              bos_token_id=None, eos_token_id=None, cls_token_id=None, sep_token_id=None)
+
+
 def to_hf_state_dict(variables: Mapping, config: EncoderConfig, family: str,
                      prefix: str = "") -> dict[str, np.ndarray]:
-  """The encoder's params (and `variables['heads']`' masked_lm and pooler) -> a transformers
-  state dict of numpy arrays: the encoder's keys under `prefix` ('bert.' etc. inside a
-  *For…* model, '' for the bare model), the heads' at the top (the pooler under `prefix`)."""
+  """The encoder's params (and `variables['heads']`' masked_lm, pooler and prediction_head)
+  -> a transformers state dict of numpy arrays: the encoder's keys under `prefix` ('bert.',
+  'model.' etc. inside a *For… model, '' for the bare model), the heads' at the top (the
+  pooler under `prefix`). A module without biases (dense_bias, norm_bias False) has no bias
+  key."""
   params = nn.unbox(variables["params"])
   if config.scan_layers:
     params = unstack_layers(params, config.n_layers)
@@ -437,22 +487,36 @@ def to_hf_state_dict(variables: Mapping, config: EncoderConfig, family: str,
     elif kind == "table":
       state[name + ".weight"] = np.asarray(node["embedding"])
     elif kind == "norm":
-      state[name + ".weight"], state[name + ".bias"] = (np.asarray(node["scale"]),
-                                                        np.asarray(node["bias"]))
+      state[name + ".weight"] = np.asarray(node["scale"])
     else:
       state[name + ".weight"] = np.asarray(node["kernel"]).T
+    if kind in ("norm", "dense") and "bias" in node:
       state[name + ".bias"] = np.asarray(node["bias"])
 
   for path, name in _names(family, config):
     emit(params, path, prefix + name)
+  if family == "modernbert":
+    for i in range(config.n_layers):
+      attention = params[f"layers_{i}"]["self_attn"]
+      qkv = {k: np.concatenate([np.asarray(attention[w][k]) for w in ("w_q", "w_k", "w_v")], -1)
+             for k in attention["w_q"]}
+      emit({"qkv": qkv}, ("qkv",), f"{prefix}layers.{i}.{_QKV}")
   heads = nn.unbox(variables.get("heads", {}))
   if "pooler" in heads:
     emit(heads["pooler"], ("dense",), prefix + "pooler.dense")
+  if "prediction_head" in heads:
+    for path, name in _PREDICTION_HEAD.items():
+      emit(heads["prediction_head"], path, name)
   if "masked_lm" in heads:
+    shared = {k: state[k] for k in state if k.startswith("head.")}
     for path, name in _MASKED_LM[family].items():
       emit(heads["masked_lm"], path, name)
+    if any(not np.array_equal(v, state[k]) for k, v in shared.items()):
+      raise HFError("heads: the masked-LM head's dense and norm differ from the prediction "
+                    "head's, and ModernBERT's checkpoint holds one 'head' for both")
     decoder = _DECODER[family]
-    state[decoder + ".weight"] = state[prefix + _EMBEDDINGS[("embedding",)] + ".weight"]
+    table = (_MODERNBERT if family == "modernbert" else _EMBEDDINGS)[("embedding",)]
+    state[decoder + ".weight"] = state[prefix + table + ".weight"]
     if family == "bert":
       state[decoder + ".bias"] = state["cls.predictions.bias"]
   return {k: np.ascontiguousarray(v) for k, v in state.items()}
