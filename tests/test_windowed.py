@@ -136,3 +136,15 @@ def test_triton_with_a_window_is_refused_naming_what_takes_one():
   from flax_encoder.config import ConfigError
   with pytest.raises(ConfigError, match="attention_impl.*'xla' or 'cudnn'.*takes no window"):
     _config(attention_impl="triton")
+
+
+def test_an_exported_encoder_with_local_layers_takes_any_batch(tmp_path):
+  from flax_encoder.inference import export_encoder
+  config = _config(attention_impl="xla")
+  variables = Encoder(config).init(jax.random.key(0), np.ones((1, 8), np.int32))
+  export_encoder(config, variables, str(tmp_path / "e.jaxexport"), seq_len=64)
+  exported = jax.export.deserialize((tmp_path / "e.jaxexport").read_bytes())
+  tokens, _ = _inputs(np.random.default_rng(0), 64, packed=False)
+  for batch in (1, 2):
+    np.testing.assert_allclose(exported.call(tokens[:batch].astype(np.int32)),
+                               Encoder(config).apply(variables, tokens[:batch]), atol=2e-5)
