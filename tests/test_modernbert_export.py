@@ -287,3 +287,162 @@ def test_what_does_not_map_onto_modernbert_is_refused_naming_it(change, named):
   with pytest.raises(HFError, match="this model is not a distilbert model: it has "
                                     "position_embedding='rotary'"):
     hf_config(_modern_config(), "distilbert")
+
+
+@pytest.mark.parametrize("task, model, named", [
+    ("classify", dict(pooling="mean"), "the run pools by 'mean'; transformers' "
+     "ModernBertForSequenceClassification pools through its prediction head "
+     "(config.task.pooling='first_head' or 'mean_head')"),
+    ("tag", dict(head=False), "the run tags without ModernBERT's prediction head"),
+])
+def test_a_modernbert_classifier_without_its_prediction_head_is_not_exported(task, model, named):
+  from types import SimpleNamespace
+
+  from train.hf_export import _head
+  run = SimpleNamespace(task=task, model=SimpleNamespace(config=_modern_config(), **model),
+                        params={}, labels=["a", "b"])
+  with pytest.raises(HFError) as e:
+    _head("modernbert", run, {"params": {}}, "model.", "ModernBert")
+  assert str(e.value).startswith(named) and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# python -m train.export --layout hf, through transformers.
+
+
+def _train(workdir, config, *overrides):
+  return runs.train(workdir, f"--config={os.path.join(runs.ROOT, 'configs', config)}",
+                    "--config.train.num_steps=4", "--config.train.batch_size=8",
+                    "--config.train.log_every=2", "--config.train.eval_every=4",
+                    "--config.train.checkpoint_every=4", "--config.optim.warmup_steps=2",
+                    *overrides, config=None)
+
+
+def _exported(workdir, out) -> str:
+  from train.export import main as export
+  assert export(["--workdir", workdir, "--layout", "hf", "--out", str(out)]) == 0
+  return str(out)
+
+
+@pytest.fixture(scope="module")
+def mean_pooling(tmp_path_factory):
+  """A ModernBERT directory whose classifier pools by the mean."""
+  return _modernbert(tmp_path_factory.mktemp("modernbert-mean"), classifier_pooling="mean")
+
+
+@pytest.mark.parametrize("task", [pytest.param("classify", marks=pytest.mark.slow), "tag"])
+def test_a_fine_tuning_run_exports_modernbert_s_classifier_that_transformers_loads_as_itself(
+    task, mean_pooling, data, tmp_path):
+  from train.predict import read_run
+  train, eval_ = data[task]
+  workdir = str(tmp_path / "run")
+  _train(workdir, f"{task}.py", f"--config.data.train={train}", f"--config.data.eval={eval_}",
+         f"--config.init.hf={mean_pooling}", f"--config.train.seq_len={SEQ_LEN}")
+  out = _exported(workdir, tmp_path / "exported")
+  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer.json",
+                                     "tokenizer_config.json"]
+  run = read_run(workdir)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+  rows = [json.loads(line) for line in open(eval_)]
+  if task == "tag":
+    model = transformers.AutoModelForTokenClassification.from_pretrained(
+        out, attn_implementation="eager").eval()
+    assert type(model).__name__ == "ModernBertForTokenClassification"
+    assert list(model.config.id2label.values()) == ["B-X", "O"]
+    batch = tokenizer([r["tokens"] for r in rows], is_split_into_words=True, padding=True,
+                      return_tensors="np")
+  else:
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        out, attn_implementation="eager").eval()
+    assert type(model).__name__ == "ModernBertForSequenceClassification"
+    assert model.config.classifier_pooling == "mean" and run.model.pooling == "mean_head"
+    batch = tokenizer([r["text"] for r in rows], [r["text_pair"] for r in rows], padding=True,
+                      return_tensors="np")
+  # The directory's special ids come along, not ModernBertConfig's defaults.
+  assert (model.config.cls_token_id, model.config.sep_token_id) == (
+      tokenizer.cls_token_id, tokenizer.sep_token_id)
+  ids, real = batch["input_ids"], batch["attention_mask"].astype(bool)
+  assert real.sum(1).max() > WINDOW and not real.all()
+  with torch.no_grad():
+    theirs = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(real).long()).logits
+  ours = np.asarray(run.model.apply({"params": run.params}, ids.astype(np.int32)))
+  if task == "tag":
+    np.testing.assert_allclose(ours[real], theirs.numpy()[real], rtol=0, atol=1e-5)
+  else:  # what predict computes from the texts
+    from train.predict import Predictor
+    probabilities = Predictor(workdir).probabilities([r["text"] for r in rows],
+                                                     [r["text_pair"] for r in rows])
+    np.testing.assert_allclose(probabilities, torch.softmax(theirs, -1).numpy(), rtol=0,
+                               atol=1e-5)
+  # load_hf reads back the run's encoder and head.
+  _, variables = load_hf(out)
+  assert _same(variables["params"], nn.unbox(run.params["encoder"]))
+  assert _same(variables["heads"]["prediction_head"], nn.unbox(run.params["head"]))
+
+
+def test_a_further_pretraining_run_exports_modernbert_for_masked_lm(mean_pooling, tmp_path):
+  from train import masked_lm, prepare
+  from train.hf_export import _masked_lm
+  corpus = tmp_path / "corpus.jsonl"
+  corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in hf_models.TEXTS))
+  prepared = str(tmp_path / "prepared")
+  prepare.prepare([str(corpus)], prepared, mean_pooling, seq_len=32, eval_fraction=0.25,
+                  workers=1, progress=False)
+  workdir = str(tmp_path / "run")
+  _train(workdir, "default.py", f"--config.init.hf={mean_pooling}",
+         f"--config.data.prepared={prepared}", "--config.train.seq_len=32",
+         "--config.train.batch_size=4")
+  out = _exported(workdir, tmp_path / "exported")
+  again = transformers.AutoModelForMaskedLM.from_pretrained(
+      out, attn_implementation="eager").eval()
+  assert type(again).__name__ == "ModernBertForMaskedLM"
+  assert again.config.classifier_pooling == "mean"  # the directory's, kept
+  cfg, variables = _masked_lm(workdir)
+  ids = _padded(seq=40, vocab=cfg.vocab_size)
+  with torch.no_grad():
+    theirs = again(input_ids=torch.tensor(ids),
+                   attention_mask=torch.tensor(ids != 0).long()).logits.numpy()
+  ours = masked_lm.MaskedLM(cfg, bert_head=True).apply(
+      {"params": {"encoder": variables["params"], "masked_lm": variables["heads"]["masked_lm"]}},
+      ids)
+  np.testing.assert_allclose(np.asarray(ours)[ids != 0], theirs[ids != 0], rtol=0, atol=1e-5)
+  _, back = load_hf(out)
+  assert _same(back["params"], nn.unbox(variables["params"]))
+  assert _same(back["heads"]["masked_lm"], nn.unbox(variables["heads"]["masked_lm"]))
+
+
+MODERN_TINY = ["--config.model.d_model=16", "--config.model.n_heads=2", "--config.model.d_ff=24",
+               "--config.model.n_layers=3", "--config.model.max_len=32",
+               "--config.model.local_attention=8", "--config.train.seq_len=32"]
+
+
+@pytest.mark.slow
+def test_configs_modern_from_scratch_exports_as_modernbert_model_and_other_layouts_are_refused(
+    tmp_path, capsys):
+  from train.load import load_encoder
+  workdir = str(tmp_path / "run")
+  _train(workdir, "modern.py", *MODERN_TINY)
+  out = _exported(workdir, tmp_path / "exported")
+  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]  # ids with an offset
+  theirs = transformers.AutoModel.from_pretrained(out, attn_implementation="eager").eval()
+  assert type(theirs).__name__ == "ModernBertModel"
+  cfg, variables = load_encoder(workdir)
+  ids = _padded(seq=32, vocab=cfg.vocab_size)
+  with torch.no_grad():
+    hidden = theirs(input_ids=torch.tensor(ids),
+                    attention_mask=torch.tensor(ids != cfg.pad_id).long()).last_hidden_state
+  ours = np.asarray(Encoder(cfg).apply(variables, ids))
+  real = ids != cfg.pad_id
+  np.testing.assert_allclose(ours[real], hidden.numpy()[real], rtol=0, atol=1e-5)
+  # Layer 0 normalising its input is not ModernBERT: one line naming it, nothing written.
+  other = str(tmp_path / "other")
+  _train(other, "modern.py", *MODERN_TINY, "--config.model.first_attention_norm=True",
+         "--config.train.num_steps=2", "--config.train.eval_every=2",
+         "--config.train.checkpoint_every=2")
+  capsys.readouterr()
+  from train.export import main as export
+  assert export(["--workdir", other, "--layout", "hf", "--out", str(tmp_path / "no")]) == 2
+  error = capsys.readouterr().err
+  assert error == ("export: error: --layout hf: this model is not a modernbert model: it has "
+                   "first_attention_norm=True, a modernbert model first_attention_norm=False\n")
+  assert not (tmp_path / "no").exists()

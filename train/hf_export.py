@@ -9,11 +9,15 @@ its tokenizer files, which transformers' Auto classes load.
   (masked_lm from config.init.hf)
   pretraining from scratch the bare model (AutoModel): the encoder
 
-The run's encoder must be one of the BERT family's (`flax_encoder.pytorch.hf.hf_config` says
-what differs otherwise): a run started from a Hugging Face directory is, and keeps its family;
-one trained from scratch exports where its config.model has that architecture (learned
-positions, embedding LayerNorm, no final LayerNorm …): as RoBERTa with a position_offset, as
-BERT with token types, as DistilBERT without.
+The run's encoder must be one of the BERT family's or ModernBERT's
+(`flax_encoder.pytorch.hf.hf_config` says what differs otherwise): a run started from a Hugging
+Face directory is, and keeps its family; one trained from scratch exports where its
+config.model has that architecture: with rotary positions as ModernBERT (Pre-LN without layer
+0's attention norm, GeGLU, a final LayerNorm: configs/modern.py's); with learned positions,
+an embedding LayerNorm and no final LayerNorm as RoBERTa with a position_offset, as BERT with
+token types, as DistilBERT without. A ModernBERT classifier or tagger must have its prediction
+head (the poolings "first_head" and "mean_head", the default from a ModernBERT directory) and
+keeps the directory's special ids.
 """
 
 from __future__ import annotations
@@ -25,19 +29,23 @@ import shutil
 
 import numpy as np
 
+from flax_encoder.classifier import HEAD_POOLINGS
 from train import examples
 from train.errors import RunError
 from train.load import load_config, load_encoder
 
 # family -> (the encoder's prefix inside a *For… model, the model class's stem)
 _MODELS = {"bert": ("bert.", "Bert"), "roberta": ("roberta.", "Roberta"),
-           "distilbert": ("distilbert.", "DistilBert")}
+           "distilbert": ("distilbert.", "DistilBert"), "modernbert": ("model.", "ModernBert")}
 # The pooling each family's sequence classifier has, and where its two dense layers sit.
 _CLASSIFIER = {"bert": ("pooler", "bert.pooler.dense", "classifier"),
                "roberta": ("pooler", "classifier.dense", "classifier.out_proj"),
                "distilbert": ("pre_classifier", "pre_classifier", "classifier")}
 # The tasks whose heads transformers has (train.predict reads their runs back).
 _FINE_TUNING = ("classify", "regress", "tag")
+# What a ModernBERT export keeps of the config.json it started from (its pooling only where no
+# sequence classifier says its own).
+_CARRIED = ("bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id", "classifier_pooling")
 # The files of a tokenizer directory besides tokenizer.json, copied where the run started.
 _TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
@@ -80,6 +88,8 @@ def _family(config, cfg) -> str:
       return FAMILIES[read_hf_config(init)["model_type"]]
     except ValueError:
       pass  # the starting directory is gone: the architecture decides
+  if cfg.position_embedding == "rotary":
+    return "modernbert"
   if cfg.position_offset:
     return "roberta"
   return "bert" if cfg.type_vocab_size else "distilbert"  # DistilBERT has no token types
@@ -110,7 +120,7 @@ def export_hf(workdir: str, out: str) -> str:
       head = "heads" in variables
       state = to_hf_state_dict(variables, cfg, family, prefix=prefix if head else "")
       extra = {"architectures": [f"{stem}{'ForMaskedLM' if head else 'Model'}"]}
-    contents = hf_config(cfg, family, **extra)
+    contents = hf_config(cfg, family, **{**_carried(config, family), **extra})
   except HFError as e:
     raise RunError(f"--layout hf: {e}") from None
   with _directory_written_whole(out) as tmp:
@@ -124,6 +134,19 @@ def export_hf(workdir: str, out: str) -> str:
       json.dump(contents, f, indent=2)
     _tokenizer(workdir, config, task, tmp)
   return out
+
+
+def _carried(config, family: str) -> dict:
+  """The `_CARRIED` entries of the ModernBERT directory the run started from, if any."""
+  init = _start(config)
+  if family != "modernbert" or not init:
+    return {}
+  from flax_encoder.pytorch.hf import read_hf_config
+  try:
+    hf = read_hf_config(init)
+  except ValueError:
+    return {}  # the starting directory is gone: transformers' defaults
+  return {k: hf[k] for k in _CARRIED if k in hf}
 
 
 def _masked_lm(workdir: str):
@@ -154,13 +177,28 @@ def _head(family, run, variables, prefix, stem):
   task: a sequence classifier (one output for regression) or a token classifier."""
   from flax_encoder.pytorch.hf import HFError, to_hf_state_dict
   params, cfg = run.params, run.model.config
-  state = to_hf_state_dict(variables, cfg, family, prefix=prefix)
   labels = [str(label) for label in run.labels or ["LABEL_0"]]
   extra = {"id2label": dict(enumerate(labels)),
            "label2id": {label: i for i, label in enumerate(labels)}}
+  if family == "modernbert":  # its classifiers' prediction head, by the masked-LM head's names
+    if run.task == "tag" and not run.model.head:
+      raise HFError("the run tags without ModernBERT's prediction head (only a run from a "
+                    "ModernBERT directory has one); transformers' "
+                    "ModernBertForTokenClassification applies it")
+    if run.task != "tag" and run.model.pooling not in HEAD_POOLINGS:
+      raise HFError(f"the run pools by {run.model.pooling!r}; transformers' "
+                    f"ModernBertForSequenceClassification pools through its prediction head "
+                    f"(config.task.pooling='first_head' or 'mean_head')")
+    variables = {**variables, "heads": {"prediction_head": params["head"]}}
+  state = to_hf_state_dict(variables, cfg, family, prefix=prefix)
   if run.task == "tag":  # no pooler: BERT's token classifier is built without one
     denses = (("classifier", params["classifier"]),)
     extra["architectures"] = [f"{stem}ForTokenClassification"]
+  elif family == "modernbert":
+    denses = (("classifier", params["classifier"]),)
+    extra["architectures"] = [f"{stem}ForSequenceClassification"]
+    extra["classifier_pooling"] = {"first": "cls", "mean": "mean"}[
+        HEAD_POOLINGS[run.model.pooling]]
   else:
     pooling, pooler_name, classifier_name = _CLASSIFIER[family]
     if run.model.pooling != pooling:
@@ -169,8 +207,8 @@ def _head(family, run, variables, prefix, stem):
                     f"(config.task.pooling={pooling!r})")
     denses = ((pooler_name, params["pooler"]["dense"]), (classifier_name, params["classifier"]))
     extra["architectures"] = [f"{stem}ForSequenceClassification"]
-    if run.task == "regress":
-      extra["problem_type"] = "regression"
+  if run.task == "regress":
+    extra["problem_type"] = "regression"
   for name, dense in denses:
     state[name + ".weight"] = np.asarray(dense["kernel"]).T
     state[name + ".bias"] = np.asarray(dense["bias"])
