@@ -330,14 +330,16 @@ def mean_pooling(tmp_path_factory):
   return _modernbert(tmp_path_factory.mktemp("modernbert-mean"), classifier_pooling="mean")
 
 
-@pytest.mark.parametrize("task", [pytest.param("classify", marks=pytest.mark.slow), "tag"])
+@pytest.mark.parametrize("task", [*(pytest.param(t, marks=pytest.mark.slow)
+                                    for t in ("classify", "regress")), "tag"])
 def test_a_fine_tuning_run_exports_modernbert_s_classifier_that_transformers_loads_as_itself(
     task, mean_pooling, data, tmp_path):
   from train.predict import read_run
   train, eval_ = data[task]
   workdir = str(tmp_path / "run")
   _train(workdir, f"{task}.py", f"--config.data.train={train}", f"--config.data.eval={eval_}",
-         f"--config.init.hf={mean_pooling}", f"--config.train.seq_len={SEQ_LEN}")
+         f"--config.init.hf={mean_pooling}", f"--config.train.seq_len={SEQ_LEN}",
+         *(["--config.data.label_field=score"] if task == "regress" else []))
   out = _exported(workdir, tmp_path / "exported")
   assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer.json",
                                      "tokenizer_config.json"]
@@ -356,6 +358,7 @@ def test_a_fine_tuning_run_exports_modernbert_s_classifier_that_transformers_loa
         out, attn_implementation="eager").eval()
     assert type(model).__name__ == "ModernBertForSequenceClassification"
     assert model.config.classifier_pooling == "mean" and run.model.pooling == "mean_head"
+    assert model.config.problem_type == ("regression" if task == "regress" else None)
     batch = tokenizer([r["text"] for r in rows], [r["text_pair"] for r in rows], padding=True,
                       return_tensors="np")
   # The directory's special ids come along, not ModernBertConfig's defaults.
@@ -368,7 +371,12 @@ def test_a_fine_tuning_run_exports_modernbert_s_classifier_that_transformers_loa
   ours = np.asarray(run.model.apply({"params": run.params}, ids.astype(np.int32)))
   if task == "tag":
     np.testing.assert_allclose(ours[real], theirs.numpy()[real], rtol=0, atol=1e-5)
-  else:  # what predict computes from the texts
+  elif task == "regress":  # what predict computes from the texts
+    from train.predict import Regressor
+    numbers = Regressor(workdir).numbers([r["text"] for r in rows],
+                                         [r["text_pair"] for r in rows])
+    np.testing.assert_allclose(numbers, theirs.numpy()[:, 0], rtol=0, atol=1e-5)
+  else:
     from train.predict import Predictor
     probabilities = Predictor(workdir).probabilities([r["text"] for r in rows],
                                                      [r["text_pair"] for r in rows])
