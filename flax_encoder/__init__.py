@@ -19,7 +19,7 @@ _MODULES = {
     "PositionalEncoding": "embedding", "sinusoidal_positions": "embedding",
     "Encoder": "encoder", "stack_layers": "encoder", "unstack_layers": "encoder",
     "PositionwiseFeedForward": "feed_forward",
-    "MaskedLMHead": "heads", "Pooler": "heads",
+    "MaskedLMHead": "heads", "Pooler": "heads", "PredictionHead": "heads",
     "check_token_shape": "inputs", "check_token_values": "inputs", "checked_apply": "inputs",
     "EncoderLayer": "layer",
     "padding_mask": "masks",
