@@ -9,9 +9,9 @@ import dataclasses
 import json
 import os
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 import numpy as np
 import pytest
 
@@ -97,10 +97,6 @@ def _config(task, files, directory):
   config.init.hf = directory
   config.train.update(seq_len=SEQ_LEN, batch_size=8)
   return config
-
-
-def _torch_params(module, prefix):
-  return {k: v.detach().numpy() for k, v in module.state_dict().items() if k.startswith(prefix)}
 
 
 # ---------------------------------------------------------------------------------------------
