@@ -560,7 +560,7 @@ def _hf_report(args) -> int:
     except ImportError:
       raise ValueError("transformers is not installed: pip install 'transformers>=4.46' "
                        "(or flax-encoder[test])") from None
-    model = transformers.AutoModel.from_pretrained(args.hf, attn_implementation="eager")
+    model = _base_model(transformers, args.hf)
     tokens = _tokens(args, config)
     rows = compare_hf(model, config, variables, tokens)
   print(f"parity: {args.hf} in transformers' {type(model).__name__} (model_type "
@@ -569,6 +569,22 @@ def _hf_report(args) -> int:
         f"stage is a transformers module's output")
   print(_sizes(config, tokens))
   return _verdict(rows, [], *_tolerances(args))
+
+
+def _base_model(transformers, path):
+  """transformers' base model of the directory, eager attention, loaded without its load report
+  and progress bar: a directory saved with a head (`*ForMaskedLM`) lists the head's weights as
+  unexpected for the base model, which is all the report compares."""
+  from transformers.utils import logging
+  verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+  logging.set_verbosity_error()
+  logging.disable_progress_bar()
+  try:
+    return transformers.AutoModel.from_pretrained(path, attn_implementation="eager")
+  finally:
+    logging.set_verbosity(verbosity)
+    if bars:
+      logging.enable_progress_bar()
 
 
 def _model_flags(args) -> list[tuple[str, Any]]:
