@@ -43,10 +43,11 @@ def test_the_windowed_path_computes_what_the_full_mask_does(width, seq, packed):
     q, k, v = (jnp.asarray(rng.normal(size=(2, seq, 3, 8))) for _ in range(3))
     full = lambda q, k, v: fused_attention(q, k, v, mask, "xla")
     band = lambda q, k, v: windowed_attention(q, k, v, ids, width)
-    np.testing.assert_allclose(band(q, k, v), full(q, k, v), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(jax.jit(band)(q, k, v), jax.jit(full)(q, k, v), rtol=0,
+                               atol=1e-13)
     # Gradients too, through every output (queries that attend to nothing included).
     cotangent = jnp.asarray(rng.normal(size=q.shape))
-    pull = lambda f: jax.vjp(f, q, k, v)[1](cotangent)
+    pull = lambda f: jax.jit(lambda *qkv: jax.vjp(f, *qkv)[1](cotangent))(q, k, v)
     for got, want in zip(pull(band), pull(full)):
       np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
 
@@ -77,7 +78,8 @@ def test_the_encoders_local_layers_under_xla_equal_the_reference(changes):
   positions = segment_positions(segments)
   variables = Encoder(config).init(jax.random.key(0), tokens)
   for seg, pos in ((None, None), (segments, positions)):
-    want = Encoder(config).apply(variables, tokens, segment_ids=seg, positions=pos)
+    want = jax.jit(lambda v, t: Encoder(config).apply(v, t, segment_ids=seg, positions=pos))(
+        variables, tokens)
     xla = Encoder(dataclasses.replace(config, attention_impl="xla"))
     got = jax.jit(lambda v, t: xla.apply(v, t, segment_ids=seg, positions=pos))(
         variables, tokens)
@@ -120,15 +122,17 @@ def test_splash_takes_the_window_as_its_local_mask(scan):
   tokens = np.where(segments > 0, rng.integers(1, 50, (1, 256)), 0)
   positions = segment_positions(segments)
   variables = Encoder(config).init(jax.random.key(0), tokens)
-  want = Encoder(config).apply(variables, tokens, segment_ids=segments, positions=positions)
+  def encode(config, v):
+    return Encoder(config).apply(v, tokens, segment_ids=segments, positions=positions)
+
+  want = jax.jit(lambda v: encode(config, v))(variables)
   with interpret_kernels():
-    splash = Encoder(dataclasses.replace(config, attention_impl="splash"))
-    got = jax.jit(lambda v: splash.apply(v, tokens, segment_ids=segments,
-                                         positions=positions))(variables)
+    splash = dataclasses.replace(config, attention_impl="splash")
+    got = jax.jit(lambda v: encode(splash, v))(variables)
   real = segments > 0
   np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], rtol=0, atol=2e-5)
-  wide = Encoder(dataclasses.replace(config, local_attention=1024)).apply(  # a window in name
-      variables, tokens, segment_ids=segments, positions=positions)
+  wide = jax.jit(lambda v: encode(dataclasses.replace(config, local_attention=1024), v))(
+      variables)  # a window in name only
   assert np.abs(np.asarray(wide) - np.asarray(want))[real].max() > 1e-3
 
 
@@ -145,6 +149,7 @@ def test_an_exported_encoder_with_local_layers_takes_any_batch(tmp_path):
   export_encoder(config, variables, str(tmp_path / "e.jaxexport"), seq_len=64)
   exported = jax.export.deserialize((tmp_path / "e.jaxexport").read_bytes())
   tokens, _ = _inputs(np.random.default_rng(0), 64, packed=False)
+  encode = jax.jit(Encoder(config).apply)
   for batch in (1, 2):
     np.testing.assert_allclose(exported.call(tokens[:batch].astype(np.int32)),
-                               Encoder(config).apply(variables, tokens[:batch]), atol=2e-5)
+                               encode(variables, tokens[:batch]), atol=2e-5)
