@@ -38,7 +38,12 @@ def write(path: str | os.PathLike, format_: str, config: EncoderConfig, params, 
                                               **extra})
   data = serialization.msgpack_serialize({
       "format": format_, "sha256": hashlib.sha256(contents).hexdigest(), "contents": contents})
-  tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+  path = os.path.realpath(path)  # a link stays a link: its target is the file written
+  if os.path.exists(path) and not os.path.isfile(path):
+    with open(path, "wb") as f:  # a FIFO or a device (/dev/stdout): written in place, as a stream
+      f.write(data)
+    return
+  tmp = f"{path}.tmp-{os.getpid()}"
   try:  # the file appears whole or not at all
     with open(tmp, "wb") as f:
       f.write(data)

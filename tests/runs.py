@@ -117,3 +117,22 @@ def wait_for_step(workdir, step, timeout=300):
       pass
     time.sleep(0.05)
   raise TimeoutError(f"the run in {workdir} did not reach step {step} in {timeout}s")
+
+
+@contextlib.contextmanager
+def full_file_system(directory):
+  """A small file system mounted at `directory` (made), filled to the last byte; skips the
+  test where nothing can be mounted (not root)."""
+  import pytest
+  os.makedirs(directory, exist_ok=True)
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", directory],
+                    capture_output=True).returncode != 0:
+    pytest.skip("cannot mount a file system here")
+  try:
+    with open(os.path.join(directory, "filler"), "wb", buffering=0) as f:
+      with contextlib.suppress(OSError):
+        while True:
+          f.write(b"x" * 512)
+    yield directory
+  finally:
+    subprocess.run(["umount", "--lazy", directory], check=False)  # even where a file is open

@@ -2,7 +2,6 @@
 changed run instead of discarding it, configs and data checked before the first step, and one
 line (no traceback) for each mistake or failing resource."""
 
-import contextlib
 import errno
 import json
 import os
@@ -388,31 +387,13 @@ def test_a_save_that_cannot_be_written_is_one_line_and_loses_nothing(eight_steps
   assert runs.losses(workdir) == runs.losses(reference)
 
 
-@contextlib.contextmanager
-def _full_file_system(directory):
-  """A small file system mounted at `directory` (made), filled to the last byte; skips the
-  test where nothing can be mounted (not root)."""
-  os.makedirs(directory, exist_ok=True)
-  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", directory],
-                    capture_output=True).returncode != 0:
-    pytest.skip("cannot mount a file system here")
-  try:
-    with open(os.path.join(directory, "filler"), "wb", buffering=0) as f:
-      with contextlib.suppress(OSError):
-        while True:
-          f.write(b"x" * 512)
-    yield directory
-  finally:
-    subprocess.run(["umount", "--lazy", directory], check=False)  # even where a file is open
-
-
 def test_metrics_on_a_full_disk_stop_the_run_with_one_line_naming_them(eight_steps, tmp_path):
   # The TensorBoard events alone cannot be written: tensorboardX's writer thread died there
   # and the loop then waited on its queue for ever, deaf to Ctrl-C.
   workdir = str(tmp_path / "run")
   shutil.copytree(eight_steps, workdir)
   shutil.rmtree(os.path.join(workdir, "tensorboard"))
-  with _full_file_system(os.path.join(workdir, "tensorboard")):
+  with runs.full_file_system(os.path.join(workdir, "tensorboard")):
     result = runs.train(workdir, "--config.train.num_steps=16", check=False)
   assert result.returncode == 1
   _one_error_line_any_code(result, f"{workdir}/tensorboard: cannot write the run's metrics",

@@ -18,6 +18,7 @@ import numpy as np
 
 from flax_encoder import Encoder
 from train import dataset
+from train.files import unwritable_kind, written_whole
 from train.tokens import Tokenizer
 
 
@@ -60,7 +61,7 @@ def draw(weights: np.ndarray, labels: list[str], path: str, title: str) -> None:
       else:
         ax.set_xticks([]), ax.set_yticks([])
   fig.suptitle(title + "  (rows: queries, columns: keys)")
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=110, format="png")
   plt.close(fig)
 
 
@@ -82,8 +83,12 @@ def main(argv=None) -> int:
   cfg, variables = load_encoder(args.workdir)
   weights, labels = attention_weights(cfg, variables, tokenizer, args.text)
   out = args.out or os.path.join(args.workdir, "plots", "attention.png")
+  if unwritable_kind(out):
+    parser.error(f"--out {out}: {unwritable_kind(out)}, expected the name of a PNG file (or a "
+                 f"stream)")
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  draw(weights, labels, out, f"attention weights for {args.text[:60]!r}")
+  with written_whole(out) as tmp:  # a picture whole or none; a stream is written, not replaced
+    draw(weights, labels, tmp, f"attention weights for {args.text[:60]!r}")
   print(out)
   return 0
 

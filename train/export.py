@@ -29,7 +29,8 @@ from flax_encoder.weights import save_weights
 from train import tasks
 from train.errors import RunError
 from train.load import load_config, load_encoder
-from train.files import written_whole
+from train.files import (os_errors_of_safetensors, readable_as_umask_allows, stream,
+                         written_whole)
 from train.workdir import out_problem, run_file
 
 _TORCH = (".safetensors", ".pt", ".pth", ".bin")
@@ -63,9 +64,9 @@ def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None
   problem = out_problem(out, workdir)
   if problem:
     raise ExportError(problem)
-  with written_whole(out) as tmp:  # whatever stops the export
-    _export(workdir, tmp, layout, seq_len)
-  return _readable_as_umask_allows(out)
+  with written_whole(out) as tmp, os_errors_of_safetensors():  # whatever stops the export
+    _export(workdir, tmp, os.path.splitext(out)[1], layout, seq_len)
+  return out if stream(out) else readable_as_umask_allows(out)
 
 
 def _export_hf(workdir: str, out: str) -> str:
@@ -82,37 +83,30 @@ def _export_hf(workdir: str, out: str) -> str:
     raise ExportError(str(e)) from None
 
 
-def _export(workdir: str, out: str, layout: str, seq_len: int | None) -> None:
-  if out.endswith(".msgpack"):
+def _export(workdir: str, path: str, suffix: str, layout: str, seq_len: int | None) -> None:
+  """Writes the export `suffix` (one of SUFFIXES) names to `path`."""
+  if suffix == ".msgpack":
     definition = tasks.definition(load_config(workdir).task.get("name", "masked_lm"))
     if definition.export is not None:
       try:
-        definition.export(workdir, out)
+        definition.export(workdir, path)
         return
       except RunError as e:
         raise ExportError(str(e)) from None
   cfg, variables = load_encoder(workdir)
-  if out.endswith(".msgpack"):
-    save_weights(out, cfg, variables)
-  elif out.endswith(".jaxexport"):
-    export_encoder(cfg, variables, out, seq_len or load_config(workdir).train.seq_len)
+  if suffix == ".msgpack":
+    save_weights(path, cfg, variables)
+  elif suffix == ".jaxexport":
+    export_encoder(cfg, variables, path, seq_len or load_config(workdir).train.seq_len)
   else:
     from flax_encoder.pytorch import to_torch_state_dict
     state = to_torch_state_dict(variables, cfg, layout)
-    if out.endswith(".safetensors"):
+    if suffix == ".safetensors":
       import safetensors.torch
-      safetensors.torch.save_file({k: v.contiguous() for k, v in state.items()}, out)
+      safetensors.torch.save_file({k: v.contiguous() for k, v in state.items()}, path)
     else:
       import torch
-      torch.save(state, out)
-
-
-def _readable_as_umask_allows(path: str) -> str:
-  """safetensors writes its files 0600; give the export the mode a new file gets here."""
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(path, 0o666 & ~umask)
-  return path
+      torch.save(state, path)
 
 
 def main(argv=None) -> int:

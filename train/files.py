@@ -9,7 +9,9 @@ import os
 import re
 import shutil
 import socket
+import stat
 import sys
+import tempfile
 
 _READ_BYTES = 1 << 24  # read at a time while hashing
 
@@ -49,9 +51,10 @@ def _running(pid: int) -> bool:
 @contextlib.contextmanager
 def temporary_directory(out: str):
   """A fresh directory beside `out` (OUT.tmp-HOST-PID), renamed to `out` if the block
-  completes, else removed. What a process of this host killed before it could clean up
-  (kill -9) left beside `out` is removed first, and said so."""
-  out = out.rstrip(os.sep)
+  completes, else removed (`out` absent or an empty directory; where it is a link, its target
+  is the directory replaced and the link stays). What a process of this host killed before it
+  could clean up (kill -9) left beside `out` is removed first, and said so."""
+  out = os.path.realpath(out)
   for left in glob.glob(f"{glob.escape(out)}.tmp-{glob.escape(_host())}-*"):
     pid = left.rsplit("-", 1)[1]
     if pid.isdigit() and not _running(int(pid)) and os.path.isdir(left):
@@ -69,15 +72,76 @@ def temporary_directory(out: str):
     raise
 
 
+def stream(path: str) -> bool:
+  """Whether `path` is something written to as it comes rather than a file put in place: a
+  FIFO or a character device (/dev/stdout, /dev/null, a terminal), links followed."""
+  try:
+    mode = os.stat(path).st_mode
+  except OSError:
+    return False
+  return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+
+def unwritable_kind(path: str) -> str | None:
+  """What `path` is, where it is neither a regular file (or a new name) nor a stream, so that
+  nothing can be written there without replacing it: 'a directory', 'a socket', 'a block
+  device'; None where it can be written."""
+  try:
+    mode = os.stat(path).st_mode
+  except OSError:
+    return None
+  for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"),
+                     (stat.S_ISBLK, "a block device")):
+    if test(mode):
+      return kind
+  return None
+
+
 @contextlib.contextmanager
 def written_whole(path: str):
-  """A name beside `path` to write the file to (PATH.tmp-PID, its suffix kept), renamed to
-  `path` if the block completes, else removed: the file appears whole or not at all."""
-  stem, suffix = os.path.splitext(path)
+  """A name to write the file at `path` to, which appears whole or not at all: a file beside
+  `path` (PATH.tmp-PID, its suffix kept) renamed to it if the block completes, else removed.
+  Where `path` is a link, its target is the file replaced and the link stays. A stream at
+  `path` (a FIFO, /dev/stdout: `stream`) is never replaced: the file is written in the
+  temporary directory, then copied into the stream."""
+  path = os.path.realpath(path)
+  into_stream = stream(path)
+  stem, suffix = os.path.splitext(os.path.join(tempfile.gettempdir(), os.path.basename(path))
+                                  if into_stream else path)
   tmp = f"{stem}.tmp-{os.getpid()}{suffix}"
   try:
     yield tmp
-    os.replace(tmp, path)
+    if into_stream:
+      with open(tmp, "rb") as source, open(path, "wb") as target:
+        shutil.copyfileobj(source, target, _READ_BYTES)
+    else:
+      os.replace(tmp, path)
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
+
+
+@contextlib.contextmanager
+def os_errors_of_safetensors():
+  """safetensors reports a write the file system refused (a full disk) as a SafetensorError
+  '... (os error 28)': raised here as the OSError it was, which the commands say in one line."""
+  try:
+    yield
+  except Exception as e:  # noqa: BLE001 - SafetensorError lives in safetensors' Rust module
+    code = re.search(r"\(os error (\d+)\)", str(e))
+    if type(e).__name__ != "SafetensorError" or code is None:
+      raise
+    raise OSError(int(code[1]), os.strerror(int(code[1]))) from None
+
+
+def readable_as_umask_allows(directory_or_file: str) -> str:
+  """Gives the file (or each file of the directory) the mode a new file gets here: safetensors
+  writes its files 0600, where other tools expect the umask's 0644."""
+  umask = os.umask(0)
+  os.umask(umask)
+  paths = [directory_or_file] if not os.path.isdir(directory_or_file) else [
+      os.path.join(directory_or_file, name) for name in os.listdir(directory_or_file)]
+  for path in paths:
+    if os.path.isfile(path):
+      os.chmod(path, 0o666 & ~umask)
+  return directory_or_file

@@ -22,7 +22,6 @@ keeps the directory's special ids.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -32,6 +31,7 @@ import numpy as np
 from flax_encoder.classifier import HEAD_POOLINGS
 from train import examples
 from train.errors import RunError
+from train.files import os_errors_of_safetensors, readable_as_umask_allows, temporary_directory
 from train.load import load_config, load_encoder
 
 # family -> (the encoder's prefix inside a *For… model, the model class's stem)
@@ -50,28 +50,16 @@ _CARRIED = ("bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id", "cla
 _TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
 
-@contextlib.contextmanager
-def _directory_written_whole(out: str):
-  """A directory beside `out` to write into, renamed to `out` if the block completes (`out`
-  absent or an empty directory), else removed."""
-  tmp = f"{out.rstrip(os.sep)}.tmp-{os.getpid()}"
-  os.makedirs(tmp)
-  try:
-    yield tmp
-    os.replace(tmp, out)
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
 def check_out(out: str) -> str | None:
-  """Why `out` cannot be the directory written, or None."""
-  parent = os.path.dirname(os.path.abspath(out))
-  if os.path.isdir(out) and os.listdir(out):
+  """Why `out` cannot be the directory written, or None. A link to a new or empty directory
+  is written through: its target is the directory written."""
+  real = os.path.realpath(out)
+  if os.path.isdir(real) and os.listdir(real):
     return f"--out {out}: a directory that holds files, expected a new or empty directory"
-  if os.path.exists(out) and not os.path.isdir(out):
+  if os.path.exists(real) and not os.path.isdir(real):
     return f"--out {out}: a file, expected a new or empty directory (--layout hf writes one)"
-  if not os.path.isdir(parent):
-    return f"--out {out}: no directory {parent} to write it in"
+  if not os.path.isdir(os.path.dirname(real)):
+    return f"--out {out}: no directory {os.path.dirname(real)} to write it in"
   return None
 
 
@@ -123,7 +111,7 @@ def export_hf(workdir: str, out: str) -> str:
     contents = hf_config(cfg, family, **{**_carried(config, family), **extra})
   except HFError as e:
     raise RunError(f"--layout hf: {e}") from None
-  with _directory_written_whole(out) as tmp:
+  with temporary_directory(out) as tmp, os_errors_of_safetensors():
     # Contiguous: safetensors writes an array's buffer as it lies (a transposed view's too).
     safetensors.numpy.save_file({k: np.ascontiguousarray(v, np.float32 if v.dtype.name ==
                                                          "bfloat16" else v.dtype)
@@ -133,6 +121,7 @@ def export_hf(workdir: str, out: str) -> str:
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(contents, f, indent=2)
     _tokenizer(workdir, config, task, tmp)
+    readable_as_umask_allows(tmp)
   return out
 
 

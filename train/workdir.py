@@ -17,6 +17,7 @@ import socket
 import time
 
 from train.errors import RunError
+from train.files import unwritable_kind
 
 LOCK = "lock"
 
@@ -51,8 +52,10 @@ def out_problem(out: str, workdir: str) -> str | None:
   """Why `out` cannot be the file a command writes from the run in `workdir` (`--out OUT:
   ...`, one line), or None."""
   parent = os.path.dirname(os.path.abspath(out))
-  if os.path.isdir(out):
-    return f"--out {out}: a directory, expected the name of a file to write"
+  kind = unwritable_kind(out)
+  if kind:
+    return (f"--out {out}: {kind}, expected the name of a file to write (or a stream: a FIFO, "
+            f"/dev/stdout)")
   if not os.path.isdir(parent):
     return f"--out {out}: no directory {parent} to write it in"
   if run_file(workdir, out):
