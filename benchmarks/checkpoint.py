@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     blocked.append(saved - start)
     commit.append(time.perf_counter() - saved)
     start = time.perf_counter()
-    restored = checkpointer.restore_newest(target, move_aside=False)
+    restored = checkpointer.restore_newest(target)
     jax.block_until_ready(restored[0])
     restore.append(time.perf_counter() - start)
   checkpointer.close()

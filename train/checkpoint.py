@@ -79,6 +79,10 @@ def verify_share(directory: str, index: int, count: int) -> str | None:
   return None
 
 
+class CheckpointsChanged(RuntimeError):
+  """A read-only Checkpointer's checkpoint changed while it was read: readers start again."""
+
+
 class Checkpointer:
   """The newest `keep` checkpoints of a run under `directory`, saved asynchronously.
 
@@ -86,17 +90,25 @@ class Checkpointer:
   used. A checkpoint that verifies but does not fit what restores it (another model, another
   program) is an error (RunError); nothing is moved. A save that cannot be written (a full
   disk) is an error naming the cause; the checkpoints before it stay as they were, and the
-  next start removes what it left half-written.
+  next start removes what it left half-written. `read_only` is for the readers of a run that
+  may be live (export, predict, load_encoder): they write, move and delete nothing, neither a
+  checkpoint that fails (skipped where it is) nor the directory of a save in flight.
   """
 
-  def __init__(self, directory: str, keep: int):
+  def __init__(self, directory: str, keep: int | None = None, read_only: bool = False):
     self.directory = os.path.abspath(directory)
     self.quarantine = self.directory + "_corrupt"
+    self.read_only = read_only
     self._saving = None  # the step whose save is in flight, for the manifest callback
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True, enable_async_checkpointing=True,
-        cleanup_tmp_directories=True,  # what a save cut short left behind
-        async_options=ocp.AsyncOptions(post_finalization_callback=self._record_digests))
+    if read_only:  # a reader of a run that may be live: orbax creates, cleans and deletes nothing
+      # (orbax's own read_only option does the same, with a warning in the log for each reader)
+      options = ocp.CheckpointManagerOptions(create=False, cleanup_tmp_directories=False,
+                                             max_to_keep=None, enable_async_checkpointing=False)
+    else:
+      options = ocp.CheckpointManagerOptions(
+          max_to_keep=keep, create=True, enable_async_checkpointing=True,
+          cleanup_tmp_directories=True,  # what a save cut short left behind
+          async_options=ocp.AsyncOptions(post_finalization_callback=self._record_digests))
     # PyTree handlers: they read a part of a saved tree (partial_restore), as loading the
     # encoder alone does.
     handlers = {"state": ocp.PyTreeCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
@@ -118,6 +130,8 @@ class Checkpointer:
   def save(self, step: int, state, data_iterator, record: dict) -> None:
     """Starts saving; returns once the state is copied off the devices. `record` (JSON) goes
     into the checkpoint's meta beside the step and the data position."""
+    if self.read_only:
+      raise RuntimeError(f"a read-only Checkpointer of {self.directory} cannot save")
     self.wait()  # the previous save's manifest callback has run
     self._saving = step
     meta = {"step": step, **record, "data": data_iterator.get_state()}
@@ -148,16 +162,23 @@ class Checkpointer:
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 
+  def changed(self) -> bool:
+    """Whether the checkpoints on disk are other than when this Checkpointer was made (a live
+    run saved one, and deleted an older one as it keeps its newest few)."""
+    return sorted(int(n) for n in os.listdir(self.directory) if n.isdigit()) != self.steps()
+
   def read_meta(self, step: int) -> dict:
     """The JSON record of the checkpoint at `step`: {'step', 'config', 'data', ...}."""
     args = ocp.args.Composite(meta=ocp.args.JsonRestore())
     return self.manager.restore(step, args=args)["meta"]
 
-  def newest(self, move_aside: bool = True) -> tuple[int, dict] | None:
+  def newest(self) -> tuple[int, dict] | None:
     """(step, meta) of the newest checkpoint that verifies, or None. Checkpoints that fail
-    are reported, and moved aside if `move_aside`. Every process must call it (the verdict on
+    are reported, and moved aside unless `read_only`. Every process must call it (the verdict on
     each checkpoint is agreed collectively)."""
     for step in reversed(self.steps()):
+      if not os.path.isdir(os.path.join(self.directory, str(step))):
+        continue  # deleted since the list was read: a live run's rotation, seen by a reader
       problem = verify_share(os.path.join(self.directory, str(step)), jax.process_index(),
                              jax.process_count())
       if problem is None:
@@ -166,8 +187,10 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 - verified files that orbax cannot read
           problem = f"has an unreadable record ({type(e).__name__}: {e})"
       problems = _gather_problems(problem)
+      if problems and self.read_only and self.changed():
+        raise CheckpointsChanged(f"checkpoint at step {step} {problems[0]}, under a live run")
       if problems:
-        self._skip(step, problems[0], move_aside)
+        self._skip(step, problems[0])
     return None
 
   def restore(self, step: int, target, data_iterator=None):
@@ -189,18 +212,18 @@ class Checkpointer:
       data_iterator.set_state(self.read_meta(step)["data"])
     return state
 
-  def restore_newest(self, target, data_iterator=None, move_aside: bool = True):
+  def restore_newest(self, target, data_iterator=None):
     """(state, meta) of the newest checkpoint that verifies, or None if none does. `target`
     is as in `restore`, or a function of the checkpoint's meta that returns it."""
-    newest = self.newest(move_aside)
+    newest = self.newest()
     if newest is None:
       return None
     step, meta = newest
     return self.restore(step, target(meta) if callable(target) else target, data_iterator), meta
 
-  def _skip(self, step: int, why: str, move_aside: bool) -> None:
+  def _skip(self, step: int, why: str) -> None:
     where = "left it in place"
-    if move_aside:
+    if not self.read_only:
       target = os.path.join(self.quarantine, str(step))
       if jax.process_index() == 0:
         os.makedirs(self.quarantine, exist_ok=True)

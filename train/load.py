@@ -22,28 +22,44 @@ from flax_encoder import Encoder, EncoderConfig, sharding
 from train.checkpoint import Checkpointer
 
 
-def _open_checkpoints(workdir: str) -> Checkpointer:
+# A live run keeps its newest `keep_checkpoints` and deletes older ones as it saves, perhaps
+# under a reader: how many times a reader starts again on the newer checkpoints.
+_ATTEMPTS = 5
+
+
+def _reading(workdir: str, read):
+  """`read(checkpointer)` on the checkpoints of the run in `workdir`, read-only. Where it
+  fails because a checkpoint it read was deleted meanwhile (a live run's rotation), it is
+  tried again on the checkpoints there are now."""
   directory = os.path.join(workdir, "checkpoints")
-  checkpointer = Checkpointer(directory, keep=1) if os.path.isdir(directory) else None
-  if checkpointer is None or not checkpointer.steps():
-    raise FileNotFoundError(f"no checkpoints under workdir {workdir!r}")
-  return checkpointer
+  for attempt in range(_ATTEMPTS):
+    checkpointer = Checkpointer(directory, read_only=True) if os.path.isdir(directory) else None
+    steps = checkpointer.steps() if checkpointer else []
+    if not steps:
+      raise FileNotFoundError(f"no checkpoints under workdir {workdir!r}")
+    try:
+      return read(checkpointer)
+    except Exception:
+      if not checkpointer.changed() or attempt == _ATTEMPTS - 1:
+        raise  # not a checkpoint that went while it was read
+    finally:
+      checkpointer.close()
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The config of the run in `workdir`, as saved with its newest checkpoint whose record
   reads (one cut short by a crash is passed over, as the readers of parameters do)."""
-  checkpointer = _open_checkpoints(workdir)
-  try:
+
+  def read(checkpointer):
     for step in reversed(checkpointer.steps()):
       try:
         meta = checkpointer.read_meta(step)
       except (FileNotFoundError, ValueError, OSError):
         continue
       return ml_collections.ConfigDict(json.loads(meta["config"]))
-  finally:
-    checkpointer.close()
-  raise FileNotFoundError(f"no checkpoint under workdir {workdir!r} has a readable record")
+    raise FileNotFoundError(f"no checkpoint under workdir {workdir!r} has a readable record")
+
+  return _reading(workdir, read)
 
 
 def recorded_encoder_config(meta: dict, **settings) -> EncoderConfig:
@@ -62,15 +78,15 @@ def load_params(workdir: str, init_for, mesh: Mesh | None = None) -> tuple[dict,
   laid out on `mesh` (default: replicated over all devices), whatever mesh or number of
   processes wrote the checkpoint. Nothing in the workdir is moved."""
   mesh = mesh or sharding.make_mesh()
-  checkpointer = _open_checkpoints(workdir)
-  try:
+
+  def read(checkpointer):
     restored = checkpointer.restore_newest(
-        lambda meta: {"params": sharding.abstract_arrays(init_for(meta), mesh)}, move_aside=False)
-  finally:
-    checkpointer.close()
-  if restored is None:
-    raise ValueError(f"no checkpoint under {checkpointer.directory!r} restores and verifies")
-  state, meta = restored
+        lambda meta: {"params": sharding.abstract_arrays(init_for(meta), mesh)})
+    if restored is None:
+      raise ValueError(f"no checkpoint under {checkpointer.directory!r} restores and verifies")
+    return restored
+
+  state, meta = _reading(workdir, read)
   return state["params"], meta
 
 
