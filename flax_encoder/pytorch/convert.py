@@ -37,6 +37,9 @@ _QKV = (("w_q", 0), ("w_k", 1), ("w_v", 2))  # order of the packed in_proj rows
 # sinusoid) and a bfloat16 copy rounds by up to 2^-9; a table of another formula (other base,
 # halves instead of interleaved) is off by O(1).
 _PE_ATOL = 1e-2
+# Integer buffers that transformers' BERT-family checkpoints carry beside the weights (the
+# position and token-type ids the embeddings count from): not weights, left out on reading.
+INDEX_BUFFERS = ("position_ids", "token_type_ids")
 
 
 def _to_numpy(name: str, value: Any) -> np.ndarray:
@@ -225,7 +228,9 @@ def load_torch_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
   {'model_state_dict': …} beside other entries (optimizer, epoch) is unwrapped.
 
   Returns:
-    names -> numpy arrays (bfloat16 tensors come back as float32, exactly).
+    names -> numpy arrays (bfloat16 tensors come back as float32, exactly). Integer buffers
+    named `INDEX_BUFFERS` are left out; any other tensor that is not floating-point is a
+    ValueError naming it.
   """
   path = os.fspath(path)
   if not os.path.isfile(path):
@@ -258,7 +263,14 @@ def load_torch_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
     raise ValueError(f"checkpoint {path!r} has suffix {suffix!r}; expected .safetensors, "
                      f"{', '.join(_TORCH_SUFFIXES)}")
   state = _unwrap(state, path)
-  return {name: _to_numpy(name, value) for name, value in state.items()}
+  weights = {}
+  for name, value in state.items():
+    if value.is_floating_point():
+      weights[name] = _to_numpy(name, value)
+    elif not name.endswith(INDEX_BUFFERS):
+      raise ValueError(f"checkpoint {path!r}: {name!r} holds {value.dtype} values, expected "
+                       f"floating-point weights")
+  return weights
 
 
 def _unwrap(state: Any, path: str) -> Mapping[str, Any]:

@@ -17,12 +17,21 @@ embeddings, no final LayerNorm) and differ in names, token types and positions:
 `to_hf_state_dict` and `hf_config` go the other way, for `save_pretrained`-style directories
 (train.export --layout hf). A `model_type` or an option these do not compute the way
 transformers does is refused, naming it: never a silently different model.
+
+Reading checks what a directory holds before building anything from it: each config.json
+field it reads is of the kind transformers' config class takes, with transformers' default
+where it is absent (else an HFError naming the field and the file); each tensor has the shape
+config.json gives it; a shard index names files of the directory only; and weights of the
+encoder that config.json does not name (a layer past num_hidden_layers) are left out with a
+warning.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -31,7 +40,7 @@ import numpy as np
 
 from flax_encoder.config import EncoderConfig
 from flax_encoder.encoder import stack_layers, unstack_layers
-from flax_encoder.pytorch.convert import _to_numpy, load_torch_checkpoint
+from flax_encoder.pytorch.convert import INDEX_BUFFERS, _to_numpy, load_torch_checkpoint
 
 # model_type -> family
 FAMILIES = {"bert": "bert", "electra": "bert", "roberta": "roberta",
@@ -151,107 +160,227 @@ def read_hf_config(path: str | os.PathLike) -> dict:
   if not isinstance(hf, dict):
     raise HFError(f"{file}: holds a {type(hf).__name__}, expected a JSON object")
   model_type = hf.get("model_type")
-  if model_type not in FAMILIES:
+  if not isinstance(model_type, str) or model_type not in FAMILIES:
     raise HFError(f"{file}: model_type {model_type!r} is not one load_hf takes; it takes "
                   f"{sorted(FAMILIES)}")
   return hf
 
 
-def config_from_hf(hf: Mapping, **settings) -> EncoderConfig:
-  """The EncoderConfig of a config.json's contents (`hf`), run as `settings` say (dtype,
-  param_dtype, attention_impl, scan_layers, remat, dropout …). The checkpoint's dropout rates
-  are the defaults; attention dropout only with attention_impl='reference', the one
-  implementation that has it."""
-  model_type = hf["model_type"]
+class _Fields:
+  """The fields of a config.json (or of one object in it, `within`), each read as the kind of
+  value transformers' config class holds there: anything else is an HFError naming the field
+  and the file, never a value transformers would read differently."""
+
+  def __init__(self, hf: Mapping, file: str, within: str = ""):
+    self.hf, self.file, self.within = hf, file, within
+
+  def error(self, key: str, expected: str) -> HFError:
+    got = f"={self.hf[key]!r}" if key in self.hf else " missing"
+    return HFError(f"{self.file}: {self.within}{key}{got}, expected {expected}")
+
+  def get(self, key: str, default=None):
+    return self.hf.get(key, default)
+
+  def integer(self, key: str, default=None, expected: str = "an integer >= 1",
+              ok=lambda n: n >= 1) -> int:
+    value = self.hf.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not ok(value):
+      raise self.error(key, expected)
+    return value
+
+  def number(self, key: str, default, expected: str = "a number > 0",
+             ok=lambda x: x > 0) -> float:
+    value = self.hf.get(key, default)
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+        or not abs(value) <= sys.float_info.max or not ok(value)):  # NaN and inf fail too
+      raise self.error(key, expected)
+    return float(value)
+
+  def rate(self, key: str, default: float) -> float:
+    return self.number(key, default, "a number in [0, 1)", lambda x: 0 <= x < 1)
+
+  def flag(self, key: str, default: bool) -> bool:
+    value = self.hf.get(key, default)
+    if not isinstance(value, bool):
+      raise self.error(key, "true or false")
+    return value
+
+  def choice(self, key: str, default, allowed) -> str:
+    value = self.hf.get(key, default)
+    if not isinstance(value, str) or value not in allowed:
+      raise self.error(key, f"one of {sorted(allowed)}")
+    return value
+
+
+# The config.json names of (d_model, n_heads, d_ff, n_layers), per family.
+_SIZES = {"distilbert": ("dim", "n_heads", "hidden_dim", "n_layers")}
+_BERT_SIZES = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers")
+# transformers' pad_token_id where config.json has none.
+_PAD_IDS = {"bert": 0, "roberta": 1, "distilbert": 0, "modernbert": 50283}
+
+
+def config_from_hf(hf: Mapping, *, file: str = "config.json", **settings) -> EncoderConfig:
+  """The EncoderConfig of a config.json's contents (`hf`, read from `file`, which errors
+  name), run as `settings` say (dtype, param_dtype, attention_impl, scan_layers, remat,
+  dropout …). The checkpoint's dropout rates are the defaults; attention dropout only with
+  attention_impl='reference', the one implementation that has it."""
+  fields = _Fields(hf, file)
+  model_type = fields.choice("model_type", None, FAMILIES)
   family = FAMILIES[model_type]
-  where = f"config.json ({model_type})"
+  where = f"{file} ({model_type})"
 
   def refuse(option, value, expected):
     raise HFError(f"{where}: {option}={value!r} is not supported (expected {expected}); "
                   f"flax-encoder would compute another model")
 
-  get = lambda key, default=None: hf.get(key, default)
-  for option, expected in (("is_decoder", False), ("add_cross_attention", False)):
-    if get(option, expected) != expected:
-      refuse(option, get(option), expected)
-  pad_id = get("pad_token_id")
-  pad_id = 0 if pad_id is None else pad_id
+  for option in ("is_decoder", "add_cross_attention"):
+    if fields.flag(option, False):
+      refuse(option, True, False)
+  if family in ("bert", "roberta"):  # transformers 4's relative positions: another model
+    fields.choice("position_embedding_type", "absolute", ("absolute",))
+  fields.flag("tie_word_embeddings", True)  # read with the masked-LM head (`_check_tied`)
+  names = _SIZES.get(family, _BERT_SIZES)
+  d_model, n_heads, d_ff, n_layers = (fields.integer(name) for name in names)
+  if d_model % n_heads:
+    raise fields.error(names[0], f"a multiple of {names[1]}={n_heads}")
+  sizes = dict(vocab_size=fields.integer("vocab_size"), d_model=d_model, n_heads=n_heads,
+               d_ff=d_ff, n_layers=n_layers)
+  sizes["pad_id"] = _pad_id(fields, family, sizes["vocab_size"])
   if family == "modernbert":
-    act, arch, rates = _modernbert(get, refuse)
+    act, arch, rates = _modernbert(fields, refuse, sizes)
   else:
-    act = get("activation" if family == "distilbert" else "hidden_act", "gelu")
-    offset = pad_id + 1 if family == "roberta" else 0
-    arch = dict(max_len=get("max_position_embeddings", 512) - offset,
-                position_embedding="learned", position_offset=offset, embedding_scale=False,
-                embedding_norm=True, final_norm=False, norm_position="post")
-  if family == "distilbert":
-    arch.update(d_model=get("dim"), n_heads=get("n_heads"), d_ff=get("hidden_dim"),
-                n_layers=get("n_layers"), layer_norm_eps=1e-12, type_vocab_size=0)
-    rates = dict(dropout=get("dropout", 0.1), attention_dropout=get("attention_dropout", 0.1))
-  elif family in ("bert", "roberta"):
-    if get("position_embedding_type", "absolute") != "absolute":
-      refuse("position_embedding_type", get("position_embedding_type"), "'absolute'")
-    if model_type == "electra" and get("embedding_size", get("hidden_size")) != get(
-        "hidden_size"):
-      refuse("embedding_size", get("embedding_size"), f"hidden_size={get('hidden_size')}")
-    arch.update(layer_norm_eps=get("layer_norm_eps", 1e-12),
-                type_vocab_size=get("type_vocab_size", 2))
-    rates = dict(dropout=get("hidden_dropout_prob", 0.1),
-                 attention_dropout=get("attention_probs_dropout_prob", 0.1))
-  if family != "distilbert":
-    arch.update(d_model=get("hidden_size"), n_heads=get("num_attention_heads"),
-                d_ff=get("intermediate_size"), n_layers=get("num_hidden_layers"))
-  if act not in ACTIVATIONS:
-    refuse({"distilbert": "activation", "modernbert": "hidden_activation"}.get(
-        family, "hidden_act"), act, f"one of {sorted(ACTIVATIONS)}")
+    act, arch, rates = _bert(fields, refuse, model_type, sizes)
   if settings.get("attention_impl", "reference") != "reference":
     rates["attention_dropout"] = 0.0  # the fused kernels have none
   settings = {**rates, **settings}
   try:
-    return EncoderConfig(vocab_size=get("vocab_size"), pad_id=pad_id,
-                         activation=ACTIVATIONS[act], **arch, **settings)
-  except ValueError as e:  # ConfigError, or a missing size
+    return EncoderConfig(activation=ACTIVATIONS[act], **sizes, **arch, **settings)
+  except ValueError as e:  # ConfigError: a combination of fields, or a setting
     raise HFError(f"{where}: {e}") from None
 
 
-def _modernbert(get, refuse) -> tuple[str, dict, dict]:
+def _pad_id(fields: _Fields, family: str, vocab_size: int) -> int:
+  """The padding id: config.json's pad_token_id, transformers' default where it has none, 0
+  where it is null (transformers then has no padding row; the caller's mask decides)."""
+  if "pad_token_id" in fields.hf and fields.get("pad_token_id") is None and family != "roberta":
+    return 0
+  return fields.integer("pad_token_id", _PAD_IDS[family],
+                        f"an id in [0, vocab_size={vocab_size})", lambda i: 0 <= i < vocab_size)
+
+
+def _bert(fields: _Fields, refuse, model_type: str, sizes: dict) -> tuple[str, dict, dict]:
+  """(activation, architecture fields, dropout rates) of a BERT, RoBERTa or DistilBERT
+  config.json."""
+  family = FAMILIES[model_type]
+  offset = sizes["pad_id"] + 1 if family == "roberta" else 0
+  if offset:
+    max_positions = fields.integer(
+        "max_position_embeddings", 512, f"an integer > pad_token_id + 1 = {offset} (RoBERTa's "
+        f"positions start after the padding id)", lambda n: n > offset)
+  else:
+    max_positions = fields.integer("max_position_embeddings", 512)
+  arch = dict(max_len=max_positions - offset, position_embedding="learned",
+              position_offset=offset, embedding_scale=False, embedding_norm=True,
+              final_norm=False, norm_position="post")
+  if family == "distilbert":
+    act = fields.choice("activation", "gelu", ACTIVATIONS)
+    arch.update(layer_norm_eps=1e-12, type_vocab_size=0)
+    return act, arch, dict(dropout=fields.rate("dropout", 0.1),
+                           attention_dropout=fields.rate("attention_dropout", 0.1))
+  act = fields.choice("hidden_act", "gelu", ACTIVATIONS)
+  if model_type == "electra" and fields.integer("embedding_size", 128) != sizes["d_model"]:
+    refuse("embedding_size", fields.get("embedding_size", 128),
+           f"hidden_size={sizes['d_model']}")
+  arch.update(layer_norm_eps=fields.number("layer_norm_eps", 1e-12),
+              type_vocab_size=fields.integer("type_vocab_size", 2))
+  return act, arch, dict(dropout=fields.rate("hidden_dropout_prob", 0.1),
+                         attention_dropout=fields.rate("attention_probs_dropout_prob", 0.1))
+
+
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _modernbert(fields: _Fields, refuse, sizes: dict) -> tuple[str, dict, dict]:
   """(activation, architecture fields, dropout rates) of a ModernBERT config.json."""
-  n = get("num_hidden_layers")
-  every = get("global_attn_every_n_layers", 1)
-  kinds = ["full_attention" if i % every == 0 else "sliding_attention" for i in range(n or 0)]
-  if get("layer_types", kinds) != kinds:
-    refuse("layer_types", get("layer_types"), f"global every {every} layers, from layer 0")
-  rope = get("rope_parameters") or {}
-  for kind, params in rope.items():
-    if (params or {}).get("rope_type", "default") != "default":
-      refuse(f"rope_parameters[{kind!r}].rope_type", params["rope_type"], "'default'")
-  theta = (rope.get("full_attention") or {}).get("rope_theta", get("global_rope_theta", 160000.0))
-  local = (rope.get("sliding_attention") or {}).get("rope_theta", get("local_rope_theta"))
-  bias = get("attention_bias", False)
+  head_dim = fields.get("head_dim")
+  if head_dim and head_dim != sizes["d_model"] // sizes["n_heads"]:  # its rotary reads it
+    refuse("head_dim", head_dim, f"hidden_size // num_attention_heads = "
+                                 f"{sizes['d_model'] // sizes['n_heads']}")
+  if fields.get("rope_scaling") is not None:
+    refuse("rope_scaling", fields.get("rope_scaling"), "null")
+  theta, local_theta = _rope_thetas(fields, refuse)
+  bias = fields.flag("attention_bias", False)
   for option in ("mlp_bias", "classifier_bias"):
-    if get(option, False) != bias:
-      refuse(option, get(option), f"attention_bias={bias!r} (one switch for every dense layer)")
-  if get("decoder_bias", True) is not True:
-    refuse("decoder_bias", get("decoder_bias"), "True")
-  act = get("hidden_activation", "gelu")
-  if get("classifier_activation", act) != act:
-    refuse("classifier_activation", get("classifier_activation"), f"{act!r}, the layers'")
-  if get("classifier_pooling", "cls") not in ("cls", "mean"):
-    refuse("classifier_pooling", get("classifier_pooling"), "'cls' or 'mean'")
-  arch = dict(max_len=get("max_position_embeddings", 8192), position_embedding="rotary",
-              rope_theta=float(theta), local_rope_theta=float(local or theta),
-              local_attention=get("local_attention", 128), global_attention_every=every,
-              glu=True, dense_bias=bias, norm_bias=get("norm_bias", False),
-              layer_norm_eps=get("norm_eps", 1e-5), first_attention_norm=False,
+    if fields.flag(option, False) != bias:
+      refuse(option, fields.get(option), f"attention_bias={bias!r} (one switch for every dense "
+                                         f"layer)")
+  if not fields.flag("decoder_bias", True):
+    refuse("decoder_bias", False, "True")
+  act = fields.choice("hidden_activation", "gelu", ACTIVATIONS)
+  if fields.choice("classifier_activation", act, ACTIVATIONS) != act:
+    refuse("classifier_activation", fields.get("classifier_activation"), f"{act!r}, the layers'")
+  fields.choice("classifier_pooling", "cls", ("cls", "mean"))
+  # transformers' window is local_attention // 2 either way, so 0 and 1 both let a token see
+  # itself alone; EncoderConfig's 1 is that window, its 0 none at all.
+  window = fields.integer("local_attention", 128, "an integer >= 0", lambda n: n >= 0)
+  arch = dict(max_len=fields.integer("max_position_embeddings", 8192),
+              position_embedding="rotary", rope_theta=theta, local_rope_theta=local_theta,
+              local_attention=max(window, 1),
+              global_attention_every=_global_every(fields, refuse, sizes["n_layers"]),
+              glu=True, dense_bias=bias, norm_bias=fields.flag("norm_bias", False),
+              layer_norm_eps=fields.number("norm_eps", 1e-5), first_attention_norm=False,
               embedding_scale=False, embedding_norm=True, final_norm=True, norm_position="pre",
               type_vocab_size=0)
-  rates = dict(dropout=get("mlp_dropout", 0.0), attention_dropout=get("attention_dropout", 0.0))
+  rates = dict(dropout=fields.rate("mlp_dropout", 0.0),
+               attention_dropout=fields.rate("attention_dropout", 0.0))
   return act, arch, rates
+
+
+def _global_every(fields: _Fields, refuse, n_layers: int) -> int:
+  """Every how many layers, from layer 0, transformers' ModernBERT attends globally: as its
+  layer_types say where given, else every global_attn_every_n_layers (3 by default)."""
+  every = (fields.integer("global_attn_every_n_layers")
+           if "global_attn_every_n_layers" in fields.hf else None)
+  kinds = fields.get("layer_types")
+  if kinds is None:
+    return every or 3
+  if (not isinstance(kinds, list) or len(kinds) != n_layers
+      or not all(isinstance(k, str) and k in _LAYER_TYPES for k in kinds)):
+    raise fields.error("layer_types", f"a list of num_hidden_layers={n_layers} of "
+                                      f"{list(_LAYER_TYPES)}")
+  full = [i for i, kind in enumerate(kinds) if kind == "full_attention"]
+  every = every or (full[1] if len(full) > 1 else n_layers)
+  if kinds != ["sliding_attention" if i % every else "full_attention" for i in range(n_layers)]:
+    refuse("layer_types", kinds, f"global every {every} layers, from layer 0")
+  return every
+
+
+def _rope_thetas(fields: _Fields, refuse) -> tuple[float, float]:
+  """The rotary bases of the global and the local layers as transformers' ModernBertConfig
+  sets them: rope_parameters' rope_theta of each, else global_rope_theta and
+  local_rope_theta, else 160000 and 10000."""
+  rope = fields.get("rope_parameters", {})
+  rope = {} if rope is None else rope
+  if not isinstance(rope, dict) or not set(rope) <= set(_LAYER_TYPES):
+    raise fields.error("rope_parameters", f"an object of {list(_LAYER_TYPES)}")
+  thetas = []
+  for kind, old, default in (("full_attention", "global_rope_theta", 160000.0),
+                             ("sliding_attention", "local_rope_theta", 10000.0)):
+    params = rope.get(kind, {})
+    if not isinstance(params, dict):
+      raise _Fields(rope, fields.file, "rope_parameters.").error(kind, "an object")
+    kind_fields = _Fields(params, fields.file, f"rope_parameters.{kind}.")
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+      refuse(f"rope_parameters[{kind!r}].rope_type", rope_type, "'default'")
+    thetas.append(kind_fields.number("rope_theta", fields.number(old, default)))
+  return thetas[0], thetas[1]
 
 
 def read_hf_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
   """The state dict of the directory `path`: model.safetensors, pytorch_model.bin (read with
-  torch.load(weights_only=True)), or either's shards through their index."""
+  torch.load(weights_only=True)), or either's shards through their index, each shard a file
+  of the directory (`_shard`)."""
   path = os.fspath(path)
   for name in WEIGHT_FILES:
     file = os.path.join(path, name)
@@ -266,9 +395,30 @@ def read_hf_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
       raise HFError(f"{file}: not an index of shards ({type(e).__name__}: {e})") from None
     state = {}
     for shard in shards:
-      state.update(load_torch_checkpoint(os.path.join(path, shard)))
+      state.update(load_torch_checkpoint(_shard(path, shard, file)))
     return state
   raise HFError(f"{path}: no weights (expected one of {', '.join(WEIGHT_FILES)})")
+
+
+def _shard(directory: str, name: Any, index: str) -> str:
+  """The file of the shard `name` that `index` names, refused where it is not a file within
+  `directory` once resolved: an absolute path, `..` or a link out would load another model's
+  weights."""
+  if not isinstance(name, str):
+    raise HFError(f"{index}: shard {name!r}, expected a file name")
+  file = os.path.realpath(os.path.join(directory, name))
+  root = os.path.realpath(directory)
+  roots = [root]
+  parts = root.split(os.sep)
+  if "snapshots" in parts[:-1]:  # huggingface_hub's cache: each file links to ../../blobs/<hash>
+    at = len(parts) - 1 - parts[::-1].index("snapshots")
+    roots.append(os.sep.join(parts[:at] + ["blobs"]))
+  if not any(os.path.commonpath([r, file]) == r for r in roots):
+    raise HFError(f"{index}: shard {name!r} leads out of {directory} (to {file}), expected a "
+                  f"file of the model directory")
+  if not os.path.isfile(file):
+    raise HFError(f"{index}: shard {name!r}: no such file in {directory}")
+  return file
 
 
 def _base_prefix(state: Mapping, model_type: str, family: str) -> str:
@@ -283,16 +433,33 @@ def _base_prefix(state: Mapping, model_type: str, family: str) -> str:
                 f"{family} encoder")
 
 
+# Where each family's layers are, within the encoder.
+_LAYERS = {"bert": "encoder.layer.", "roberta": "encoder.layer.",
+           "distilbert": "transformer.layer.", "modernbert": "layers."}
+
+
+def _check_depth(state: Mapping, at: str, family: str, config: EncoderConfig) -> None:
+  """Refuses a config.json of more layers than the weights hold, before anything is built."""
+  held = len({k[len(at):].split(".")[0] for k in state if k.startswith(at)})
+  if config.n_layers > held:
+    field = _SIZES.get(family, _BERT_SIZES)[3]
+    raise HFError(f"config.json: {field}={config.n_layers}, but the weights hold {held} layers "
+                  f"({at}{{i}})")
+
+
 def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
                        config: EncoderConfig) -> dict:
   """A transformers state dict (names -> tensors or arrays) of the config.json `hf` ->
   {'params': the encoder's, 'heads': {'pooler': …, 'masked_lm': …} where present}, numpy
-  arrays in config.param_dtype."""
+  arrays in config.param_dtype. Each tensor's shape is checked against `config`; weights of
+  the encoder that config.json does not name (a layer past num_hidden_layers, a bias the
+  config has none of) are left out with a warning."""
   model_type = hf["model_type"]
   family = FAMILIES[model_type]
   prefix = _base_prefix(state, model_type, family)
+  _check_depth(state, prefix + _LAYERS[family], family, config)
   cast = lambda x: np.asarray(_to_numpy("", x), dtype=config.param_dtype)
-  expected = _expected_shapes(config)
+  read: set[str] = set()
 
   def module(name: str, path: tuple, where: str) -> dict:
     kind = _kind(path)
@@ -307,13 +474,13 @@ def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
       if key not in state:
         raise HFError(f"the weights have no {key!r} (a {family} model of "
                       f"{config.n_layers} layers has one)")
+      shape, want = tuple(np.shape(state[key])), _expected_shape(config, path, what)
+      if shape != want:
+        raise HFError(f"{key!r} has shape {shape}, expected {want} from config.json")
+      read.add(key)
       value = cast(state[key])
       if kind == "dense" and what == "weight":
         value = value.T
-      want = expected.get((path[-1], what), value.shape)
-      if tuple(value.shape) != tuple(want):
-        raise HFError(f"{key!r} has shape {tuple(value.shape)}, expected {tuple(want)} from "
-                      f"config.json")
       out[{"weight": "kernel" if kind == "dense" else "scale" if kind == "norm" else
            "embedding", "bias": "bias"}[what]] = value
     return out["bias"] if kind == "vector" else out
@@ -340,6 +507,7 @@ def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
     for path, name in mlm.items():
       _put(heads["masked_lm"], path, module(name, path, ""))
     _check_tied(state, hf, family, params["embedding"]["embedding"], cast)
+  _warn_unread(state, prefix, read)
   if config.scan_layers:
     params = stack_layers(params, config.n_layers)
   return {"params": params, "heads": heads} if heads else {"params": params}
@@ -360,15 +528,33 @@ def _check_tied(state, hf, family, table, cast) -> None:
                   f"(tie_word_embeddings=false): flax-encoder's head is tied")
 
 
-def _expected_shapes(config: EncoderConfig) -> dict:
-  d, f = config.d_model, config.d_ff
-  return {("qkv", "weight"): (d, 3 * d), ("qkv", "bias"): (3 * d,),
-          ("w_1", "weight"): (d, f * (2 if config.glu else 1)),
-          ("w_1", "bias"): (f * (2 if config.glu else 1),),
-          ("embedding", "weight"): (config.vocab_size, d),
-          ("position_embedding", "weight"): (config.max_len + config.position_offset, d),
-          ("token_type_embedding", "weight"): (config.type_vocab_size, d),
-          ("w_2", "weight"): (f, d)}
+def _warn_unread(state: Mapping, prefix: str, read: set) -> None:
+  """Warns of the encoder's weights (those under its prefix) that nothing read: config.json
+  names fewer layers or modules than the weights hold. The index buffers transformers
+  recomputes are not weights."""
+  unread = [k for k in state if k.startswith(prefix) and k not in read
+            and not k.endswith(INDEX_BUFFERS)]
+  if unread:
+    more = ", …" if len(unread) > 4 else ""
+    warnings.warn(f"load_hf left out {len(unread)} of the encoder's weights, which its "
+                  f"config.json does not name: {', '.join(unread[:4])}{more}", stacklevel=3)
+
+
+def _expected_shape(config: EncoderConfig, path: tuple, what: str) -> tuple[int, ...]:
+  """The shape the module at flax `path` has in the state dict (torch.nn.Linear's weight
+  [out, in]), for its "weight" or "bias"."""
+  d, kind, name = config.d_model, _kind(path), path[-1]
+  if kind == "table":
+    rows = {"embedding": config.vocab_size, "token_type_embedding": config.type_vocab_size,
+            "position_embedding": config.max_len + config.position_offset}[name]
+    return (rows, d)
+  if kind == "norm":
+    return (d,)
+  if kind == "vector":  # the masked-LM head's output bias
+    return (config.vocab_size,)
+  out, inputs = {"qkv": (3 * d, d), "w_1": (config.d_ff * (2 if config.glu else 1), d),
+                 "w_2": (d, config.d_ff)}.get(name, (d, d))
+  return (out, inputs) if what == "weight" else (out,)
 
 
 def _put(tree: dict, path: tuple, value) -> None:
@@ -390,8 +576,12 @@ def load_hf(path: str | os.PathLike, **settings) -> tuple[EncoderConfig, dict]:
   param_dtype, attention_impl, scan_layers, remat, dropout): see `config_from_hf`.
   """
   hf = read_hf_config(path)
-  config = config_from_hf(hf, **settings)
-  return config, from_hf_state_dict(read_hf_weights(path), hf, config)
+  config = config_from_hf(hf, file=os.path.join(path, "config.json"), **settings)
+  state = read_hf_weights(path)
+  try:
+    return config, from_hf_state_dict(state, hf, config)
+  except HFError as e:
+    raise HFError(f"{os.fspath(path)}: {e}") from None
 
 
 def hf_config(config: EncoderConfig, family: str, **extra) -> dict:

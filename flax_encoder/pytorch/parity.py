@@ -365,8 +365,8 @@ _SIZE_FLAGS = (("vocab-size", int), ("d-model", int), ("n-heads", int), ("d-ff",
 def _parse_args(argv):
   p = argparse.ArgumentParser(prog="python -m flax_encoder.pytorch.parity", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--hf", metavar="DIR", help="a Hugging Face bert/roberta/distilbert/modernbert directory: "
-                 "transformers' model against the Flax encoder load_hf reads from it")
+  p.add_argument("--hf", metavar="DIR", help="a Hugging Face bert/roberta/distilbert/modernbert "
+                 "directory: transformers' model against the Flax encoder load_hf reads from it")
   p.add_argument("--module", help="PKG.MOD:FN, FN() returns your torch.nn.Module")
   p.add_argument("--call", help="PKG.MOD:FN, FN(module, tokens) returns the encoder's output")
   p.add_argument("--checkpoint", help=".pt/.pth/.bin or .safetensors: a state dict or a training "
@@ -379,8 +379,8 @@ def _parse_args(argv):
     p.add_argument(f"--{flag}", type=kind)
   p.add_argument("--no-final-norm", action="store_true")
   p.add_argument("--tokens", help="JSON list of rows of ids, e.g. '[[5, 6, 7, 0]]'")
-  p.add_argument("--batch", type=int, default=4)
-  p.add_argument("--seq-len", type=int, default=32)
+  p.add_argument("--batch", type=_positive, default=4)
+  p.add_argument("--seq-len", type=_positive, default=32)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--float64", action="store_true", help="both sides in float64")
   p.add_argument("--atol", type=float,
@@ -388,6 +388,17 @@ def _parse_args(argv):
   p.add_argument("--rtol", type=float, help="tolerance relative to the largest PyTorch value "
                  "of the stage (default 1e-4, 1e-5 with --hf; 1e-12 with --float64)")
   return p.parse_args(argv)
+
+
+def _positive(text: str) -> int:
+  """argparse's type of a count: an integer >= 1."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = None
+  if value is None or value < 1:
+    raise argparse.ArgumentTypeError(f"{text!r}, expected an integer >= 1")
+  return value
 
 
 def _fields_from_args(args) -> dict:
@@ -628,9 +639,16 @@ def _where(found: EncoderKeys) -> str:
 
 
 def _tokens(args, config: EncoderConfig) -> np.ndarray:
-  if args.tokens:
-    return np.asarray(json.loads(args.tokens), dtype=np.int64)
-  return random_tokens(config, args.batch, args.seq_len, args.seed)
+  if not args.tokens:
+    return random_tokens(config, args.batch, args.seq_len, args.seed)
+  try:
+    tokens = np.asarray(json.loads(args.tokens))
+  except ValueError:  # not JSON, or rows of different lengths
+    tokens = None
+  if tokens is None or tokens.ndim != 2 or not tokens.size or tokens.dtype.kind not in "iu":
+    raise ValueError(f"--tokens {args.tokens!r}: expected a JSON list of rows of integer ids, "
+                     f"all of one length, e.g. '[[5, 6, 7, 0]]'")
+  return tokens.astype(np.int64)
 
 
 if __name__ == "__main__":
