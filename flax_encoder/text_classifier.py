@@ -9,9 +9,11 @@
 fine-tuning run; `save` writes one from parts. It holds what the model is (the encoder's
 record), its parameters (encoder and head), the pooling, the classes, the tokenizer's model,
 and how an example is laid out (seq_len, the ids of padding and of the separator between a
-text and its pair, or the special ids a Hugging Face tokenizer puts around them). How it runs (compute dtype, attention kernel) is the reader's: `load`
-takes EncoderConfig's execution fields. Texts are padded to the smallest of a few lengths
-that holds them and batches to a fixed size, so it compiles once per length.
+text and its pair, or the special ids a Hugging Face tokenizer puts around them). How it
+runs (compute dtype, attention kernel) is the reader's: `load` takes EncoderConfig's
+execution fields. A text is cut to what seq_len ids can show before it is tokenized; texts
+are padded to the smallest of a few lengths that holds them and batches to a fixed size, so
+it compiles once per length.
 """
 
 from __future__ import annotations
@@ -44,6 +46,13 @@ class TextClassifier:
       raise ValueError(f"seq_len: {seq_len}, expected an integer in [1, {config.max_len}]")
     if not isinstance(batch_size, int) or batch_size < 1:
       raise ValueError(f"batch_size: {batch_size!r}, expected an integer >= 1")
+    # Inside jit an id past the embedding is no error but NaN probabilities: refused here.
+    name, laid = (("template", (*template.start, *template.between, *template.end)) if template
+                  else ("separator_id", (separator_id,)))
+    bad = next((i for i in laid if not 0 <= i < config.vocab_size), None)
+    if bad is not None:
+      raise ValueError(f"{name}: id {bad}, expected ids below the encoder's vocab_size "
+                       f"{config.vocab_size}")
     self.config, self.labels, self.tokenizer = config, list(labels), tokenizer
     self.seq_len, self.separator_id, self.pooling = seq_len, separator_id, pooling
     self.batch_size, self.template, self.type_separator = batch_size, template, type_separator

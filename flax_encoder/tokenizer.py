@@ -7,16 +7,31 @@ Three kinds: "bytes" (UTF-8 bytes, 256 ids), "sentencepiece" (a SentencePiece mo
 "huggingface" (a `tokenizers` tokenizer.json). A tokenizer keeps its model's bytes, so that it
 can be saved inside another file (a text classifier's) and rebuilt from there with no file
 of its own. sentencepiece and tokenizers are imported only for their kind (the `text` extra).
+
+A text is cut to what an example of seq_len ids can show (`visible`) before it is tokenized,
+so that a line of any length takes bounded memory.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
 KINDS = ("bytes", "sentencepiece", "huggingface")
+
+# Characters of a text per id of seq_len that are tokenized; the rest of the text is cut
+# unread (`visible`). Tokens average 3 to 5 characters and SentencePiece's are 16 at most by
+# default, so what is cut lies far past the seq_len ids an example keeps; while the tokenizers
+# hold 130 to 200 bytes per character of a text they encode (`tokenizers`, measured): a line
+# of 100 MB took 13 to 20 GB. Only a text whose kept part averages more than 64 characters
+# per token would lose ids: long runs of whitespace or control characters a tokenizer drops
+# (WordPiece) or folds into one token (SentencePiece), words WordPiece maps whole to [UNK].
+CHARS_PER_ID = 64
 
 
 class Tokenizer:
@@ -59,6 +74,20 @@ class Tokenizer:
   def vocab_size(self) -> int:
     """Ids the encoded texts can hold: offset + size."""
     return self.offset + self.size
+
+  @functools.cached_property
+  def unk_id(self) -> int | None:
+    """The id (with the offset) of the unknown token, which stands for what the tokenizer
+    cannot read; None for bytes and for a model without one (byte-level BPE)."""
+    if self.kind == "bytes":
+      return None
+    if self.kind == "sentencepiece":
+      unk = self._model.unk_id()
+    else:  # tokenizers' Python models do not all show it (Unigram's unk_id): its file does
+      model = json.loads(self.model)["model"]
+      unk = (model.get("unk_id") if model.get("type") == "Unigram" else
+             self._model.token_to_id(model["unk_token"]) if model.get("unk_token") else None)
+    return None if unk is None or unk < 0 else unk + self.offset
 
   def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
     """Each text's ids (int32), no special ids added."""
@@ -122,6 +151,35 @@ class Template:
                second_type=int(d.get("second_type", 0)))
 
 
+def visible(text: str, seq_len: int) -> str:
+  """The part of `text` an example of `seq_len` ids can show: its first seq_len *
+  CHARS_PER_ID characters."""
+  return text[:seq_len * CHARS_PER_ID]
+
+
+def visible_words(words: Sequence[str], seq_len: int) -> list[str]:
+  """The words an example of `seq_len` ids can show, as `visible` cuts a text: the first
+  words whose characters, with the space each is tokenized after, make seq_len * CHARS_PER_ID,
+  the last of them cut to fit."""
+  room, kept = seq_len * CHARS_PER_ID, []
+  for word in words:
+    if room <= 1:
+      break
+    kept.append(word[:room - 1])
+    room -= 1 + len(word)
+  return kept
+
+
+def is_cut(example: str | Sequence[str] | None, seq_len: int) -> bool:
+  """Whether `visible` (`example` a text) or `visible_words` (a list of words) leaves part of
+  it out; None, no text, is not."""
+  if example is None:
+    return False
+  if isinstance(example, str):
+    return len(example) > seq_len * CHARS_PER_ID
+  return sum(1 + len(word) for word in example) > seq_len * CHARS_PER_ID
+
+
 def example_ids(first: np.ndarray, second: np.ndarray | None, seq_len: int,
                 separator_id: int, template: Template | None = None) -> tuple[np.ndarray, bool]:
   """One example's ids, at most `seq_len`: the text's, or the text's, the separator and the
@@ -146,10 +204,11 @@ def example_ids(first: np.ndarray, second: np.ndarray | None, seq_len: int,
 def encode_examples(tokenizer: Tokenizer, texts: list[str], pairs: list[str | None] | None,
                     seq_len: int, separator_id: int,
                     template: Template | None = None) -> list[np.ndarray]:
-  """Each example's ids (`example_ids`; a pair of None: the text alone), not padded."""
+  """Each example's ids (`example_ids`; a pair of None: the text alone), not padded; each
+  text cut to what they can show (`visible`) before it is tokenized."""
   pairs = [None] * len(texts) if pairs is None else pairs
-  firsts = tokenizer.encode_batch(texts)
-  seconds = tokenizer.encode_batch([p or "" for p in pairs])
+  firsts = tokenizer.encode_batch([visible(t, seq_len) for t in texts])
+  seconds = tokenizer.encode_batch([visible(p or "", seq_len) for p in pairs])
   return [example_ids(a, b if p is not None else None, seq_len, separator_id, template)[0]
           for a, b, p in zip(firsts, seconds, pairs)]
 
@@ -158,7 +217,7 @@ def encode_words(tokenizer: Tokenizer, examples: list[list[str]], seq_len: int,
                  template: Template | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
   """Each example's words as ids, and where each word's first id lies in them: (ids, first),
   ids at most `seq_len` long, first int32 [len(words)], -1 for a word cut off or tokenized to
-  nothing.
+  nothing. Words past what the ids can show (`visible_words`) are not tokenized.
 
   Each word is tokenized on its own after a space, so that a byte-level BPE (RoBERTa's) sees
   it as a word in running text, as transformers' `is_split_into_words` with
@@ -168,13 +227,15 @@ def encode_words(tokenizer: Tokenizer, examples: list[list[str]], seq_len: int,
   template = template or Template()
   start, end = np.asarray(template.start, np.int32), np.asarray(template.end, np.int32)
   room = max(seq_len - len(start) - len(end), 0)
-  pieces = iter(tokenizer.encode_batch([" " + w for words in examples for w in words]))
+  shown = [visible_words(words, seq_len) for words in examples]
+  pieces = iter(tokenizer.encode_batch([" " + w for words in shown for w in words]))
   out = []
-  for words in examples:
-    own = [next(pieces) for _ in words]
+  for words, kept in zip(examples, shown):
+    own = [next(pieces) for _ in kept]
     lengths = np.asarray([len(p) for p in own], np.int64)
     offsets = np.cumsum(lengths) - lengths
     first = np.where((lengths > 0) & (offsets < room), offsets + len(start), -1)
+    first = np.concatenate([first, np.full(len(words) - len(kept), -1)])  # the words cut off
     body = np.concatenate([np.zeros(0, np.int32), *own])[:room].astype(np.int32)
     out.append((np.concatenate([start, body, end]), first.astype(np.int32)))
   return out

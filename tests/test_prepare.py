@@ -160,10 +160,9 @@ def test_a_full_disk_is_one_line_and_a_killed_prepare_leaves_nothing_for_long(co
                                                                                tmp_path, capsys):
   import subprocess
   import sys
-  from tests.test_reliability import _full_file_system
   big = tmp_path / "big.txt"
   big.write_text("some text to pack into windows\n" * 20_000)  # 620 KB: more than 64 KB free
-  with _full_file_system(str(tmp_path / "disk")) as disk:
+  with runs.full_file_system(str(tmp_path / "disk")) as disk:
     os.remove(os.path.join(disk, "filler"))  # room for a little, not for all
     assert prepare.main(["--input", str(big), "--out", f"{disk}/out"]) == 2
     err = capsys.readouterr().err

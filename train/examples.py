@@ -18,19 +18,23 @@ Both write, into a directory:
                            each input's size and SHA-256, as train.prepare records them
   tokenizer.*              the tokenizer's file, beside them
 
-Files of any size are read line by line, twice (the classes first), and written as they go.
+Files of any size are read line by line, twice (the classes first), and written as they go;
+a text is cut to what seq_len ids can show before it is tokenized (`visible`: "cut" counts
+those examples), so that lines of any length take bounded memory. A file whose tokens are
+all the tokenizer's unknown token is refused, one where more than a fifth are is warned of.
 `BUILTIN` is a labelled task that ships with this checkout: which standard-library package a
 few lines of its source come from.
 """
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import json
 import lzma
 import os
 import shutil
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -38,12 +42,16 @@ from train import sources
 from train.files import sha256_bytes, temporary_directory
 from train.errors import RunError
 from flax_encoder import tokenizer as tokenizer_lib
-from train.tokens import Tokenizer
+from flax_encoder.tokenizer import is_cut, visible
+from train.tokens import UNKNOWN_WARNING, Tokenizer
 
 FORMAT = "flax-encoder examples 1"
 BUILTIN = "builtin:stdlib-packages"
 BUILTIN_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin")
 _CHUNK = 2048  # examples tokenized at once
+# A chunk also holds this many characters at most (but for the example that passes it): the
+# tokenizers hold 130 to 200 bytes per character they encode at once.
+_CHUNK_CHARS = 1 << 22
 
 
 LABEL_KINDS = ("class", "number", "tag")
@@ -97,16 +105,33 @@ def _classes(path: str, labels: set, what: str, plural: str) -> list:
   return sorted(labels)
 
 
-def _number(label, where: str, field: str) -> float:
-  """A regression target: a finite number (not a bool, not a string)."""
+_LARGEST = float(np.finfo(np.float32).max)  # the labels are stored and trained as float32
+
+
+def target(label, where: str, field: str) -> float:
+  """A regression target: a finite number (not a bool, not a string) that float32 holds."""
   if label is _MISSING:
     raise RunError(f"{where}: no {field!r} field, expected every line to have a number")
   if isinstance(label, bool) or not isinstance(label, (int, float)):
     raise RunError(f"{where}: label {label!r} is a {type(label).__name__}, expected a number "
                    f"(a regression target)")
+  if isinstance(label, int) and abs(label) > _LARGEST:  # float() of it would overflow
+    digits = str(abs(label))
+    raise RunError(f"{where}: {field!r}: label {'-' * (label < 0)}{digits[:12]}… (an integer "
+                   f"of {len(digits)} digits), expected a finite number of magnitude at most "
+                   f"{_LARGEST:.4g} (float32)")
   if not np.isfinite(label):
     raise RunError(f"{where}: label {label!r}, expected a finite number")
+  if abs(label) > _LARGEST:
+    raise RunError(f"{where}: {field!r}: label {label!r}, expected a finite number of "
+                   f"magnitude at most {_LARGEST:.4g} (float32)")
   return float(label)
+
+
+def known(label, classes: dict) -> bool:
+  """Whether `label` is one of `classes` ({class: index}): only a string or an integer is (a
+  list is unhashable; True and 1.0 would pass for the class 1)."""
+  return (not isinstance(label, bool) and isinstance(label, (str, int)) and label in classes)
 
 
 _MISSING = object()
@@ -122,8 +147,8 @@ def _records(source: sources.Source) -> Iterator[tuple[int, dict]]:
 
 
 def _examples(source: sources.Source, fields: dict, classes: dict | None) -> Iterator[tuple]:
-  """(text, pair or None, class index, or the number where `classes` is None) of each line,
-  checked."""
+  """(line number, text, pair or None, class index, or the number where `classes` is None)
+  of each line, checked."""
   for number, record in _records(source):
     text, pair = record.get(fields["text"]), record.get(fields["pair"])
     if not isinstance(text, str):
@@ -134,16 +159,62 @@ def _examples(source: sources.Source, fields: dict, classes: dict | None) -> Ite
                      f"{type(pair).__name__}, expected a string")
     label = record.get(fields["label"], _MISSING)
     if classes is None:
-      yield text, pair, _number(label, f"{source.path}:{number}", fields["label"])
+      yield number, text, pair, target(label, f"{source.path}:{number}", fields["label"])
       continue
-    if label not in classes:
+    if not known(label, classes):
       raise RunError(f"{source.path}:{number}: label {label!r} is not one of the training "
                      f"file's classes {list(classes)[:10]}")
-    yield text, pair, classes[label]
+    yield number, text, pair, classes[label]
 
 
 example_ids = tokenizer_lib.example_ids  # one layout for training, predict and the library
 encode_words = tokenizer_lib.encode_words
+
+
+def characters(example) -> int:
+  """The characters of an example: a (text, pair or None), or a list of words (each tokenized
+  after a space)."""
+  if isinstance(example, tuple):
+    return sum(len(text) for text in example if text is not None)
+  return sum(1 + len(word) for word in example)
+
+
+def chunked(items: Iterator, size: int, example: Callable) -> Iterator[list]:
+  """`items` in lists of `size` at most, and of _CHUNK_CHARS characters of their examples
+  (`example` of an item) but for the item that passes it: a chunk held and tokenized takes
+  bounded memory however long the lines."""
+  chunk, held = [], 0
+  for item in items:
+    chunk.append(item)
+    held += characters(example(item))
+    if len(chunk) == size or held >= _CHUNK_CHARS:
+      yield chunk
+      chunk, held = [], 0
+  if chunk:
+    yield chunk
+
+
+@dataclasses.dataclass
+class _Counts:
+  """What a file's examples came to: how many, how many truncated to seq_len ids, cut before
+  that (`visible`), with words left untagged; their text ids, how many of those the
+  tokenizer's unknown token, and the first line that had one (line number, text)."""
+
+  examples: int = 0
+  truncated: int = 0
+  cut: int = 0
+  untagged: int = 0
+  tokens: int = 0
+  unknown: int = 0
+  example: tuple | None = None
+
+  def tokenized(self, number: int, text: str, ids: np.ndarray, unk_id: int | None) -> None:
+    """Counts the text ids `ids` that line `number` made of `text`, and its unknown ones."""
+    self.tokens += len(ids)
+    unknown = 0 if unk_id is None else int(np.count_nonzero(ids == unk_id))
+    self.unknown += unknown
+    if unknown and self.example is None:
+      self.example = number, text[:60]
 
 
 def prepare_examples(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_file,
@@ -153,24 +224,28 @@ def prepare_examples(paths: dict, directory: str, tokenizer: Tokenizer, tokenize
   docstring), under a temporary name renamed at the end; returns its dataset.json. A
   `template` (flax_encoder.tokenizer.Template) lays the texts out in place of the separator.
   `kind`: the labels are classes ("class") or numbers ("number")."""
+  laid = (*template.start, *template.between, *template.end) if template else (separator_id,)
+  _check_ids(tokenizer, pad_id, laid)
   classes = None
   if kind == "class":
     classes = {label: i for i, label in enumerate(read_labels(paths["train"], fields["label"]))}
   dtype = _ids_dtype(tokenizer)
 
-  def encode(source):
-    examples = _examples(source, fields, classes)
-    while chunk := list(itertools.islice(examples, _CHUNK)):
-      texts = tokenizer.encode_batch([t for t, _, _ in chunk])
-      pairs = tokenizer.encode_batch([p or "" for _, p, _ in chunk])
-      rows, cut = np.full((len(chunk), seq_len), pad_id, dtype), 0
-      for i, (first, second, (_, pair, _)) in enumerate(zip(texts, pairs, chunk)):
+  def encode(source, counts):
+    for chunk in chunked(_examples(source, fields, classes), _CHUNK, lambda e: e[1:3]):
+      texts = tokenizer.encode_batch([visible(t, seq_len) for _, t, _, _ in chunk])
+      pairs = tokenizer.encode_batch([visible(p or "", seq_len) for _, _, p, _ in chunk])
+      rows = np.full((len(chunk), seq_len), pad_id, dtype)
+      for i, (first, second, (number, text, pair, _)) in enumerate(zip(texts, pairs, chunk)):
         second = second if pair is not None else None
         ids, truncated = example_ids(first, second, seq_len, separator_id, template)
         rows[i, :len(ids)] = ids
-        cut += truncated
-      labels = np.array([c for _, _, c in chunk], np.int32 if classes else np.float32)
-      yield rows, labels, cut, 0
+        counts.truncated += truncated
+        counts.cut += is_cut(text, seq_len) or is_cut(pair, seq_len)
+        counts.tokenized(number, text, first, tokenizer.unk_id)
+        if pair is not None:
+          counts.tokenized(number, pair, second, tokenizer.unk_id)
+      yield rows, np.array([c for *_, c in chunk], np.int32 if classes else np.float32)
 
   return _write(paths, directory, tokenizer, tokenizer_file, encode, "a text and a label", {
       "labels": list(classes) if classes else None, "label_kind": recorded_kind(kind),
@@ -185,23 +260,26 @@ def prepare_tagged(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_
   `prepare_examples` writes texts, each word's tag at its first id (`encode_words`) and -1
   at every other position; returns its dataset.json, which also counts the words left
   untagged (cut off by seq_len, or tokenized to nothing)."""
+  _check_ids(tokenizer, pad_id, (*template.start, *template.end) if template else ())
   tags = {tag: i for i, tag in enumerate(read_tags(paths["train"], fields))}
   dtype = _ids_dtype(tokenizer)
+  specials = (len(template.start), len(template.end)) if template else (0, 0)
 
-  def encode(source):
-    examples = _tagged(source, fields, tags)
-    while chunk := list(itertools.islice(examples, _CHUNK)):
+  def encode(source, counts):
+    for chunk in chunked(_tagged(source, fields, tags), _CHUNK, lambda e: e[1]):
       rows = np.full((len(chunk), seq_len), pad_id, dtype)
       labels = np.full((len(chunk), seq_len), -1, np.int32)
-      cut = untagged = 0
-      for i, ((ids, first), (words, indices)) in enumerate(
-          zip(encode_words(tokenizer, [w for w, _ in chunk], seq_len, template), chunk)):
+      laid = encode_words(tokenizer, [words for _, words, _ in chunk], seq_len, template)
+      for i, ((ids, first), (number, words, indices)) in enumerate(zip(laid, chunk)):
         rows[i, :len(ids)] = ids
         seen = first >= 0
         labels[i, first[seen]] = np.asarray(indices, np.int32)[seen]
-        cut += int(not seen.all())
-        untagged += int((~seen).sum())
-      yield rows, labels, cut, untagged
+        counts.truncated += int(not seen.all())
+        counts.untagged += int((~seen).sum())
+        counts.cut += is_cut(words, seq_len)
+        text_ids = ids[specials[0]:len(ids) - specials[1]]
+        counts.tokenized(number, " ".join(words[:20]), text_ids, tokenizer.unk_id)
+      yield rows, labels
 
   return _write(paths, directory, tokenizer, tokenizer_file, encode, "words and their tags", {
       "labels": list(tags), "label_kind": "tag", "pad_id": pad_id,
@@ -213,34 +291,66 @@ def _ids_dtype(tokenizer: Tokenizer):
   return np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
 
 
+def _check_ids(tokenizer: Tokenizer, pad_id: int, laid: tuple) -> None:
+  """RunError where the padding id or one the examples are `laid` out with (the separator, a
+  template's special ids) lies past the tokenizer's vocabulary: the model, which has as many
+  ids, would train on NaN from its first step."""
+  name = tokenizer.spec.path or "the bytes tokenizer"
+  bad = next((i for i in laid if i >= tokenizer.vocab_size), None)
+  if bad is not None:
+    raise RunError(f"{name}: special id {bad} (around or between the texts), expected ids "
+                   f"below its vocabulary size {tokenizer.vocab_size}")
+  if pad_id >= tokenizer.vocab_size:
+    raise RunError(f"{name}: padding id {pad_id}, expected an id below its vocabulary size "
+                   f"{tokenizer.vocab_size}")
+
+
+def _check_unknown(path: str, counts: _Counts, tokenizer: Tokenizer) -> None:
+  """RunError where every text id of the file `path` is the tokenizer's unknown token; a
+  warning where more than UNKNOWN_WARNING of them are: the model could not tell apart what
+  they stand for."""
+  if not counts.unknown:
+    return
+  name = tokenizer.spec.path
+  token = tokenizer.piece(tokenizer.unk_id - tokenizer.offset)
+  if counts.unknown == counts.tokens:
+    raise RunError(f"{path}: every one of its {counts.tokens} tokens is the unknown token "
+                   f"{token!r} of the tokenizer {name}, expected texts it can read")
+  if counts.unknown > UNKNOWN_WARNING * counts.tokens:
+    line, text = counts.example
+    print(f"warning: {path}: {counts.unknown / counts.tokens:.0%} of its tokens are the unknown "
+          f"token {token!r} of the tokenizer {name} (line {line}: {text!r}…): the model will "
+          f"not tell apart what they stand for", file=sys.stderr)
+
+
 def _write(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_file, encode,
            wanted: str, meta: dict) -> dict:
-  """Writes each split's chunks, as `encode(source)` yields them (ids, labels, examples
-  truncated, words untagged), its tokenizer's file and dataset.json (`meta` and the counts)
-  into `directory`, under a temporary name renamed at the end."""
-  counts, truncated, untagged, inputs = {}, {}, {}, []
+  """Writes each split's chunks, as `encode(source, counts)` yields them (ids, labels) and
+  counts them (_Counts), its tokenizer's file and dataset.json (`meta` and the counts) into
+  `directory`, under a temporary name renamed at the end."""
+  counts, inputs = {}, []
   with temporary_directory(directory) as tmp:
     for split, path in paths.items():
-      source = sources.Source(path)
-      counts[split] = truncated[split] = untagged[split] = 0
+      source, counts[split] = sources.Source(path), _Counts()
       with open(os.path.join(tmp, f"{split}.tokens.bin"), "wb") as ids_file, open(
           os.path.join(tmp, f"{split}.labels.bin"), "wb") as labels_file:
-        for rows, labels, cut, words in encode(source):
+        for rows, labels in encode(source, counts[split]):
           ids_file.write(rows.tobytes())
           labels_file.write(labels.tobytes())
-          counts[split] += len(rows)
-          truncated[split] += cut
-          untagged[split] += words
-      if not counts[split]:
+          counts[split].examples += len(rows)
+      if not counts[split].examples:
         raise RunError(f"{path}: no examples, expected JSON lines with {wanted}")
+      _check_unknown(path, counts[split], tokenizer)
       inputs.append(source.record())
     if tokenizer_file:
       shutil.copyfile(tokenizer.spec.path, os.path.join(tmp, tokenizer_file))
+    each = lambda name: {split: getattr(c, name) for split, c in counts.items()}
     meta = {"format": FORMAT, **meta,
             "tokenizer": {"kind": tokenizer.spec.kind, "file": tokenizer_file,
                           "offset": tokenizer.offset},
-            "vocab_size": tokenizer.vocab_size, "examples": counts, "truncated": truncated,
-            **({"untagged": untagged} if meta["label_kind"] == "tag" else {}),
+            "vocab_size": tokenizer.vocab_size, "examples": each("examples"),
+            "truncated": each("truncated"), "cut": each("cut"),
+            **({"untagged": each("untagged")} if meta["label_kind"] == "tag" else {}),
             "inputs": inputs}
     with open(os.path.join(tmp, "dataset.json"), "w") as f:
       json.dump(meta, f, indent=1)
@@ -283,14 +393,14 @@ def _kind_of(value) -> str:
   return f"a {type(value).__name__}"
 
 
-def _tagged(source: sources.Source, fields: dict, tags: dict) -> Iterator[tuple[list, list]]:
-  """(words, tag indices) of each line, checked."""
+def _tagged(source: sources.Source, fields: dict, tags: dict) -> Iterator[tuple]:
+  """(line number, words, tag indices) of each line, checked."""
   for number, words, line_tags in _tagged_lines(source, fields):
-    unknown = next((t for t in line_tags if t not in tags), _MISSING)
+    unknown = next((t for t in line_tags if not known(t, tags)), _MISSING)
     if unknown is not _MISSING:
       raise RunError(f"{source.path}:{number}: tag {unknown!r} is not one of the training "
                      f"file's tags {list(tags)[:10]}")
-    yield words, [tags[t] for t in line_tags]
+    yield number, words, [tags[t] for t in line_tags]
 
 
 def load_examples(directory: str) -> dict:

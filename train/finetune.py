@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from flax_encoder import EncoderConfig
+from flax_encoder import tokenizer as tokenizer_lib
 from flax_encoder.classifier import HEAD_POOLINGS, POOLINGS
 from train import dataset, examples, settings, sources, tokens, vocabulary
 from train.errors import RunError
@@ -222,15 +223,19 @@ def tokenizer_of(config, start: Start, train_path: str, texts: Texts, workdir: s
   else:
     given = given or ("sentencepiece" if start.params is None else "bytes")
     if given in TRAINED:
-      spec = _train_vocabulary(given, config.data.vocab_size, train_path, texts, workdir)
+      spec = _train_vocabulary(given, config.data.vocab_size, config.train.seq_len,
+                               train_path, texts, workdir)
     else:
       spec = _as_spec(given)
   names = {"bytes": None, "sentencepiece": "tokenizer.model", "huggingface": "tokenizer.json"}
   try:
     return spec.load(ids(config, start)[0]), names[spec.kind]
   except Exception as e:  # noqa: BLE001 - whatever the library says, name the file
-    raise RunError(f"config.data.tokenizer: {spec.path!r}, expected a readable {spec.kind} "
-                   f"tokenizer ({type(e).__name__}: {e})") from None
+    field = ("config.data.tokenizer" if start.tokenizer is None else
+             "config.init.hf" if start.hf is not None else "config.init.run")
+    said = (str(e).splitlines() or [""])[0]
+    raise RunError(f"{field}: {spec.path!r}, expected a readable {spec.kind} tokenizer "
+                   f"({type(e).__name__}: {said})") from None
 
 
 def template_of(tokenizer):
@@ -255,16 +260,17 @@ def type_separator(meta: dict) -> int | None:
   return template["between"][-1]
 
 
-def _train_vocabulary(kind: str, vocab_size: int, path: str, texts: Texts,
+def _train_vocabulary(kind: str, vocab_size: int, seq_len: int, path: str, texts: Texts,
                       workdir: str) -> TokenizerSpec:
   """A `kind` vocabulary of at most `vocab_size` pieces (fewer where the texts hold fewer)
-  trained on the texts of the training file `path`, into WORKDIR/vocabulary. Training is
-  deterministic, so a resumed run trains the same one (and the prepared examples, which record
-  it, are reused)."""
+  trained on the texts of the training file `path`, each cut to what `seq_len` ids can show
+  (`flax_encoder.tokenizer.visible`), into WORKDIR/vocabulary. Training is deterministic, so a
+  resumed run trains the same one (and the prepared examples, which record it, are reused)."""
   sample = []
-  try:
+  try:  # what the model can see of each text (a line of 100 MB took BPE 9 GB)
     for _, record in sources.Source(path).records():
-      sample += [t for t in texts(record) if isinstance(t, str) and t.strip()]
+      sample += [tokenizer_lib.visible(t, seq_len) for t in texts(record)
+                 if isinstance(t, str) and t.strip()]
   except sources.PrepareError as e:
     raise RunError(str(e)) from None
   except FileNotFoundError:
@@ -390,11 +396,14 @@ def say_prepared(prepared: Prepared, what: str, seq_len: int, note: str = "") ->
   if jax.process_index() != 0:
     return
   meta = prepared.meta
-  cut = {s: n for s, n in meta["truncated"].items() if n}
+  counted = lambda counts: ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+  truncated, cut = counted(meta["truncated"]), counted(meta.get("cut", {}))
   print(f"fine-tuning from {prepared.start.source}: {what}, {meta['examples']['train']} "
         f"training and {meta['examples']['eval']} held-out examples"
-        + (f"; truncated to {seq_len} ids: " + ", ".join(f"{n} {s}" for s, n in cut.items())
-           if cut else "") + note, file=sys.stderr)
+        + (f"; truncated to {seq_len} ids: {truncated}" if truncated else "")
+        + (f"; cut to the first {tokenizer_lib.CHARS_PER_ID * seq_len} characters before "
+           f"tokenizing (more than {seq_len} ids show): {cut}" if cut else "")
+        + note, file=sys.stderr)
 
 
 def start_params(start: Start, cfg: EncoderConfig, config, outputs: int,

@@ -15,19 +15,19 @@ input order:
 Where lines carry labels (the run's label or tags field), the command also reports over them
 what the run's evaluation reports: accuracy and macro-F1; the mean squared error, Pearson's and
 Spearman's correlation; the accuracy over the words, macro-F1 and, for BIO tags, entity F1.
-Lines are read, predicted and written a chunk at a time, so any number of them takes bounded
-memory; in a chunk, examples are padded to the smallest of a few lengths that holds them (16,
-32, …, the run's seq_len), so the model compiles once per length. The parameters are the
-newest verified checkpoint's; the tokenizer, layout and classes are the run's. For a
-classifier it computes what the file `python -m train.export --out classifier.msgpack` writes
-computes outside the checkout.
+Lines are read, predicted and written a chunk at a time (1024, fewer where they are long), and
+a text is cut to what the run's seq_len ids can show before it is tokenized, so any number of
+lines of any length takes bounded memory; in a chunk, examples are padded to the smallest of a
+few lengths that holds them (16, 32, …, the run's seq_len), so the model compiles once per
+length. The parameters are the newest verified checkpoint's; the tokenizer, layout and classes
+are the run's. For a classifier it computes what the file `python -m train.export --out
+classifier.msgpack` writes computes outside the checkout.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import os
 import signal
@@ -42,7 +42,7 @@ from flax_encoder.classifier import SequenceClassifier, macro_f1
 from flax_encoder.inference import default_buckets, padded_batches
 from flax_encoder.text_classifier import TextClassifier
 from flax_encoder.token_classifier import TokenClassifier
-from flax_encoder.tokenizer import Template, encode_examples, encode_words
+from flax_encoder.tokenizer import Template, encode_examples, encode_words, is_cut
 from train import examples, finetune, regress, sources, tag
 from train.errors import RunError
 from train.files import written_whole
@@ -55,12 +55,14 @@ _MISSING = object()
 
 @dataclasses.dataclass(frozen=True)
 class Predicted:
-  """What a prediction run did: `count` lines predicted; of the `labelled` ones, `scores`
-  (what the run's evaluation reports), or None where no line had a label."""
+  """What a prediction run did: `count` lines predicted, `cut` of them cut to what the run's
+  seq_len ids show before they were tokenized; of the `labelled` ones, `scores` (what the
+  run's evaluation reports), or None where no line had a label."""
 
   count: int
   labelled: int = 0
   scores: dict | None = None
+  cut: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,10 +144,12 @@ class Predictor:
   def read(self, record: dict, where: str) -> tuple:
     """((text, pair), class index or -1 where the line has no label) of an input line."""
     label = record.get(self.fields["label"])
-    if label is not None and label not in self.classes:
+    if label is None:
+      return _text(record, self.fields, where), -1
+    if not examples.known(label, self.classes):
       raise RunError(f"{where}: label {label!r}, expected one of the run's classes "
                      f"{self.labels[:10]}")
-    return _text(record, self.fields, where), self.classes.get(label, -1)
+    return _text(record, self.fields, where), self.classes[label]
 
   def predict(self, chunk: list) -> tuple[list[dict], list]:
     """The output lines of examples, and each one's predicted class."""
@@ -196,11 +200,9 @@ class Regressor:
 
   def read(self, record: dict, where: str) -> tuple:
     """((text, pair), the line's number or NaN where it has none)."""
-    label = record.get(self.fields["label"])
-    if label is not None and (isinstance(label, bool) or not isinstance(label, (int, float))
-                              or not np.isfinite(label)):
-      raise RunError(f"{where}: label {label!r}, expected a finite number (or none)")
-    return _text(record, self.fields, where), np.nan if label is None else float(label)
+    label, field = record.get(self.fields["label"]), self.fields["label"]
+    return _text(record, self.fields, where), (
+        np.nan if label is None else examples.target(label, where, field))
 
   def predict(self, chunk: list) -> tuple[list[dict], list]:
     numbers = self.numbers([t for t, _ in chunk], [p for _, p in chunk])
@@ -256,7 +258,7 @@ class Tagger:
     if not isinstance(tags, list) or len(tags) != len(words):
       raise RunError(f"{where}: {self.fields['tags']!r}: expected a list of one tag per word "
                      f"({len(words)}), or none")
-    unknown = next((t for t in tags if t not in self.tags_of), _MISSING)
+    unknown = next((t for t in tags if not examples.known(t, self.tags_of)), _MISSING)
     if unknown is not _MISSING:
       raise RunError(f"{where}: tag {unknown!r}, expected one of the run's tags "
                      f"{self.labels[:10]}")
@@ -320,21 +322,32 @@ def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
       raise RunError(f"--input {input_path}: cannot read it ({e.strerror or e})") from None
 
   from tqdm import tqdm
-  true, predicted = [], []
-  stream = lines()
+  true, predicted, cut = [], [], 0
+  seq_len = run.meta["seq_len"]
+  # Chunks of bounded characters: a line of any length is held with few others.
+  chunks = examples.chunked(lines(), _CHUNK, lambda line: line[0])
   try:  # an error, Ctrl-C or SIGTERM (main) leaves no half-written file behind
     with written_whole(out_path) as tmp, open(tmp, "w") as out, tqdm(
         desc="predict", unit="line", dynamic_ncols=True, disable=not show) as bar:
-      while chunk := list(itertools.islice(stream, _CHUNK)):
+      for chunk in chunks:
         written, predictions = predictor.predict([example for example, _ in chunk])
         out.writelines(json.dumps(line) + "\n" for line in written)
         true += [label for _, label in chunk]
         predicted += list(predictions)
+        cut += sum(_is_cut(example, seq_len) for example, _ in chunk)
         bar.update(len(chunk))
   except OSError as e:
     raise RunError(f"--out {out_path}: cannot write it ({e.strerror or e})") from None
   labelled = sum(not _unlabelled(t) for t in true)
-  return Predicted(len(true), labelled, predictor.scores(true, predicted) if labelled else None)
+  return Predicted(len(true), labelled, predictor.scores(true, predicted) if labelled else None,
+                   cut)
+
+
+def _is_cut(example, seq_len: int) -> bool:
+  """Whether a line's text or pair, or its words, were cut before they were tokenized."""
+  if isinstance(example, tuple):
+    return any(is_cut(text, seq_len) for text in example)
+  return is_cut(example, seq_len)
 
 
 def _unlabelled(label) -> bool:
@@ -388,7 +401,9 @@ def main(argv=None) -> int:
   if done.scores is not None:
     scored = (f"; over the {done.labelled} labelled lines: "
               + ", ".join(f"{_NAMES.get(k, k)} {v:.3f}" for k, v in done.scores.items()))
-  print(f"{args.out}: {done.count} predictions{scored}")
+  cut = (f"; {done.cut} line{'s' * (done.cut > 1)} cut before tokenizing, to what the run's "
+         f"seq_len ids can show" if done.cut else "")
+  print(f"{args.out}: {done.count} predictions{cut}{scored}")
   return 0
 
 

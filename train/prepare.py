@@ -59,9 +59,9 @@ from tqdm import tqdm
 
 from train.files import temporary_directory
 from train.sources import BUILTIN, PrepareError, Source, documents, expand, plan, shard_of
-from train.tokens import (FIRST_TOKEN_ID, PAD_ID, PROJECT_IDS, SEPARATOR_ID, SpecialIds,
-                          Tokenizer, TokenizerSpec, hf_special_ids)
-from train.vocabulary import TRAINED, tokenizer_in
+from train.tokens import (FIRST_TOKEN_ID, PAD_ID, PROJECT_IDS, SEPARATOR_ID, UNKNOWN_WARNING,
+                          SpecialIds, Tokenizer, TokenizerSpec, hf_special_ids)
+from train.vocabulary import TRAINED, pieces, tokenizer_in
 
 __all__ = ["BUILTIN", "FORMAT", "PrepareError", "Source", "expand", "prepare", "main"]
 
@@ -74,12 +74,26 @@ _UNITS_IN_FLIGHT = 4  # per worker: bounds the memory held by the work queue
 # Reading (train.sources): the documents of the inputs, grouped into units of work.
 
 
+def _pieces(documents: Iterator[tuple[int, str, bool]]) -> Iterator[tuple[int, str, bool]]:
+  """The documents with a text of more than _CHUNK_CHARS characters (a JSON line, a Parquet
+  row) in pieces of at most that many, as a plain file is read in blocks: the tokenizers hold
+  130 to 200 bytes per character they encode at once."""
+  for part, text, end in documents:
+    if len(text) <= _CHUNK_CHARS:
+      yield part, text, end
+      continue
+    *before, last = pieces(text, _CHUNK_CHARS)
+    for piece in before:
+      yield part, piece, False
+    yield part, last, end
+
+
 def _chunks(documents: Iterator[tuple[int, str, bool]]) -> Iterator[tuple[list, ...]]:
   """Documents grouped into units of work of about _CHUNK_CHARS characters: (parts, texts,
   ends, begins): each text's part, and whether it ends and begins its document."""
   parts, texts, ends, begins, size = [], [], [], [], 0
   inside = set()  # the parts whose last text did not end its document
-  for part, text, end in documents:
+  for part, text, end in _pieces(documents):
     parts.append(part)
     texts.append(text)
     ends.append(end)
@@ -169,6 +183,37 @@ def default_workers(tokenizer: str) -> int:
   if tokenizer in ("bytes", "sentencepiece") or tokenizer.endswith(".model"):
     return 1
   return os.cpu_count() or 1
+
+
+class _Unknown:
+  """How many of the ids are the tokenizer's unknown token (none for bytes, or a byte-level
+  BPE) and the first text that had one: text the tokenizer cannot read."""
+
+  def __init__(self, tokenizer: Tokenizer):
+    self.tokenizer, self.id, self.count, self.example = tokenizer, tokenizer.unk_id, 0, None
+
+  def add(self, texts: list[str], part_ids: list[tuple[int, np.ndarray]]) -> None:
+    if self.id is None:
+      return
+    found = sum(int(np.count_nonzero(ids == self.id)) for _, ids in part_ids)
+    self.count += found
+    if found and self.example is None:  # once: a unit of work is about 1M characters
+      self.example = next((t for t in texts if self.id in self.tokenizer.encode_batch([t])[0]),
+                          texts[0])
+
+  def check(self, tokens: int, name: str) -> None:
+    """PrepareError where all `tokens` of text are unknown; a warning where more than
+    UNKNOWN_WARNING of them are."""
+    if not self.count:
+      return
+    token = self.tokenizer.piece(self.id - self.tokenizer.offset)
+    if self.count >= tokens:
+      raise PrepareError(f"--tokenizer {name}: every one of the {tokens} tokens of the inputs "
+                         f"is its unknown token {token!r}, expected a tokenizer that reads them")
+    if self.count > UNKNOWN_WARNING * tokens:
+      print(f"prepare: warning: --tokenizer {name}: {self.count / tokens:.0%} of the tokens of "
+            f"the inputs are its unknown token {token!r} (in {self.example[:60]!r}…): the model "
+            f"will not tell apart what they stand for", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,8 +345,15 @@ def _prepare(paths, out, tokenizer, vocab_size, seq_len, eval_fraction, text_fie
       tokenizer = os.path.join(tokenizer, "tokenizer.json")
     spec, tokenizer_file = tokenizer_in(tmp, tokenizer, vocab_size, paths, text_field,
                                          sample_mb, say)
-    tokenizer_vocab = spec.load().size
-    vocab = framing.offset + tokenizer_vocab
+    loaded = spec.load(framing.offset)
+    tokenizer_vocab, vocab = loaded.size, loaded.vocab_size
+    specials = framing.specials
+    bad = next((i for i in (*framing.start, *framing.end, specials.pad, specials.mask,
+                            specials.separator) if i >= vocab), None)
+    if bad is not None:  # the model, with as many ids, would train on NaN
+      raise PrepareError(f"--tokenizer {tokenizer}: special id {bad}, expected ids below its "
+                         f"vocabulary size {vocab}")
+    unknown = _Unknown(loaded)
     dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
     windows = stack.enter_context(_WindowWriter(tmp, seq_len, dtype, every, framing))
     # The bar counts text: the stored size is its total only for plain files read whole.
@@ -316,10 +368,12 @@ def _prepare(paths, out, tokenizer, vocab_size, seq_len, eval_fraction, text_fie
       for (_, texts, *_), part_ids in _encoded(chunks, encode, workers * _UNITS_IN_FLIGHT):
         for part, ids in part_ids:
           windows.add(part, ids)
+        unknown.add(texts, part_ids)
         bar.update(sum(len(t.encode("utf-8")) for t in texts))
     windows.close()
     if not windows.text_tokens:
       raise PrepareError("the inputs hold no text")
+    unknown.check(windows.text_tokens, tokenizer)
     if not windows.counts["eval"] and num_shards == 1:
       raise PrepareError(f"{windows.counts['train']} window(s) of {seq_len} tokens are too few "
                          f"to hold out one in {every} (--eval-fraction "

@@ -11,6 +11,7 @@ Ids: 0 pad, 1 mask, 2 the separator between documents (and between the two texts
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import numpy as np
@@ -20,6 +21,9 @@ from flax_encoder import tokenizer as library
 PAD_ID, MASK_ID, SEPARATOR_ID = 0, 1, 2
 FIRST_TOKEN_ID = 4  # tokenizer id i is stored as FIRST_TOKEN_ID + i; ids below are never targets
 BYTE_VOCAB_SIZE = FIRST_TOKEN_ID + 256
+# Above this fraction of a file's tokens being the tokenizer's unknown token, preparing it
+# warns: the model cannot tell apart what they stand for (all of them: it refuses).
+UNKNOWN_WARNING = 0.2
 KINDS = library.KINDS
 
 
@@ -108,35 +112,55 @@ def hf_special_ids(directory: str) -> tuple[SpecialIds, library.Template]:
   """The special ids of the Hugging Face model directory `directory` (config.json's
   pad_token_id, tokenizer_config.json's mask token, every special token of tokenizer.json)
   and the template its tokenizer puts around a text; ValueError naming what is missing."""
-  import json
-
   from tokenizers import Tokenizer as HFTokenizer
   file = os.path.join(directory, "tokenizer.json")
   if not os.path.isfile(file):
     raise ValueError(f"{directory}: no tokenizer.json (the fast tokenizer's file; "
                      f"transformers writes it with AutoTokenizer.from_pretrained(DIR)"
                      f".save_pretrained(DIR))")
-  hf = HFTokenizer.from_file(file)
-  specials = {t.content: i for i, t in hf.get_added_tokens_decoder().items() if t.special}
+  try:
+    tokenizer = library.Tokenizer.from_file("huggingface", file)
+  except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception: name the file
+    raise ValueError(f"{file}: not a readable tokenizer ({e})") from None
+  specials = {t.content: i for i, t in
+              HFTokenizer.from_str(tokenizer.model.decode()).get_added_tokens_decoder().items()
+              if t.special}
   named = {}
   for name in ("tokenizer_config.json", "special_tokens_map.json", "config.json"):
     path = os.path.join(directory, name)
     if os.path.isfile(path):
-      with open(path, encoding="utf-8") as f:
-        named = {**json.load(f), **named}
-  token = lambda value: value.get("content") if isinstance(value, dict) else value
+      named = {**_json_object(path), **named}
+
+  def token(value):  # a token as the files name it: "[MASK]" or {"content": "[MASK]", ...}
+    value = value.get("content") if isinstance(value, dict) else value
+    return value if isinstance(value, str) else None
+
   mask = specials.get(token(named.get("mask_token")))
   pad = named.get("pad_token_id", specials.get(token(named.get("pad_token"))))
   if mask is None or pad is None:
     raise ValueError(f"{directory}: its tokenizer names no {'mask' if mask is None else 'pad'} "
                      f"token (tokenizer_config.json's mask_token, config.json's pad_token_id): "
                      f"not a masked-LM checkpoint's tokenizer")
-  template = library.Tokenizer("huggingface", open(file, "rb").read()).template()
+  if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
+    raise ValueError(f"{directory}: pad_token_id {pad!r}, expected a token id")
+  template = tokenizer.template()
   if template is None or not template.end:
     raise ValueError(f"{file}: no post-processor that ends a text with a separator ([SEP], "
                      f"</s>)")
   others = tuple(sorted(set(specials.values()) - {mask, pad, template.end[-1]}))
   return SpecialIds(int(pad), int(mask), template.end[-1], 0, others), template
+
+
+def _json_object(path: str) -> dict:
+  """The JSON object the file `path` holds; ValueError naming it where it holds none."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except ValueError as e:  # invalid JSON or UTF-8
+    raise ValueError(f"{path}: not valid JSON ({e})") from None
+  if not isinstance(value, dict):
+    raise ValueError(f"{path}: a JSON {type(value).__name__}, expected an object")
+  return value
 
 
 def spec_of_dataset(directory: str, meta: dict) -> TokenizerSpec:

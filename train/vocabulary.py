@@ -42,18 +42,19 @@ def sample_lines(paths: list[str], text_field: str, sample_mb: float,
   rng = np.random.default_rng(0)
   return [piece for _, text, _ in documents(sources, text_field)
           for line in text.splitlines(keepends) if line.strip()
-          for piece in _cut(line) if rng.random() < keep]
+          for piece in pieces(line) if rng.random() < keep]
 
 
-def _cut(line: str) -> Iterator[str]:
-  """`line` in pieces of at most LONGEST_LINE characters, each ending after a space where one
+def pieces(text: str, longest: int = LONGEST_LINE) -> Iterator[str]:
+  """`text` in pieces of at most `longest` characters, each ending after a space where one
   lies in the second half of its span."""
-  while len(line) > LONGEST_LINE:
-    space = line.rfind(" ", LONGEST_LINE // 2, LONGEST_LINE)
-    cut = LONGEST_LINE if space < 0 else space + 1
-    yield line[:cut]
-    line = line[cut:]
-  yield line
+  start = 0
+  while len(text) - start > longest:
+    space = text.rfind(" ", start + longest // 2, start + longest)
+    end = start + longest if space < 0 else space + 1
+    yield text[start:end]
+    start = end
+  yield text[start:]
 
 
 def train_vocabulary(kind: str, sample: list[str], vocab_size: int, path: str,
