@@ -17,7 +17,8 @@ from flax_encoder.tokenizer import Tokenizer, encode_words  # noqa: E402
 from tests import hf_models, runs  # noqa: E402
 from train import examples, regress, tag  # noqa: E402
 from train.errors import RunError  # noqa: E402
-from train.predict import Tagger, predict  # noqa: E402
+from train.predict import predict  # noqa: E402
+from train.tag import Tagger  # noqa: E402
 
 WORDS = {"PER": ["ada", "fox", "brown dog"], "LOC": ["oslo", "abcd", "over there"]}
 OTHER = ["the", "quick", "0123", "jumps", "abcdefgh", "+-*/", "9"]

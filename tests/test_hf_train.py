@@ -122,7 +122,7 @@ def test_a_run_trains_predicts_its_eval_and_exports_what_transformers_loads_as_i
                     return_tensors="pt")
   with torch.no_grad():
     theirs = torch.softmax(model(**batch).logits, -1).numpy()
-  from train.predict import Predictor
+  from train.classify import Predictor
   ours = Predictor(workdir).probabilities([r["text"] for r in rows],
                                           [r["text_pair"] for r in rows])
   np.testing.assert_allclose(ours, theirs, atol=1e-5)
@@ -176,7 +176,7 @@ def test_a_run_from_scratch_of_a_bert_family_architecture_exports_too(pairs, tmp
              "--config.train.batch_size=8", "--config.train.seq_len=32",
              "--config.train.eval_every=4", "--config.train.checkpoint_every=4", config=None)
   from train.export import main as export
-  from train.predict import Predictor
+  from train.classify import Predictor
   out = str(tmp_path / "exported")
   assert export(["--workdir", workdir, "--layout", "hf", "--out", out]) == 0
   model = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()

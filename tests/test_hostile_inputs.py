@@ -15,7 +15,8 @@ from flax_encoder.classifier import SequenceClassifier
 from flax_encoder.text_classifier import TextClassifier
 from flax_encoder.token_classifier import TokenClassifier
 from flax_encoder.tokenizer import CHARS_PER_ID, Tokenizer, encode_examples
-from train import examples, finetune, predict, prepare, vocabulary
+from train import classify, examples, finetune, predict, prepare, regress, tag, vocabulary
+from train.supervised import FineTuned
 from train.errors import RunError
 from train.tokens import TokenizerSpec, encode_bytes
 
@@ -148,7 +149,7 @@ def test_the_librarys_layout_cuts_a_long_text_and_keeps_the_others(handed):
   np.testing.assert_array_equal(rows[-1], uncut)
 
 
-def _fine_tuned(task: str, labels: list | None) -> predict.FineTuned:
+def _fine_tuned(task: str, labels: list | None) -> FineTuned:
   """A run as train.predict reads one, of random parameters (nothing trained): bytes, SEQ_LEN."""
   cfg = EncoderConfig(vocab_size=260, d_model=16, n_heads=2, d_ff=32, n_layers=1,
                       max_len=SEQ_LEN, dropout=0.0)
@@ -158,7 +159,7 @@ def _fine_tuned(task: str, labels: list | None) -> predict.FineTuned:
   fields = TAG_FIELDS if task == "tag" else FIELDS
   meta = {"fields": fields, "seq_len": SEQ_LEN, "separator_id": 2, "pad_id": 0,
           "template": None}
-  return predict.FineTuned(task, model, jax.device_get(params), labels, meta, _bytes())
+  return FineTuned(task, model, jax.device_get(params), labels, meta, _bytes())
 
 
 @pytest.mark.parametrize("task", ["classify", "tag"])
@@ -303,7 +304,7 @@ def test_a_regression_label_no_float32_holds_is_one_line(label, words, tmp_path)
   with pytest.raises(RunError) as error:
     _prepare(tmp_path, rows, kind="number")
   _one_line(error, f"{tmp_path}/train.jsonl:2: ", words)
-  regressor = predict.Regressor(_fine_tuned("regress", None))
+  regressor = regress.Regressor(_fine_tuned("regress", None))
   with pytest.raises(RunError) as error:
     regressor.read({"text": "a", "label": label}, "in.jsonl:3")
   _one_line(error, "in.jsonl:3: ", words)
@@ -317,7 +318,7 @@ def test_a_label_that_is_no_class_is_one_line_in_training_and_predict(label, tmp
   with pytest.raises(RunError) as error:
     _prepare(tmp_path, train, [{"text": "x", "label": label}])
   _one_line(error, f"{tmp_path}/eval.jsonl:1: label {label!r} is not one of the training")
-  predictor = predict.Predictor(_fine_tuned("classify", classes))
+  predictor = classify.Predictor(_fine_tuned("classify", classes))
   with pytest.raises(RunError) as error:
     predictor.read({"text": "x", "label": label}, "in.jsonl:2")
   _one_line(error, f"in.jsonl:2: label {label!r}, expected one of the run's classes")
@@ -333,7 +334,7 @@ def test_a_tag_that_is_no_class_is_one_line_in_training_and_predict(tmp_path):
     examples.prepare_tagged(paths, str(tmp_path / "data"), _bytes(), None, SEQ_LEN, TAG_FIELDS,
                             0)
   _one_line(error, f"{tmp_path}/eval.jsonl:1: tag ['O'] is not one of the training file's tags")
-  tagger = predict.Tagger(_fine_tuned("tag", ["B", "O"]))
+  tagger = tag.Tagger(_fine_tuned("tag", ["B", "O"]))
   with pytest.raises(RunError) as error:
     tagger.read(bad[0], "in.jsonl:5")
   _one_line(error, "in.jsonl:5: tag ['O'], expected one of the run's tags ['B', 'O']")

@@ -368,12 +368,12 @@ def test_a_fine_tuning_run_exports_modernbert_s_classifier_that_transformers_loa
   if task == "tag":
     np.testing.assert_allclose(ours[real], theirs.numpy()[real], rtol=0, atol=1e-5)
   elif task == "regress":  # what predict computes from the texts
-    from train.predict import Regressor
+    from train.regress import Regressor
     numbers = Regressor(workdir).numbers([r["text"] for r in rows],
                                          [r["text_pair"] for r in rows])
     np.testing.assert_allclose(numbers, theirs.numpy()[:, 0], rtol=0, atol=1e-5)
   else:
-    from train.predict import Predictor
+    from train.classify import Predictor
     probabilities = Predictor(workdir).probabilities([r["text"] for r in rows],
                                                      [r["text_pair"] for r in rows])
     np.testing.assert_allclose(probabilities, torch.softmax(theirs, -1).numpy(), rtol=0,

@@ -28,15 +28,17 @@ import optax
 
 from flax_encoder.classifier import macro_f1
 from flax_encoder.classifier import SequenceClassifier as Classifier
+from flax_encoder.text_classifier import TextClassifier
 from train import examples, finetune
 from train.errors import RunError
-from train.optim import smoothed_loss_sum
 from train.finetune import pooling, type_separator
+from train.optim import smoothed_loss_sum
+from train.supervised import FineTuned, SupervisedTask, line_texts, run_of
 from train.task import Definition, Plots, Resume, Setup
 
 
 @dataclasses.dataclass(frozen=True)
-class ClassifyTask:
+class ClassifyTask(SupervisedTask):
   """Classification as `train.step` runs it (see `train.step.Task`). A batch holds 'tokens'
   [batch, seq] and 'labels' [batch]; a label of -1 pads the last held-out batch."""
 
@@ -44,23 +46,15 @@ class ClassifyTask:
   label_smoothing: float
   baseline_label: int  # the training data's commonest class
 
-  def init(self, rng: jax.Array, seq_len: int):
-    return self.model.init(rng, jnp.ones((1, seq_len), jnp.int32))["params"]
-
-  def batch(self, rows: dict, key: jax.Array) -> dict:
-    return rows  # nothing drawn: the examples are the batch
-
   def loss_count(self, batch: dict) -> jax.Array:
     return jnp.sum(batch["labels"] >= 0)
 
   def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
-    logits = self.model.apply({"params": params}, batch["tokens"], deterministic=False,
-                              rngs={"dropout": dropout_rng})
-    return smoothed_loss_sum(logits, batch["labels"], batch["labels"] >= 0,
-                             self.label_smoothing)
+    return smoothed_loss_sum(self.outputs(params, batch, dropout_rng), batch["labels"],
+                             batch["labels"] >= 0, self.label_smoothing)
 
   def eval_sums(self, params, batch: dict) -> dict:
-    logits = self.model.apply({"params": params}, batch["tokens"])
+    logits = self.outputs(params, batch)
     labels = batch["labels"]
     valid = labels >= 0
     predicted = jnp.argmax(logits, -1)
@@ -73,11 +67,6 @@ class ClassifyTask:
             "true": jnp.sum(true_1hot, 0), "predicted": jnp.sum(predicted_1hot, 0)}
 
   @staticmethod
-  def token_count(rows: dict) -> int:
-    """Ids in a batch of examples, padding included."""
-    return int(rows["tokens"].size)
-
-  @staticmethod
   def eval_metrics(sums: dict) -> dict:
     """Summed eval_sums -> loss, accuracy, the majority-class baseline's accuracy, and
     macro-F1: the mean F1 over the classes that occur in the labels or the predictions."""
@@ -85,6 +74,70 @@ class ClassifyTask:
     return {"loss": float(sums["ce"]) / count, "accuracy": float(sums["correct"]) / count,
             "baseline_accuracy": float(sums["baseline_correct"]) / count,
             "macro_f1": macro_f1(sums["true_positives"], sums["true"], sums["predicted"])}
+
+
+class Predictor:
+  """A fine-tuned classifier (`run`: a classify run's workdir, or the run read) as a
+  `flax_encoder.text_classifier.TextClassifier`, with what predict reads and writes."""
+
+  def __init__(self, run: FineTuned | str, batch_size: int = 64):
+    run = run_of(run, "classify")
+    meta, model = run.meta, run.model
+    self.fields, self.labels = meta["fields"], run.labels
+    self.classifier = TextClassifier(model.config, run.params, run.labels, run.tokenizer,
+                                     meta["seq_len"], meta["separator_id"], model.pooling,
+                                     batch_size, run.template, model.type_separator)
+    self.classes = {label: i for i, label in enumerate(self.labels)}
+
+  @staticmethod
+  def model_for(cfg, record: dict, config, meta: dict) -> Classifier:
+    """The model of a run whose checkpoint records `record` (its config `config`, its
+    examples' dataset.json `meta`)."""
+    # The pooling the run used (finetune.pooling), recorded since config.init.hf could say it.
+    pooling = record.get("pooling") or config.task.get("pooling") or "mean"
+    return Classifier(cfg, len(record["labels"]), pooling, type_separator(meta))
+
+  def probabilities(self, texts: list[str], pairs: list[str | None]) -> np.ndarray:
+    """[len(texts), classes]: each example's class probabilities, in order."""
+    return self.classifier.probabilities(texts, pairs)
+
+  def text_classifier(self) -> TextClassifier:
+    return self.classifier
+
+  def read(self, record: dict, where: str) -> tuple:
+    """((text, pair), class index or -1 where the line has no label) of an input line."""
+    label = record.get(self.fields["label"])
+    if label is None:
+      return line_texts(record, self.fields, where), -1
+    if not examples.known(label, self.classes):
+      raise RunError(f"{where}: label {label!r}, expected one of the run's classes "
+                     f"{self.labels[:10]}")
+    return line_texts(record, self.fields, where), self.classes[label]
+
+  def predict(self, chunk: list) -> tuple[list[dict], list]:
+    """The output lines of examples, and each one's predicted class."""
+    probabilities = self.probabilities([t for t, _ in chunk], [p for _, p in chunk])
+    lines = [{"label": self.labels[int(np.argmax(row))],
+              "probabilities": {str(label): round(float(p), 6)
+                                for label, p in zip(self.labels, row)}}
+             for row in probabilities]
+    return lines, np.argmax(probabilities, -1).tolist()
+
+  def scores(self, true: list, predicted: list) -> dict | None:
+    true, predicted = np.asarray(true, np.int64), np.asarray(predicted, np.int64)
+    labelled = true >= 0
+    if not labelled.any():
+      return None
+    return scores(true[labelled], predicted[labelled], len(self.labels))
+
+
+def scores(true: np.ndarray, predicted: np.ndarray, num_labels: int) -> dict:
+  """Accuracy and macro-F1 (the mean F1 over the classes that occur in either), as the
+  evaluation computes them (`ClassifyTask`)."""
+  true_1hot, predicted_1hot = np.eye(num_labels)[true], np.eye(num_labels)[predicted]
+  return {"accuracy": float(np.mean(true == predicted)),
+          "macro_f1": macro_f1((true_1hot * predicted_1hot).sum(0), true_1hot.sum(0),
+                               predicted_1hot.sum(0))}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,7 +186,6 @@ def summary(metrics: dict) -> str:
 def export(workdir: str, out: str) -> str:
   """Writes the run's classifier (encoder, head, tokenizer and classes) to `out` (.msgpack), a
   file `flax_encoder.text_classifier.TextClassifier.load` turns into text -> labels."""
-  from train.predict import Predictor
   Predictor(workdir).text_classifier().save(out)
   return out
 
@@ -148,6 +200,7 @@ DEFINITION = Definition(
                 accuracy_title="Held-out accuracy and macro-F1"),
     summary=summary,
     export=export,
+    predictor=Predictor,
     check=finetune.check,
     tokenizer=lambda config, workdir: finetune.run_tokenizer(workdir),
 )

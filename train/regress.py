@@ -22,13 +22,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_encoder.classifier import SequenceClassifier
-from train import finetune
+from flax_encoder.inference import default_buckets, padded_batches
+from flax_encoder.tokenizer import encode_examples
+from train import examples, finetune
 from train.finetune import pooling, type_separator
+from train.supervised import FineTuned, SupervisedTask, line_texts, run_of
 from train.task import Definition, Plots, Resume, Setup
 
 
 @dataclasses.dataclass(frozen=True)
-class RegressTask:
+class RegressTask(SupervisedTask):
   """Regression as `train.step` runs it (see `train.step.Task`). A batch holds 'tokens'
   [batch, seq] and 'labels' float32 [batch]; a held-out batch also 'index' [batch], each
   example's place among the held-out ones, and a NaN label pads the last."""
@@ -37,18 +40,11 @@ class RegressTask:
   train_mean: float  # the baseline's prediction
   eval_count: int  # held-out examples
 
-  def init(self, rng: jax.Array, seq_len: int):
-    return self.model.init(rng, jnp.ones((1, seq_len), jnp.int32))["params"]
-
-  def batch(self, rows: dict, key: jax.Array) -> dict:
-    return rows  # nothing drawn: the examples are the batch
-
   def loss_count(self, batch: dict) -> jax.Array:
     return jnp.sum(~jnp.isnan(batch["labels"]))
 
   def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
-    predicted = self.model.apply({"params": params}, batch["tokens"], deterministic=False,
-                                 rngs={"dropout": dropout_rng})[:, 0]
+    predicted = self.outputs(params, batch, dropout_rng)[:, 0]
     valid = ~jnp.isnan(batch["labels"])
     # The NaN of a padding row kept out of both branches: where() would pass its gradient.
     labels = jnp.where(valid, batch["labels"], 0.0)
@@ -57,16 +53,11 @@ class RegressTask:
   def eval_sums(self, params, batch: dict) -> dict:
     """Each held-out example's prediction and label at its place in [eval_count] vectors,
     which added up over the batches hold them all: Spearman's correlation ranks them all."""
-    predicted = self.model.apply({"params": params}, batch["tokens"])[:, 0]
+    predicted = self.outputs(params, batch)[:, 0]
     valid = ~jnp.isnan(batch["labels"])
     place = jax.nn.one_hot(batch["index"], self.eval_count, dtype=jnp.float32) * valid[:, None]
     return {"predicted": jnp.sum(place * predicted[:, None], 0),
             "labels": jnp.sum(place * jnp.where(valid, batch["labels"], 0.0)[:, None], 0)}
-
-  @staticmethod
-  def token_count(rows: dict) -> int:
-    """Ids in a batch of examples, padding included."""
-    return int(rows["tokens"].size)
 
   def eval_metrics(self, sums: dict) -> dict:
     """Summed eval_sums -> loss (the mean squared error), Pearson's and Spearman's
@@ -96,6 +87,53 @@ def spearman(x, y) -> float:
   """Spearman's rank correlation: Pearson's of the ranks (mean ranks for ties, as
   scipy.stats.spearmanr)."""
   return pearson(ranks(x), ranks(y))
+
+
+class Regressor:
+  """A fine-tuned regression (`run`: a regress run's workdir, or the run read): texts (and
+  pairs) in, numbers out."""
+
+  def __init__(self, run: FineTuned | str, batch_size: int = 64):
+    run = run_of(run, "regress")
+    self.run, self.batch_size, self.fields = run, batch_size, run.meta["fields"]
+    self.params = jax.device_put(run.params)
+    self.buckets = default_buckets(run.model.config, run.meta["seq_len"])
+    self._numbers = jax.jit(lambda params, ids: run.model.apply({"params": params}, ids)[:, 0])
+
+  @staticmethod
+  def model_for(cfg, record: dict, config, meta: dict) -> SequenceClassifier:
+    """The model of a run whose checkpoint records `record` (see classify.Predictor)."""
+    pooling = record.get("pooling") or config.task.get("pooling") or "mean"
+    return SequenceClassifier(cfg, 1, pooling, type_separator(meta))
+
+  def numbers(self, texts: list[str], pairs: list[str | None]) -> np.ndarray:
+    """float32 [len(texts)]: each example's predicted number, in order."""
+    meta = self.run.meta
+    rows = encode_examples(self.run.tokenizer, texts, pairs, meta["seq_len"],
+                           meta["separator_id"], self.run.template)
+    out = np.zeros(len(rows), np.float32)
+    for batch, ids in padded_batches(rows, self.buckets, self.batch_size, meta["pad_id"]):
+      out[batch] = np.asarray(self._numbers(self.params, ids))[:len(batch)]
+    return out
+
+  def read(self, record: dict, where: str) -> tuple:
+    """((text, pair), the line's number or NaN where it has none)."""
+    label, field = record.get(self.fields["label"]), self.fields["label"]
+    return line_texts(record, self.fields, where), (
+        np.nan if label is None else examples.target(label, where, field))
+
+  def predict(self, chunk: list) -> tuple[list[dict], list]:
+    numbers = self.numbers([t for t, _ in chunk], [p for _, p in chunk])
+    return [{"score": float(n)} for n in numbers], numbers.tolist()
+
+  def scores(self, true: list, predicted: list) -> dict | None:
+    true, predicted = np.asarray(true, np.float64), np.asarray(predicted, np.float64)
+    labelled = ~np.isnan(true)
+    if not labelled.any():
+      return None
+    true, predicted = true[labelled], predicted[labelled]
+    return {"mse": float(np.mean((predicted - true) ** 2)),
+            "pearson": pearson(predicted, true), "spearman": spearman(predicted, true)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,6 +177,7 @@ DEFINITION = Definition(
                 metrics={"pearson": "Pearson", "spearman": "Spearman"}, baseline=None,
                 score_range=(-1, 1), accuracy_title="Held-out correlation with the labels"),
     summary=summary,
+    predictor=Regressor,
     check=finetune.check,
     tokenizer=lambda config, workdir: finetune.run_tokenizer(workdir),
 )

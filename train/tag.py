@@ -26,9 +26,13 @@ import numpy as np
 import optax
 
 from flax_encoder.classifier import macro_f1
+from flax_encoder.inference import default_buckets, padded_batches
 from flax_encoder.token_classifier import TokenClassifier
+from flax_encoder.tokenizer import encode_words
 from train import examples, finetune
+from train.errors import RunError
 from train.optim import smoothed_loss_sum
+from train.supervised import FineTuned, SupervisedTask, run_of
 from train.task import Definition, Field, Plots, Resume, Setup, string
 
 
@@ -86,7 +90,7 @@ def entity_counts(scheme: BIO, true, predicted, tagged) -> tuple:
 
 
 @dataclasses.dataclass(frozen=True)
-class TagTask:
+class TagTask(SupervisedTask):
   """Tagging as `train.step` runs it (see `train.step.Task`). A batch holds 'tokens'
   [batch, seq] and 'labels' [batch, seq]: a word's tag at its first id, -1 at every other
   position (special ids, a word's other ids, padding, the rows that pad the last held-out
@@ -97,23 +101,15 @@ class TagTask:
   baseline_tag: int  # the training data's commonest tag
   scheme: BIO | None  # where the tags are BIO: entities are counted
 
-  def init(self, rng: jax.Array, seq_len: int):
-    return self.model.init(rng, jnp.ones((1, seq_len), jnp.int32))["params"]
-
-  def batch(self, rows: dict, key: jax.Array) -> dict:
-    return rows  # nothing drawn: the examples are the batch
-
   def loss_count(self, batch: dict) -> jax.Array:
     return jnp.sum(batch["labels"] >= 0)
 
   def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
-    logits = self.model.apply({"params": params}, batch["tokens"], deterministic=False,
-                              rngs={"dropout": dropout_rng})
-    return smoothed_loss_sum(logits, batch["labels"], batch["labels"] >= 0,
-                             self.label_smoothing)
+    return smoothed_loss_sum(self.outputs(params, batch, dropout_rng), batch["labels"],
+                             batch["labels"] >= 0, self.label_smoothing)
 
   def eval_sums(self, params, batch: dict) -> dict:
-    logits = self.model.apply({"params": params}, batch["tokens"])
+    logits = self.outputs(params, batch)
     labels = batch["labels"]
     tagged = labels >= 0
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(labels, 0))
@@ -121,11 +117,6 @@ class TagTask:
                        self.scheme),
             "ce": jnp.sum(ce * tagged),
             "baseline_correct": jnp.sum((labels == self.baseline_tag) & tagged)}
-
-  @staticmethod
-  def token_count(rows: dict) -> int:
-    """Ids in a batch of examples, padding included."""
-    return int(rows["tokens"].size)
 
   @staticmethod
   def eval_metrics(sums: dict) -> dict:
@@ -168,6 +159,77 @@ def entity_f1(true, predicted, right) -> float:
   """F1 over entities from their counts (`entity_counts`); 0 where there are none."""
   total = float(true) + float(predicted)
   return 2 * float(right) / total if total else 0.0
+
+
+class Tagger:
+  """A fine-tuned tagger (`run`: a tag run's workdir, or the run read): words in, a tag per
+  word out, laid out as the run's examples were (`encode_words`)."""
+
+  def __init__(self, run: FineTuned | str, batch_size: int = 64):
+    run = run_of(run, "tag")
+    self.run, self.batch_size, self.fields = run, batch_size, run.meta["fields"]
+    self.labels, self.scheme = run.labels, BIO.of(run.labels)
+    self.tags_of = {t: i for i, t in enumerate(self.labels)}
+    self.params = jax.device_put(run.params)
+    self.buckets = default_buckets(run.model.config, run.meta["seq_len"])
+    self._tags = jax.jit(
+        lambda params, ids: jnp.argmax(run.model.apply({"params": params}, ids), -1))
+
+  @staticmethod
+  def model_for(cfg, record: dict, config, meta: dict) -> TokenClassifier:
+    """The model of a run whose checkpoint records `record`: with the prediction head where
+    the run recorded one (from a ModernBERT directory)."""
+    return TokenClassifier(cfg, len(record["labels"]), head=record.get("head", False))
+
+  def tag_indices(self, texts: list[list[str]]) -> list[np.ndarray]:
+    """Each text's predicted tag per word (an index into `labels`; -1 for a word the model
+    does not see: cut off by seq_len, or tokenized to nothing), in order."""
+    meta = self.run.meta
+    laid = encode_words(self.run.tokenizer, texts, meta["seq_len"], self.run.template)
+    out = [None] * len(laid)
+    for batch, ids in padded_batches([row for row, _ in laid], self.buckets, self.batch_size,
+                                     meta["pad_id"]):
+      predicted = np.asarray(self._tags(self.params, ids))
+      for j, i in enumerate(batch):
+        first = laid[i][1]
+        out[i] = np.where(first >= 0, predicted[j][np.maximum(first, 0)], -1)
+    return out
+
+  def read(self, record: dict, where: str) -> tuple:
+    """(words, tag indices or None where the line has no tags)."""
+    words, tags = record.get(self.fields["tokens"]), record.get(self.fields["tags"])
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+      raise RunError(f"{where}: expected a list of strings {self.fields['tokens']!r} (the "
+                     f"words)")
+    if tags is None:
+      return words, None
+    if not isinstance(tags, list) or len(tags) != len(words):
+      raise RunError(f"{where}: {self.fields['tags']!r}: expected a list of one tag per word "
+                     f"({len(words)}), or none")
+    unknown = [t for t in tags if not examples.known(t, self.tags_of)]
+    if unknown:
+      raise RunError(f"{where}: tag {unknown[0]!r}, expected one of the run's tags "
+                     f"{self.labels[:10]}")
+    return words, [self.tags_of[t] for t in tags]
+
+  def predict(self, chunk: list) -> tuple[list[dict], list]:
+    indices = self.tag_indices(chunk)
+    return [{"tags": [None if i < 0 else self.labels[i] for i in row.tolist()]}
+            for row in indices], indices
+
+  def scores(self, true: list, predicted: list) -> dict | None:
+    """Over the words the model saw of the tagged lines: `tag_metrics`."""
+    pairs = [(t, p) for t, p in zip(true, predicted) if t is not None]
+    if not pairs:
+      return None
+    width = max([len(t) for t, _ in pairs] + [1])
+    rows = np.full((2, len(pairs), width), -1, np.int64)
+    for i, (t, p) in enumerate(pairs):
+      rows[0, i, :len(t)], rows[1, i, :len(p)] = t, p
+    tagged = (rows[0] >= 0) & (rows[1] >= 0)
+    sums = tag_sums(np.maximum(rows[0], 0), np.maximum(rows[1], 0), tagged, len(self.labels),
+                    self.scheme)
+    return tag_metrics(jax.device_get(sums))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,6 +303,7 @@ DEFINITION = Definition(
                 baseline=("baseline_accuracy", "baseline: majority tag"),
                 accuracy_title="Held-out word accuracy and F1"),
     summary=summary,
+    predictor=Tagger,
     check=finetune.check,
     tokenizer=lambda config, workdir: finetune.run_tokenizer(workdir),
 )

@@ -2,9 +2,9 @@
 
 A task is one module that defines `DEFINITION = Definition(...)`: its name, its config fields
 and their checks, the setup that builds its model and data, the labels of its plots, the
-line that sums up a finished run, and what `python -m train.export` writes of it. The loop,
-checkpoints, metrics, plots, export and the settings checks read those facts from here and
-know no task by name.
+line that sums up a finished run, what `python -m train.export` writes of it and what
+`python -m train.predict` runs. The loop, checkpoints, metrics, plots, predict, export and the
+settings checks read those facts from here and know no task by name.
 
 Adding a task takes one module that defines DEFINITION, one config file in configs/, and its
 module's name in `train.tasks.DEFINITIONS`. `train.masked_lm` (pretraining), `train.classify`,
@@ -203,6 +203,13 @@ class Definition:
     summary: the last evaluation's metrics -> the line a finished run prints.
     export: (workdir, out, options) -> the path written, for `python -m train.export`; None
       exports the encoder alone.
+    predictor: what `python -m train.predict` runs, for a task that predicts (the supervised
+      ones: `train.supervised`): built as predictor(run, batch_size) from the run read back,
+      it reads an input line (`read(record, where)` -> (example, label or a stand-in for
+      none)), predicts a chunk of examples (`predict(examples)` -> (output lines,
+      predictions)) and scores the labelled ones (`scores(labels, predictions)`); its
+      `model_for(cfg, record, config, meta)` rebuilds the run's model from a checkpoint's
+      record. None: the task predicts nothing (pretraining).
     check: cross-field checks of the config (RunError), after each field's own.
     tokenizer: (config, workdir) -> the run's tokenizer (train.tokens.Tokenizer), its ids
       numbered as the model's; None: the prepared data's (train.dataset.run_tokenizer).
@@ -214,5 +221,6 @@ class Definition:
   plots: Plots
   summary: Callable[[dict], str]
   export: Callable[..., str] | None = None
+  predictor: Any = None
   check: Callable[[Any], None] | None = None
   tokenizer: Callable[..., Any] | None = None

@@ -1,0 +1,109 @@
+"""What the supervised tasks (classify, regress, tag) share: the part of the step a model of
+labelled examples has, a finished or running run read back for prediction and export, and
+the texts of an input line.
+
+Each of those tasks defines its `Predictor` (`train.task.Definition.predictor`): built from a
+run read back (`FineTuned`), it reads the lines `python -m train.predict` is given, predicts a
+chunk of them and scores the labelled ones as the run's evaluation does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from flax_encoder.tokenizer import Template
+from train import examples, finetune
+from train.errors import RunError
+from train.load import load_config, load_params, recorded_encoder_config
+
+
+@dataclasses.dataclass(frozen=True)
+class SupervisedTask:
+  """The part of `train.task.Task` a model of labelled examples has: a batch holds 'tokens'
+  [batch, seq] beside its labels, nothing is drawn, and every id counts."""
+
+  model: nn.Module
+
+  def init(self, rng: jax.Array, seq_len: int):
+    return self.model.init(rng, jnp.ones((1, seq_len), jnp.int32))["params"]
+
+  def batch(self, rows: dict, key: jax.Array) -> dict:
+    return rows  # nothing drawn: the examples are the batch
+
+  def outputs(self, params, batch: dict, dropout_rng: jax.Array | None = None) -> jax.Array:
+    """The model's outputs for the batch's tokens: with dropout where `dropout_rng` is
+    given (training), without (evaluation)."""
+    if dropout_rng is None:
+      return self.model.apply({"params": params}, batch["tokens"])
+    return self.model.apply({"params": params}, batch["tokens"], deterministic=False,
+                            rngs={"dropout": dropout_rng})
+
+  @staticmethod
+  def token_count(rows: dict) -> int:
+    """Ids in a batch of examples, padding included."""
+    return int(rows["tokens"].size)
+
+
+@dataclasses.dataclass(frozen=True)
+class FineTuned:
+  """A fine-tuning run read back from its workdir: its task's name, its model and parameters
+  (the newest verified checkpoint's), its classes or tags (None for regression), its examples'
+  dataset.json and its tokenizer."""
+
+  task: str
+  model: nn.Module
+  params: dict
+  labels: list | None
+  meta: dict
+  tokenizer: object  # flax_encoder.tokenizer.Tokenizer, its ids numbered as the model's
+
+  @property
+  def template(self) -> Template | None:
+    """The special ids a Hugging Face tokenizer puts around the examples, or None."""
+    template = self.meta.get("template")
+    return Template.from_dict(template) if template else None
+
+
+def read_run(workdir: str) -> FineTuned:
+  """The fine-tuning run in `workdir`; RunError for a run of a task that predicts nothing."""
+  from train import tasks  # the registry imports the tasks, which import this module
+  config = load_config(workdir)
+  name = config.task.get("name", "masked_lm")
+  predictor = tasks.definition(name).predictor
+  if predictor is None:
+    raise RunError(f"--workdir {workdir}: a {name} run, expected a fine-tuning run (one of "
+                   f"{tuple(n for n, d in tasks.DEFINITIONS.items() if d.predictor)})")
+  meta = examples.load_examples(os.path.join(workdir, "data"))["meta"]
+  model_for = lambda record: predictor.model_for(recorded_encoder_config(record), record,
+                                                 config, meta)
+
+  def init_for(record):
+    model = model_for(record)
+    return lambda: model.init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
+
+  params, record = load_params(workdir, init_for)
+  return FineTuned(name, model_for(record), params, record.get("labels"), meta,
+                   finetune.run_tokenizer(workdir, meta))
+
+
+def run_of(run: FineTuned | str, task: str) -> FineTuned:
+  """`run` (a workdir, or the run read), which must be a `task` run."""
+  given = run if isinstance(run, str) else "the run"
+  run = read_run(run) if isinstance(run, str) else run
+  if run.task != task:
+    raise RunError(f"--workdir {given}: a {run.task} run, expected a {task} run")
+  return run
+
+
+def line_texts(record: dict, fields: dict, where: str) -> tuple[str, str | None]:
+  """(text, pair or None) of an input line, under the run's text and pair fields."""
+  text, pair = record.get(fields["text"]), record.get(fields["pair"])
+  if not isinstance(text, str) or (pair is not None and not isinstance(pair, str)):
+    raise RunError(f"{where}: expected a string {fields['text']!r} field (and optionally "
+                   f"{fields['pair']!r})")
+  return text, pair
