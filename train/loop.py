@@ -86,16 +86,24 @@ class StopRequest:
 
 class _Progress:
   """Step metrics on their way to the host, read once per log step (the loop's only host
-  sync): checked for a non-finite loss, written with the log window's throughput, shown on
-  the progress bar, which counts the steps that have finished, not those dispatched."""
+  read): checked for a non-finite loss, written with the log window's throughput, shown on
+  the progress bar, which counts the steps that have finished, not those dispatched, with the
+  window's tokens/s so far every few seconds. The loop runs at most `IN_FLIGHT` steps ahead of
+  the device: enough to keep it busy, few enough that the bar moves at every step (unbounded,
+  a window of log_every steps was dispatched at once and the bar moved once per window)."""
+
+  IN_FLIGHT = 2
+  SHOW_EVERY_S = 2.0  # the throughput on the bar, at most this often
 
   def __init__(self, writer: MetricWriter | None, bar: tqdm, log_every: int,
                flops_at_peak: float | None = None):
     self.writer, self.bar, self.log_every = writer, bar, log_every
+    self.shown, self.postfix = time.perf_counter(), {}
     # A step's flops on a device over the device's peak flop/s: the seconds a step would take
     # at peak (None where either is unknown); with the window's steps, its MFU.
     self.flops_at_peak = flops_at_peak
     self.pending = []  # (step, device metrics) not yet read
+    self.counts = []  # their tokens
     self.finished = 0  # of them, those whose step is done (shown on the bar)
     # The log window: its start, tokens trained, and seconds the loop waited for the next
     # batch (steps run asynchronously, so a window is input-bound when that wait nears its
@@ -105,16 +113,27 @@ class _Progress:
 
   def add(self, step: int, metrics: dict, tokens: int, data_wait_s: float) -> None:
     self.pending.append((step, metrics))
+    self.counts.append(tokens)
     self.tokens += tokens
     self.data_wait_s += data_wait_s
-    while self.finished < len(self.pending) and self.pending[self.finished][1]["loss"].is_ready():
+    while self.finished < len(self.pending):
+      loss = self.pending[self.finished][1]["loss"]
+      if len(self.pending) - self.finished > self.IN_FLIGHT:
+        loss.block_until_ready()
+      elif not loss.is_ready():
+        break
       self.finished += 1
       self.bar.update(1)
+    now = time.perf_counter()
+    if self.finished and now - self.shown >= self.SHOW_EVERY_S:
+      self.shown = now
+      self.postfix["tok_s"] = f"{sum(self.counts[:self.finished]) / (now - self.start):,.0f}"
+      self.bar.set_postfix(self.postfix)
 
   def flush(self, step: int, shares: dict) -> tuple[int, float] | None:
     """Reads and records the pending metrics, with the window's `shares` of the data sources;
     returns (step, loss) of a non-finite loss."""
-    fetched, self.pending = jax.device_get(self.pending), []
+    fetched, self.pending, self.counts = jax.device_get(self.pending), [], []
     self.bar.update(len(fetched) - self.finished)
     self.finished = 0
     bad = next(((s, m["loss"]) for s, m in fetched if not np.isfinite(m["loss"])), None)
@@ -131,8 +150,9 @@ class _Progress:
     for s, m in fetched:
       if self.writer and (s % self.log_every == 0 or s == step):
         self.writer.write(s, "train", {**m, **window})
-    self.bar.set_postfix(loss=f"{fetched[-1][1]['loss']:.3f}",
-                         tok_s=f"{window['tokens_per_s']:,.0f}")
+    self.postfix = {"loss": f"{fetched[-1][1]['loss']:.3f}",
+                    "tok_s": f"{window['tokens_per_s']:,.0f}"}
+    self.bar.set_postfix(self.postfix)
     return None
 
 

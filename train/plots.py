@@ -35,19 +35,20 @@ def plot_run(records: list[dict], schedule, num_steps: int, out_dir: str, labels
   ax.plot(*_series(records, "eval", "loss"), "o-", label=labels.eval_loss)
   if labels.loss_baseline:
     metric, label = labels.loss_baseline
-    ax.plot(*_series(records, "eval", metric), "--", label=label)
-  ax.set(xlabel="step", ylabel=f"loss ({labels.loss_unit})", title=labels.loss_title)
+    ax.plot(*_series(records, "eval", metric), "x--", label=label)
+  ax.set(xlabel="step", ylabel=f"loss ({labels.loss_unit})", title=labels.loss_title,
+         xlim=(0, num_steps))
   ax.legend()
   paths.append(_save(fig, out_dir, "loss.png"))
 
   fig, ax = plt.subplots(figsize=(6, 4))
   for metric, label in labels.metrics.items():
     ax.plot(*_series(records, "eval", metric), "o-", label=label)
-  if labels.baseline:
+  if labels.baseline:  # marked, as the scores are: a single evaluation is a point, no line
     metric, label = labels.baseline
-    ax.plot(*_series(records, "eval", metric), "--", label=label)
+    ax.plot(*_series(records, "eval", metric), "x--", label=label)
   ax.set(xlabel="step", ylabel="held-out score", ylim=labels.score_range,
-         title=labels.accuracy_title)
+         title=labels.accuracy_title, xlim=(0, num_steps))
   ax.legend()
   paths.append(_save(fig, out_dir, "accuracy.png"))
 

@@ -90,7 +90,8 @@ def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
   chunks = examples.chunked(lines(), _CHUNK, lambda line: line[0])
   try:  # an error, Ctrl-C or SIGTERM (main) leaves no half-written file behind
     with written_whole(out_path) as tmp, open(tmp, "w") as out, tqdm(
-        desc="predict", unit="line", dynamic_ncols=True, disable=not show) as bar:
+        desc="predict", unit="line", total=_total(source) if show else None,
+        dynamic_ncols=True, disable=not show) as bar:
       for chunk in chunks:
         written, predictions = predictor.predict([example for example, _ in chunk])
         out.writelines(json.dumps(line) + "\n" for line in written)
@@ -103,6 +104,15 @@ def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
   labelled = sum(not _unlabelled(t) for t in true)
   return Predicted(len(true), labelled, predictor.scores(true, predicted) if labelled else None,
                    cut)
+
+
+def _total(source: sources.Source) -> int | None:
+  """The lines of the input, for the bar's total and time left; None where they cannot be
+  counted (a file that does not read: the prediction says why)."""
+  try:
+    return source.count()
+  except Exception:  # noqa: BLE001 - a file that does not read: the reading after says why
+    return None
 
 
 def _is_cut(example, seq_len: int) -> bool:

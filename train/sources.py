@@ -287,6 +287,15 @@ class Source:
         raise PrepareError(f"{self.path}:{number}: not a JSON object")
       yield number, record
 
+  def count(self) -> int:
+    """How many records `records()` yields (a progress bar's total): the non-blank lines, read
+    without parsing them, or the rows a Parquet file's metadata counts."""
+    if self.format == "parquet":
+      with self._parquet() as table:
+        return table.metadata.num_rows
+    with open(self.path, "rb") as stored, _decompressing(stored, self.compression) as f:
+      return sum(1 for line in f if line.strip())
+
   def _parts(self, records: Iterator) -> Iterator[tuple[int, object]]:
     """(part, record) of the records in the parts kept."""
     for r, record in enumerate(records):
