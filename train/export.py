@@ -53,6 +53,7 @@ def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None
     raise ExportError(f"--out must end in {', '.join(SUFFIXES)}, got {out!r}")
   if out.endswith(_TORCH):
     try:
+      import torch  # noqa: F401 - the converters need it; the bridge's names load lazily
       from flax_encoder.pytorch import LAYOUTS
     except ImportError as e:
       raise ExportError(f"--out {out}: PyTorch weights need the torch extra "
