@@ -261,7 +261,7 @@ def _bert_directory(directory: str, tiny: bool) -> str:
   from benchmarks import hf
   from flax_encoder import Encoder
   from flax_encoder.heads import MaskedLMHead
-  from flax_encoder.pytorch.hf import config_from_hf, hf_config, to_hf_state_dict
+  from flax_encoder.families import config_from_hf, hf_config, to_hf_state_dict
   config = config_from_hf({"model_type": "bert", **(hf.TINY if tiny else hf.BERT_BASE)})
   encoder_key, head_key = jax.random.split(jax.random.key(0))
   params = nn.unbox(Encoder(config).init(encoder_key, jnp.ones((1, 8), jnp.int32))["params"])
@@ -344,10 +344,9 @@ def attention(tiny: bool, variant=None) -> dict:
   import numpy as np
 
   from benchmarks.bench import interleaved
-  from flax_encoder.attention import (KERNEL_BACKENDS, SEGMENT_KERNEL_FUNCTIONS as kernels,
-                                      fused_attention, scaled_dot_product_attention)
-  impls = ["reference", "xla"] + [k for k, (backend, _) in KERNEL_BACKENDS.items()
-                                  if backend == jax.default_backend()]
+  from flax_encoder.kernels import KERNELS
+  from flax_encoder.reference_attention import scaled_dot_product_attention
+  impls = [k.name for k in KERNELS.values() if k.backend in (None, jax.default_backend())]
   heads, head_dim = (2, 16) if tiny else (8, 64)
   rows = []
   for seq, batch in ((64, 2), (128, 2)) if tiny else ((512, 8), (2048, 2), (8192, 1)):
@@ -365,12 +364,13 @@ def attention(tiny: bool, variant=None) -> dict:
     cotangent = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
     runners, errors = {}, {}
     for impl in impls:
-      if impl == "reference":
-        fn = lambda q, k, v: scaled_dot_product_attention(q, k, v, mask)[0]
-      elif impl in kernels:
-        fn = lambda q, k, v, impl=impl: kernels[impl](q, k, v, segments)
+      kernel = KERNELS[impl]
+      if kernel.takes_segment_ids:
+        fn = lambda q, k, v, kernel=kernel: kernel.function(q, k, v, segments)
+      elif kernel.has_dropout:  # the reference, which returns its weights too
+        fn = lambda q, k, v, kernel=kernel: kernel.function(q, k, v, mask)[0]
       else:
-        fn = lambda q, k, v, impl=impl: fused_attention(q, k, v, mask, impl)
+        fn = lambda q, k, v, kernel=kernel: kernel.function(q, k, v, mask)
       errors[impl] = float(np.abs(np.asarray(jax.jit(fn)(q16, k16, v16), np.float32)
                                   - expected)[real].max())  # padding queries mean nothing
       grad = jax.jit(jax.grad(lambda q, k, v, fn=fn: jnp.sum(

@@ -1,14 +1,10 @@
 """Multi-head attention (paper section 3.2.2): the projections, rotary positions, and the
 attention implementation `config.attention_impl` names, run as its entry in `kernels.KERNELS`
-says it can.
-
-Shapes: b = batch, q = query positions, k = key positions, h = heads, d = head_dim.
-"""
+says it can."""
 
 from __future__ import annotations
 
 import functools
-import warnings
 
 import flax.linen as nn
 import jax
@@ -47,10 +43,10 @@ class MultiHeadAttention(nn.Module):
       query: [batch, q, d_model].
       key: [batch, k, d_model]; defaults to `query`.
       value: [batch, k, d_model]; defaults to `key`.
-        mask: bool, True = attend, broadcastable to [batch, heads, q, k]; or the ids of
-        `packing.attention_ids` (int [batch, seq], 0 = padding, negative = padding of a
-        segment), which the kernels that take segment ids need in place of a mask and with
-        which those of `windowed_locals` attend a local layer by windows of them.
+      mask: bool, True = attend, broadcastable to [batch, heads, q, k]; or one int per token
+        from `packing.attention_ids` (int [batch, seq]), which a kernel that takes segment ids
+        needs in place of a mask, and by windows of which a kernel of `windowed_locals`
+        attends in a local layer (see `kernels.Kernel`).
       deterministic: no dropout when True.
       positions: int [batch, seq], each token's position for rotary positions (self-attention;
         default 0 … seq - 1).
@@ -62,9 +58,7 @@ class MultiHeadAttention(nn.Module):
     """
     cfg = self.config
     kernel = KERNELS[cfg.attention_impl]
-    if kernel.deprecated:
-      warnings.warn(f"attention_impl={kernel.name!r} is deprecated: {kernel.deprecated}",
-                    FutureWarning, stacklevel=2)
+    kernel.warn_if_deprecated()
     key = query if key is None else key
     value = key if value is None else value
     batch, q_len, _ = query.shape

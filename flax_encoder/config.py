@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_encoder.kernels import KERNELS, Kernel
+
 NORM_POSITIONS = ("post", "pre")
 POSITION_EMBEDDINGS = ("sinusoidal", "learned", "rotary")
 ACTIVATIONS = {
@@ -30,7 +32,7 @@ ACTIVATIONS = {
     "gelu": functools.partial(jax.nn.gelu, approximate=False),
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),  # GPT-2's, "gelu_new"
 }
-ATTENTION_IMPLS = ("reference", "xla", "cudnn", "splash", "triton")
+ATTENTION_IMPLS = tuple(KERNELS)  # what each can do: kernels.KERNELS[name]
 REMAT_POLICIES = ("none", "full", "save_dots")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -131,10 +133,6 @@ class EncoderConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ConfigError(name, value, "an integer >= 0")
-    if self.position_offset and self.position_embedding != "learned":
-      raise ConfigError("position_offset", self.position_offset,
-                        "0 with position_embedding='sinusoidal' (an offset is a row of a "
-                        "learned table)")
     if isinstance(self.global_attention_every, bool) or not isinstance(
         self.global_attention_every, (int, np.integer)) or self.global_attention_every < 1:
       raise ConfigError("global_attention_every", self.global_attention_every,
@@ -164,22 +162,43 @@ class EncoderConfig:
                  "norm_bias", "first_attention_norm", "scan_layers"):
       if not isinstance(getattr(self, name), (bool, np.bool_)):
         raise ConfigError(name, getattr(self, name), "True or False")
+    self._check_together()
     object.__setattr__(self, "dtype", _canonical_dtype("dtype", self.dtype))
     object.__setattr__(self, "param_dtype", _canonical_dtype("param_dtype", self.param_dtype))
-    if self.attention_impl == "cudnn" and self.dtype.name not in ("bfloat16", "float16"):
+    self._check_kernel(KERNELS[self.attention_impl])
+
+  def _check_together(self) -> None:
+    """ConfigError for switches that only mean something together, set apart: a model nobody
+    has, or one the layers' scan cannot run. One rule a line, naming the fields."""
+    for field, wrong, expected in (
+        ("position_offset", self.position_offset and self.position_embedding != "learned",
+         "0 with position_embedding='sinusoidal' (an offset is a row of a learned table)"),
+        ("first_attention_norm", not self.first_attention_norm and self.norm_position != "pre",
+         "True with norm_position='post' (a layer 0 without its attention norm is Pre-LN's)"),
+        ("scan_layers", self.scan_layers and not self.first_attention_norm,
+         "False: first_attention_norm=False makes layer 0 unlike the others, so the layers "
+         "cannot be stacked for nn.scan"),
+    ):
+      if wrong:
+        raise ConfigError(field, getattr(self, field), expected)
+
+  def _check_kernel(self, kernel: Kernel) -> None:
+    """ConfigError for what the attention kernel cannot do, as `kernels.KERNELS` declares it."""
+    if kernel.dtypes and self.dtype.name not in kernel.dtypes:
       raise ConfigError(
-          "attention_impl", "cudnn",
-          f"'xla' for dtype {self.dtype.name}: cuDNN flash attention ('cudnn') needs dtype "
-          f"bfloat16 or float16")
-    if self.local_attention and self.attention_impl == "triton":
-      raise ConfigError("attention_impl", self.attention_impl,
-                        "'xla' or 'cudnn' with local_attention: JAX's Triton attention kernel "
-                        "takes no window")
-    if self.attention_impl != "reference" and self.attention_dropout > 0:
+          "attention_impl", kernel.name,
+          f"{kernel.fallback!r} for dtype {self.dtype.name}: {kernel.title} ({kernel.name!r}) "
+          f"needs dtype {' or '.join(kernel.dtypes)}")
+    if self.local_attention and not kernel.takes_window:
+      raise ConfigError("attention_impl", kernel.name,
+                        f"{kernel.alternatives(lambda other: other.takes_window)} with "
+                        f"local_attention: {kernel.title} takes no window")
+    if not kernel.has_dropout and self.attention_dropout > 0:
+      with_dropout = " or ".join(repr(k.name) for k in KERNELS.values() if k.has_dropout)
       raise ConfigError(
           "attention_dropout", self.attention_dropout,
-          f"0 with attention_impl={self.attention_impl!r}: the fused kernels have no dropout "
-          f"on the weights (attention_impl='reference' has)")
+          f"0 with attention_impl={kernel.name!r}: the fused kernels have no dropout on the "
+          f"weights (attention_impl={with_dropout} has)")
 
   @classmethod
   def fields(cls, role: str) -> tuple[str, ...]:
@@ -227,6 +246,12 @@ class EncoderConfig:
     """Whether `layer` attends to the whole sequence (else to its local window)."""
     return not self.local_attention or layer % self.global_attention_every == 0
 
+  @property
+  def global_layers(self) -> tuple[bool, ...]:
+    """Per layer, whether it is global (`is_global`): which layers are, as data
+    (transformers' `layer_types`, full_attention or sliding_attention)."""
+    return tuple(self.is_global(i) for i in range(self.n_layers))
+
   @classmethod
   def base(cls, vocab_size: int, **overrides) -> EncoderConfig:
     """The paper's base model: d_model 512, 8 heads, d_ff 2048, 6 layers, dropout 0.1."""
@@ -237,3 +262,45 @@ class EncoderConfig:
     """The paper's big model: d_model 1024, 16 heads, d_ff 4096, 6 layers, dropout 0.3."""
     sizes = dict(d_model=1024, n_heads=16, d_ff=4096, n_layers=6, dropout=0.3)
     return cls(vocab_size=vocab_size, **{**sizes, **overrides})
+
+  # The Hugging Face families' architectures (flax_encoder.families reads and writes each
+  # family's config.json through its preset), at their base models' sizes.
+
+  @classmethod
+  def bert(cls, vocab_size: int, **overrides) -> EncoderConfig:
+    """BERT-base: Post-LN, learned positions (512) and two token types, a LayerNorm on the
+    embeddings and none at the end, exact GELU, LayerNorm eps 1e-12; d_model 768, 12 heads,
+    d_ff 3072, 12 layers, dropout 0.1."""
+    fields = dict(d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=512,
+                  position_embedding="learned", type_vocab_size=2, embedding_scale=False,
+                  embedding_norm=True, final_norm=False, norm_position="post",
+                  layer_norm_eps=1e-12, activation="gelu", dropout=0.1)
+    return cls(vocab_size=vocab_size, **{**fields, **overrides})
+
+  @classmethod
+  def roberta(cls, vocab_size: int, **overrides) -> EncoderConfig:
+    """RoBERTa-base: BERT-base whose positions start after the padding id (pad_id 1,
+    position_offset pad_id + 1), with one token type and LayerNorm eps 1e-5."""
+    pad_id = overrides.get("pad_id", 1)
+    fields = dict(pad_id=pad_id, position_offset=pad_id + 1, type_vocab_size=1,
+                  layer_norm_eps=1e-5)
+    return cls.bert(vocab_size, **{**fields, **overrides})
+
+  @classmethod
+  def distilbert(cls, vocab_size: int, **overrides) -> EncoderConfig:
+    """DistilBERT-base: BERT-base of 6 layers, without token types."""
+    return cls.bert(vocab_size, **{**dict(n_layers=6, type_vocab_size=0), **overrides})
+
+  @classmethod
+  def modernbert(cls, vocab_size: int, **overrides) -> EncoderConfig:
+    """ModernBERT-base: Pre-LN without layer 0's attention norm and with a final LayerNorm,
+    rotary positions (base 160,000 global, 10,000 local), global attention every third layer
+    and a window of 128 in the others, GeGLU, no biases, exact GELU; d_model 768, 12 heads,
+    d_ff 1152, 22 layers, 8192 positions, pad_id 50283, no dropout."""
+    fields = dict(d_model=768, n_heads=12, d_ff=1152, n_layers=22, max_len=8192, pad_id=50283,
+                  position_embedding="rotary", rope_theta=160000.0, local_rope_theta=10000.0,
+                  local_attention=128, global_attention_every=3, glu=True, dense_bias=False,
+                  norm_bias=False, first_attention_norm=False, norm_position="pre",
+                  final_norm=True, embedding_scale=False, embedding_norm=True,
+                  activation="gelu", dropout=0.0)
+    return cls(vocab_size=vocab_size, **{**fields, **overrides})

@@ -11,12 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder.attention import SEGMENT_KERNELS
 from flax_encoder.config import EncoderConfig
 from flax_encoder.dropout import Dropout
 from flax_encoder.embedding import PositionalEncoding
 from flax_encoder.inputs import (check_packing, check_token_shape, check_token_types,
                                  check_token_values)
+from flax_encoder.kernels import KERNELS
 from flax_encoder.layer import EncoderLayer, layer_norm
 from flax_encoder.masks import check_mask, padding_mask
 from flax_encoder.packing import attention_ids, segment_mask
@@ -75,10 +75,10 @@ class Encoder(nn.Module):
         `tokens != pad_id`.
       segment_ids: int [batch, seq], for rows that pack several sequences: a token attends
         only to tokens of its own segment; 0 marks padding (`flax_encoder.packing`). Combined
-        with `mask` when both are given. attention_impl 'splash' and 'triton' take no mask:
-        segment ids (or, without them, the padding) go to their kernels; so do the local
-        layers of 'xla' and 'cudnn' when no `mask` is given (`windowed_attention`: no
-        [seq, seq] array).
+        with `mask` when both are given. An attention kernel that takes segment ids
+        (`kernels.KERNELS` says which) takes no mask: segment ids (or, without them, the
+        padding) go to it; so do the local layers of a kernel of `windowed_locals` when no
+        `mask` is given (`windowed_attention`: no [seq, seq] array).
       positions: int [batch, seq], each token's position in its sequence, in [0, max_len);
         defaults to 0 … seq - 1 (with a position_offset, the count of real tokens before it,
         as transformers' RoBERTa has it). For packed rows,
@@ -97,14 +97,15 @@ class Encoder(nn.Module):
     check_token_types(token_types, tokens.shape, cfg.type_vocab_size)
     batch, seq = tokens.shape
 
+    kernel = KERNELS[cfg.attention_impl]
     if mask is not None:
       check_mask(mask, batch, cfg.n_heads, seq, seq)
-    if cfg.attention_impl in SEGMENT_KERNELS and mask is not None:
-      raise ValueError(f"attention_impl={cfg.attention_impl!r} attends by segment ids, not "
-                       f"by a mask: pass segment_ids (padding, pad_id tokens, is left out "
-                       f"either way)")
-    if cfg.attention_impl in SEGMENT_KERNELS or (
-        cfg.local_attention and cfg.attention_impl in ("xla", "cudnn") and mask is None):
+    if kernel.takes_segment_ids and mask is not None:
+      raise ValueError(f"attention_impl={kernel.name!r} attends by segment ids, not by a "
+                       f"mask: pass segment_ids (padding, pad_id tokens, is left out either "
+                       f"way)")
+    if kernel.takes_segment_ids or (
+        cfg.local_attention and kernel.windowed_locals and mask is None):
       # One int per token, never a [seq, seq] mask: the kernels take segment ids, and the
       # local layers of the fused paths attend by windows of them (windowed_attention).
       mask = attention_ids(tokens, cfg.pad_id, segment_ids)
@@ -142,19 +143,16 @@ class Encoder(nn.Module):
 
     layer = _layer_class(cfg)
     if cfg.scan_layers:
-      if not cfg.first_attention_norm:
-        raise ValueError("EncoderConfig.first_attention_norm=False makes layer 0 unlike the "
-                         "others: it cannot be scanned (scan_layers=False)")
       scan = nn.scan(_scan_body, variable_axes={"params": 0, "intermediates": 0},
                      split_rngs={"params": True, "dropout": True},
                      in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
                      length=cfg.n_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-      is_global = jnp.asarray([cfg.is_global(i) for i in range(cfg.n_layers)])
-      x, _ = scan(layer(cfg, name="layers"), x, is_global, mask, deterministic, rotary)
+      x, _ = scan(layer(cfg, name="layers"), x, jnp.asarray(cfg.global_layers), mask,
+                  deterministic, rotary)
     else:
-      for i in range(cfg.n_layers):
+      for i, is_global in enumerate(cfg.global_layers):
         x = layer(cfg, first=i == 0, name=f"layers_{i}")(x, mask, deterministic, rotary,
-                                                           cfg.is_global(i))
+                                                           is_global)
 
     if cfg.final_norm:
       x = layer_norm(cfg, "norm")(x)

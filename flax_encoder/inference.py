@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder.attention import SEGMENT_KERNELS, check_kernel_length, kernel_takes
 from flax_encoder.config import EncoderConfig
 from flax_encoder.encoder import Encoder
 from flax_encoder.inputs import check_packing, check_token_shape, check_token_values
+from flax_encoder.kernels import KERNELS
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
 
@@ -29,11 +29,9 @@ DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
 def default_buckets(config: EncoderConfig, longest: int) -> list[int]:
   """DEFAULT_BUCKETS below `longest`, then `longest`: those of them the attention kernel of
   `config` takes (the Pallas kernels take lengths of whole blocks only)."""
-  buckets = [b for b in DEFAULT_BUCKETS if b < longest] + [longest]
-  if config.attention_impl not in SEGMENT_KERNELS:
-    return buckets
-  check_kernel_length(config.attention_impl, longest)  # the longest must fit: a ValueError
-  return [b for b in buckets if kernel_takes(config.attention_impl, b)]
+  kernel = KERNELS[config.attention_impl]
+  kernel.check_length(longest)  # the longest must fit: a ValueError
+  return [b for b in DEFAULT_BUCKETS if b < longest and kernel.takes_length(b)] + [longest]
 
 
 def padded_batches(rows: Sequence[np.ndarray], buckets: Sequence[int], batch_size: int,
@@ -74,8 +72,7 @@ class BucketedEncoder:
     for b in buckets:
       if not 0 < b <= config.max_len:
         raise ValueError(f"buckets must lie in [1, max_len={config.max_len}], got {b}")
-      if config.attention_impl in SEGMENT_KERNELS:
-        check_kernel_length(config.attention_impl, b)
+      KERNELS[config.attention_impl].check_length(b)
     if batch_multiple < 1:
       raise ValueError(f"batch_multiple must be >= 1, got {batch_multiple}")
     self.config = config

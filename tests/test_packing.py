@@ -116,7 +116,7 @@ def _implementations():
 def test_no_implementation_attends_across_a_segment_boundary(impl):
   # Rows of 256 (Splash's blocks are 128) packing sequences that straddle block boundaries,
   # then padding. Changing every token outside a sequence must not change its outputs.
-  from flax_encoder.attention import interpret_kernels
+  from flax_encoder.kernels import interpret_kernels
   cfg = EncoderConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=2, max_len=256,
                       dropout=0.0, attention_impl=impl,
                       dtype="bfloat16" if impl == "cudnn" else "float32")
@@ -158,7 +158,7 @@ def test_the_pallas_kernels_refuse_what_they_cannot_do(tiny_config, impl, backen
   if jax.default_backend() != backend:
     with pytest.raises(ValueError, match=f"Pallas kernel for {device}.*interpret_kernels"):
       Encoder(cfg).init(jax.random.key(0), tokens)
-  from flax_encoder.attention import interpret_kernels
+  from flax_encoder.kernels import interpret_kernels
   with interpret_kernels(), pytest.raises(
       ValueError, match=r"multiple of 128 tokens.* \(the kernel.s blocks\), got 24"):
     Encoder(cfg).init(jax.random.key(0), tokens)
@@ -168,7 +168,7 @@ def test_the_pallas_kernels_refuse_what_they_cannot_do(tiny_config, impl, backen
 
 @pytest.mark.parametrize("impl", ["splash", "triton"])
 def test_the_pallas_kernels_train_as_the_reference_does_and_lower_for_their_device(impl):
-  from flax_encoder.attention import interpret_kernels, splash_attention, triton_attention
+  from flax_encoder.kernels import interpret_kernels, splash_attention, triton_attention
   cfg = EncoderConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=1, max_len=128,
                       dropout=0.0)
   segments = np.repeat(np.array([[1, 2, 3, 0]]), 32, axis=1)
@@ -199,7 +199,7 @@ def test_the_pallas_kernels_train_as_the_reference_does_and_lower_for_their_devi
 
 
 def test_bucketed_inference_with_a_pallas_kernel_pads_to_whole_blocks():
-  from flax_encoder.attention import interpret_kernels
+  from flax_encoder.kernels import interpret_kernels
   cfg = EncoderConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=1, max_len=256,
                       dropout=0.0, attention_impl="splash")
   tokens = np.random.default_rng(0).integers(1, 50, (2, 40)).astype(np.int32)

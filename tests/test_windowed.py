@@ -1,4 +1,4 @@
-"""Sliding-window attention without a [seq, seq] mask (`attention.windowed_attention`): the
+"""Sliding-window attention without a [seq, seq] mask (`windowed.windowed_attention`): the
 same numbers and gradients as the full-mask path, padded, packed and past the ends, in the
 Encoder's local layers under attention_impl 'xla', and no [seq, seq] array in its program."""
 
@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from flax_encoder import Encoder, EncoderConfig, segment_positions
-from flax_encoder.attention import fused_attention, local_window, windowed_attention
+from flax_encoder.kernels import fused_attention
 from flax_encoder.layer import EncoderLayer
 from flax_encoder.packing import attention_ids, ids_mask
+from flax_encoder.windowed import local_window, windowed_attention
 
 pytestmark = pytest.mark.library
 
@@ -112,7 +113,7 @@ def test_a_local_layer_builds_no_seq_by_seq_array_forward_or_backward():
 def test_splash_takes_the_window_as_its_local_mask(scan):
   # Splash (interpret mode here) skips the blocks outside the band; rows of 256 (its blocks
   # are 128), packed, with a window of 32, equal the reference at every real token.
-  from flax_encoder.attention import interpret_kernels
+  from flax_encoder.kernels import interpret_kernels
   config = _config(max_len=256, local_attention=32, scan_layers=scan)
   rng = np.random.default_rng(0)
   segments = np.zeros((1, 256), np.int32)

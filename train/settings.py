@@ -62,19 +62,19 @@ def check_seq_len(cfg: EncoderConfig, seq_len: int) -> None:
 
 def _check_kernel(cfg: EncoderConfig, seq_len: int) -> None:
   """RunError if the attention kernel of `cfg` cannot run on this backend or take windows of
-  `seq_len` (flax_encoder.attention knows which can)."""
-  from flax_encoder.attention import SEGMENT_KERNELS, check_backend, check_kernel_length
+  `seq_len` (flax_encoder.kernels.KERNELS declares what each can)."""
+  from flax_encoder.kernels import KERNELS
+  kernel = KERNELS[cfg.attention_impl]
   try:
-    check_backend(cfg.attention_impl, offer_interpret=False)
+    kernel.check_backend(offer_interpret=False)
   except ValueError as e:
     raise RunError(f"config.model.attention_impl: {cfg.attention_impl!r} needs another "
                    f"backend: {e}") from None
-  if cfg.attention_impl in SEGMENT_KERNELS:
-    try:
-      check_kernel_length(cfg.attention_impl, seq_len)
-    except ValueError as e:
-      raise RunError(f"config.train.seq_len: {seq_len}, expected one "
-                     f"attention_impl={cfg.attention_impl!r} takes ({e})") from None
+  try:
+    kernel.check_length(seq_len)
+  except ValueError as e:
+    raise RunError(f"config.train.seq_len: {seq_len}, expected one "
+                   f"attention_impl={cfg.attention_impl!r} takes ({e})") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from flax_encoder.attention import MASK_FILL
+from flax_encoder.reference_attention import MASK_FILL
 from flax_encoder.config import EncoderConfig
 from flax_encoder.pytorch.layouts import check_layout
 
