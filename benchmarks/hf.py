@@ -1,4 +1,4 @@
-r"""A Hugging Face BERT in Flax (`flax_encoder.pytorch.load_hf`) against transformers' own
+r"""A Hugging Face BERT in Flax (`flax_encoder.families.load_hf`) against transformers' own
 BertForMaskedLM: the same weights, the same batches, the same masked-LM training step.
 
   python -m benchmarks.hf --out benchmarks/results/hf.json     # BERT-base at 8x128: minutes
@@ -55,8 +55,8 @@ import optax
 from benchmarks import bench
 from benchmarks.workload import flops_per_token
 from flax_encoder import Encoder, EncoderConfig
+from flax_encoder.families import load_hf
 from flax_encoder.heads import MaskedLMHead
-from flax_encoder.pytorch.hf import load_hf
 from train.host import keep_freed_memory
 
 MASK_RATE = 0.15

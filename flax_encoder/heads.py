@@ -10,7 +10,7 @@
 transposed (the decoder tied to the input embedding) plus a bias per token. `Pooler`: BERT's
 dense d -> d and tanh on the first token. `PredictionHead`: ModernBERT's `head`, the masked-LM
 head's first three steps alone (dense, activation, LayerNorm), which its classifiers apply to
-the pooled or per-token hidden states. `flax_encoder.pytorch.load_hf` puts the weights of
+the pooled or per-token hidden states. `flax_encoder.families.load_hf` puts the weights of
 those a checkpoint has under `variables["heads"]`.
 """
 

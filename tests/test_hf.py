@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from flax_encoder import Encoder, segment_positions  # noqa: E402
-from flax_encoder.attention import interpret_kernels  # noqa: E402
+from flax_encoder.kernels import interpret_kernels  # noqa: E402
+from flax_encoder.families import HFError, hf_config, load_hf, to_hf_state_dict  # noqa: E402
 from flax_encoder.heads import MaskedLMHead, Pooler  # noqa: E402
-from flax_encoder.pytorch.hf import HFError, hf_config, load_hf, to_hf_state_dict  # noqa: E402
 
 pytestmark = pytest.mark.library
 

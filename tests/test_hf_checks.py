@@ -18,8 +18,8 @@ import safetensors.torch  # noqa: E402
 
 from flax_encoder import Encoder  # noqa: E402
 from flax_encoder.pytorch import parity  # noqa: E402
-from flax_encoder.pytorch.hf import (HFError, config_from_hf, from_hf_state_dict,  # noqa: E402
-                                     load_hf, read_hf_config, read_hf_weights)
+from flax_encoder.families import (HFError, config_from_hf, from_hf_state_dict,  # noqa: E402
+                                   load_hf, read_hf_config, read_hf_weights)
 from tests.hf_models import write  # noqa: E402
 from tests.test_hf import SIZES, hf_model, saved  # noqa: E402
 from tests.test_modernbert import modernbert, run  # noqa: E402

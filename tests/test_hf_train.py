@@ -59,7 +59,7 @@ def _config(pairs, hf_dir, **train):
 
 def test_fine_tuning_starts_from_the_checkpoint_with_its_tokenizer_ids_and_pooler(
     pairs, hf_dir, tmp_path):
-  from flax_encoder.pytorch.hf import load_hf
+  from flax_encoder.families import load_hf
   family, directory = hf_dir
   setup = classify.setup(_config(pairs, directory), str(tmp_path), Resume())
   cfg, variables = load_hf(directory)

@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from flax_encoder import Encoder, segment_positions  # noqa: E402
+from flax_encoder.families import HFError, load_hf  # noqa: E402
 from flax_encoder.heads import MaskedLMHead  # noqa: E402
-from flax_encoder.pytorch.hf import HFError, load_hf  # noqa: E402
 
 pytestmark = pytest.mark.library
 
@@ -43,7 +43,7 @@ def modernbert(path, dtype=torch.float32, **overrides):
 @pytest.fixture
 def float64_rotary():
   """transformers' ModernBERT in float64 throughout (`parity.modernbert_in_float64`)."""
-  from flax_encoder.pytorch.parity import modernbert_in_float64
+  from flax_encoder.pytorch.hf_parity import modernbert_in_float64
   with modernbert_in_float64():
     yield
 

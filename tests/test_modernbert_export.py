@@ -21,9 +21,9 @@ transformers = pytest.importorskip("transformers")
 from configs import classify as classify_config  # noqa: E402
 from configs import modern, regress as regress_config, tag as tag_config  # noqa: E402
 from flax_encoder import Encoder, EncoderConfig  # noqa: E402
+from flax_encoder.families import (HFError, hf_config, load_hf,  # noqa: E402
+                                   to_hf_state_dict)
 from flax_encoder.heads import MaskedLMHead  # noqa: E402
-from flax_encoder.pytorch.hf import (HFError, hf_config, load_hf,  # noqa: E402
-                                     to_hf_state_dict)
 from tests import hf_models, runs  # noqa: E402
 from train import classify, regress, tag  # noqa: E402
 from train.task import Resume  # noqa: E402
@@ -271,7 +271,8 @@ def test_a_modern_architecture_from_scratch_is_a_modernbert_model_to_transformer
     (dict(first_attention_norm=True), "first_attention_norm=True, a modernbert model "
                                       "first_attention_norm=False"),
     (dict(glu=False), "glu=False"),
-    (dict(norm_position="post"), "norm_position='post'"),
+    # Post-LN with layer 0's attention norm: without it, EncoderConfig refuses the model itself.
+    (dict(norm_position="post", first_attention_norm=True), "norm_position='post'"),
     (dict(final_norm=False), "final_norm=False"),
     (dict(position_embedding="learned"), "position_embedding='learned'"),
 ])

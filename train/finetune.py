@@ -14,7 +14,6 @@ tokenizer.json with its own ids, padding and special tokens), or from scratch
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from flax_encoder import EncoderConfig
+from flax_encoder import EncoderConfig, families
 from flax_encoder import tokenizer as tokenizer_lib
 from flax_encoder.classifier import HEAD_POOLINGS, POOLINGS
 from train import dataset, examples, settings, sources, tokens, vocabulary
@@ -118,12 +117,12 @@ def _from_torch(config) -> Start:
 
 
 def _from_hf(config) -> Start:
-  from flax_encoder.pytorch.hf import FAMILIES, load_hf
   path = config.init.hf
   try:
-    cfg, variables = load_hf(path)
+    model = families.read_hf(path)
   except (FileNotFoundError, ValueError, TypeError) as e:
     raise RunError(f"config.init.hf: {e}".splitlines()[0]) from None
+  cfg, heads = model.config, model.variables.get("heads", {})
   tokenizer = os.path.join(path, "tokenizer.json")
   if not os.path.isfile(tokenizer):
     raise RunError(f"config.init.hf: {path} has no tokenizer.json (the fast tokenizer's file; "
@@ -131,16 +130,14 @@ def _from_hf(config) -> Start:
                    f".save_pretrained(DIR))")
   fields = {name: getattr(cfg, name) for name in ARCHITECTURE}
   fields["param_dtype"] = np.dtype(fields["param_dtype"]).name
-  with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-    family = FAMILIES[json.load(f)["model_type"]]
-  heads = variables.get("heads", {})
-  pooler = heads.get("pooler") if family == "bert" else None
-  # transformers' ModernBERT classifiers read the masked-LM head's dense and norm as theirs.
-  head = heads.get("prediction_head") if family == "modernbert" else None
-  return Start(fields, variables["params"], TokenizerSpec("huggingface",
-                                                          os.path.abspath(tokenizer)),
-               os.path.abspath(path), hf={"pad_id": cfg.pad_id, "family": family,
-                                          "pooler": pooler, "head": head})
+  from_pooler = families.get(model.family).classifier.from_pooler
+  return Start(fields, model.variables["params"],
+               TokenizerSpec("huggingface", os.path.abspath(tokenizer)), os.path.abspath(path),
+               hf={"pad_id": cfg.pad_id, "family": model.family,
+                   "pooler": heads.get("pooler") if from_pooler else None,
+                   # transformers' classifiers that apply a prediction head read the
+                   # masked-LM head's dense and norm as theirs (ModernBERT's)
+                   "head": heads.get("prediction_head")})
 
 
 def start_of(config) -> Start:
@@ -155,22 +152,19 @@ def start_of(config) -> Start:
 
 
 def pooling(config) -> str:
-  """config.task.pooling, or where unset the starting checkpoint's family's: BERT's pooler
-  (RoBERTa's head has its shape), DistilBERT's pre-classifier, ModernBERT's first token or
-  mean (its classifier_pooling) through its prediction head; the mean from anything else."""
+  """config.task.pooling, or where unset the starting checkpoint's family's (`Family.pooling`:
+  BERT's pooler, RoBERTa's head of its shape, DistilBERT's pre-classifier, ModernBERT's first
+  token or mean through its prediction head, as its classifier_pooling says); the mean from
+  anything else."""
   if config.task.pooling:
     return config.task.pooling
-  family, hf = None, {}
-  if config.init.get("hf"):
-    from flax_encoder.pytorch.hf import FAMILIES, read_hf_config
-    try:
-      hf = read_hf_config(config.init.hf)
-    except ValueError as e:
-      raise RunError(f"config.init.hf: {e}") from None
-    family = FAMILIES[hf["model_type"]]
-  if family == "modernbert":
-    return {"mean": "mean_head"}.get(hf.get("classifier_pooling", "cls"), "first_head")
-  return {None: "mean", "distilbert": "pre_classifier"}.get(family, "pooler")
+  if not config.init.get("hf"):
+    return "mean"
+  try:
+    hf = families.read_hf_config(config.init.hf)
+  except ValueError as e:
+    raise RunError(f"config.init.hf: {e}") from None
+  return families.of_config(hf).pooling(hf)
 
 
 def ids(config, start: Start) -> tuple[int, int]:

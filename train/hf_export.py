@@ -9,15 +9,13 @@ its tokenizer files, which transformers' Auto classes load.
   (masked_lm from config.init.hf)
   pretraining from scratch the bare model (AutoModel): the encoder
 
-The run's encoder must be one of the BERT family's or ModernBERT's
-(`flax_encoder.pytorch.hf.hf_config` says what differs otherwise): a run started from a Hugging
-Face directory is, and keeps its family; one trained from scratch exports where its
-config.model has that architecture: with rotary positions as ModernBERT (Pre-LN without layer
-0's attention norm, GeGLU, a final LayerNorm: configs/modern.py's); with learned positions,
-an embedding LayerNorm and no final LayerNorm as RoBERTa with a position_offset, as BERT with
-token types, as DistilBERT without. A ModernBERT classifier or tagger must have its prediction
-head (the poolings "first_head" and "mean_head", the default from a ModernBERT directory) and
-keeps the directory's special ids.
+The run's encoder must be one of a Hugging Face family's (`flax_encoder.families`;
+`hf_config` says what differs otherwise): a run started from a Hugging Face directory is, and
+keeps its family; one trained from scratch exports as the family its architecture derives
+(`families.of_architecture`: rotary positions ModernBERT, an offset RoBERTa, token types BERT,
+else DistilBERT). A classifier exports as its family's (`Family.classifier`: the pooling it
+must have, its dense layers, the prediction head where the family's has one), and keeps the
+starting directory's entries the family carries (`Family.carried`: ModernBERT's special ids).
 """
 
 from __future__ import annotations
@@ -28,24 +26,14 @@ import shutil
 
 import numpy as np
 
-from flax_encoder.classifier import HEAD_POOLINGS
+from flax_encoder import families
 from train import examples
 from train.errors import RunError
 from train.files import os_errors_of_safetensors, readable_as_umask_allows, temporary_directory
 from train.load import load_config, load_encoder
 
-# family -> (the encoder's prefix inside a *For… model, the model class's stem)
-_MODELS = {"bert": ("bert.", "Bert"), "roberta": ("roberta.", "Roberta"),
-           "distilbert": ("distilbert.", "DistilBert"), "modernbert": ("model.", "ModernBert")}
-# The pooling each family's sequence classifier has, and where its two dense layers sit.
-_CLASSIFIER = {"bert": ("pooler", "bert.pooler.dense", "classifier"),
-               "roberta": ("pooler", "classifier.dense", "classifier.out_proj"),
-               "distilbert": ("pre_classifier", "pre_classifier", "classifier")}
 # The tasks whose heads transformers has (train.predict reads their runs back).
 _FINE_TUNING = ("classify", "regress", "tag")
-# What a ModernBERT export keeps of the config.json it started from (its pooling only where no
-# sequence classifier says its own).
-_CARRIED = ("bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id", "classifier_pooling")
 # The files of a tokenizer directory besides tokenizer.json, copied where the run started.
 _TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
@@ -68,26 +56,21 @@ def _start(config) -> str | None:
   return config.init.get("hf") if "init" in config else None
 
 
-def _family(config, cfg) -> str:
+def _family(config, cfg) -> families.Family:
+  """The family the run exports as: the starting directory's, else its architecture's."""
   init = _start(config)
   if init:
-    from flax_encoder.pytorch.hf import FAMILIES, read_hf_config
     try:
-      return FAMILIES[read_hf_config(init)["model_type"]]
+      return families.of_directory(init)
     except ValueError:
       pass  # the starting directory is gone: the architecture decides
-  if cfg.position_embedding == "rotary":
-    return "modernbert"
-  if cfg.position_offset:
-    return "roberta"
-  return "bert" if cfg.type_vocab_size else "distilbert"  # DistilBERT has no token types
+  return families.of_architecture(cfg)
 
 
 def export_hf(workdir: str, out: str) -> str:
   """Writes the run in `workdir` to the directory `out` (see the module docstring)."""
   import safetensors.numpy
 
-  from flax_encoder.pytorch.hf import HFError, hf_config, to_hf_state_dict
   config = load_config(workdir)
   task = config.task.get("name", "masked_lm")
   if task in _FINE_TUNING:
@@ -99,17 +82,18 @@ def export_hf(workdir: str, out: str) -> str:
   else:
     cfg, variables = load_encoder(workdir)
   family = _family(config, cfg)
-  prefix, stem = _MODELS[family]
+  prefix, stem = family.prefix, family.stem
   try:
-    hf_config(cfg, family)  # says what differs, before anything is converted
+    families.hf_config(cfg, family.name)  # says what differs, before anything is converted
     if task in _FINE_TUNING:
-      state, extra = _head(family, run, variables, prefix, stem)
+      state, extra = _head(family.name, run, variables, prefix, stem)
     else:
       head = "heads" in variables
-      state = to_hf_state_dict(variables, cfg, family, prefix=prefix if head else "")
+      state = families.to_hf_state_dict(variables, cfg, family.name,
+                                        prefix=prefix if head else "")
       extra = {"architectures": [f"{stem}{'ForMaskedLM' if head else 'Model'}"]}
-    contents = hf_config(cfg, family, **{**_carried(config, family), **extra})
-  except HFError as e:
+    contents = families.hf_config(cfg, family.name, **{**_carried(config, family), **extra})
+  except families.HFError as e:
     raise RunError(f"--layout hf: {e}") from None
   with temporary_directory(out) as tmp, os_errors_of_safetensors():
     # Contiguous: safetensors writes an array's buffer as it lies (a transposed view's too).
@@ -125,17 +109,16 @@ def export_hf(workdir: str, out: str) -> str:
   return out
 
 
-def _carried(config, family: str) -> dict:
-  """The `_CARRIED` entries of the ModernBERT directory the run started from, if any."""
+def _carried(config, family: families.Family) -> dict:
+  """The entries of the directory the run started from that its family carries."""
   init = _start(config)
-  if family != "modernbert" or not init:
+  if not family.carried or not init:
     return {}
-  from flax_encoder.pytorch.hf import read_hf_config
   try:
-    hf = read_hf_config(init)
+    hf = families.read_hf_config(init)
   except ValueError:
     return {}  # the starting directory is gone: transformers' defaults
-  return {k: hf[k] for k in _CARRIED if k in hf}
+  return {k: hf[k] for k in family.carried if k in hf}
 
 
 def _masked_lm(workdir: str):
@@ -161,47 +144,45 @@ def _masked_lm(workdir: str):
                                          "heads": {"masked_lm": params["masked_lm"]}}
 
 
-def _head(family, run, variables, prefix, stem):
+def _head(name: str, run, variables, prefix, stem):
   """The state dict and config.json entries of a fine-tuned run as transformers' model of its
-  task: a sequence classifier (one output for regression) or a token classifier."""
-  from flax_encoder.pytorch.hf import HFError, to_hf_state_dict
+  task, for the family `name`: a sequence classifier (one output for regression) or a token
+  classifier."""
+  family = families.get(name)
   params, cfg = run.params, run.model.config
   labels = [str(label) for label in run.labels or ["LABEL_0"]]
   extra = {"id2label": dict(enumerate(labels)),
            "label2id": {label: i for i, label in enumerate(labels)}}
-  if family == "modernbert":  # its classifiers' prediction head, by the masked-LM head's names
-    if run.task == "tag" and not run.model.head:
-      raise HFError("the run tags without ModernBERT's prediction head (only a run from a "
-                    "ModernBERT directory has one); transformers' "
-                    "ModernBertForTokenClassification applies it")
-    if run.task != "tag" and run.model.pooling not in HEAD_POOLINGS:
-      raise HFError(f"the run pools by {run.model.pooling!r}; transformers' "
-                    f"ModernBertForSequenceClassification pools through its prediction head "
-                    f"(config.task.pooling='first_head' or 'mean_head')")
+  if run.task == "tag" and family.tags_through_head and not run.model.head:
+    raise families.HFError(
+        f"the run tags without {family.title}'s prediction head (only a run from a "
+        f"{family.title} directory has one); transformers' {stem}ForTokenClassification "
+        f"applies it")
+  if run.task != "tag":
+    family.classifier.check(run.model.pooling, stem)
+  if family.prediction_head:  # its classifiers', by the masked-LM head's names
     variables = {**variables, "heads": {"prediction_head": params["head"]}}
-  state = to_hf_state_dict(variables, cfg, family, prefix=prefix)
+  state = families.to_hf_state_dict(variables, cfg, name, prefix=prefix)
   if run.task == "tag":  # no pooler: BERT's token classifier is built without one
     denses = (("classifier", params["classifier"]),)
     extra["architectures"] = [f"{stem}ForTokenClassification"]
-  elif family == "modernbert":
-    denses = (("classifier", params["classifier"]),)
-    extra["architectures"] = [f"{stem}ForSequenceClassification"]
-    extra["classifier_pooling"] = {"first": "cls", "mean": "mean"}[
-        HEAD_POOLINGS[run.model.pooling]]
   else:
-    pooling, pooler_name, classifier_name = _CLASSIFIER[family]
-    if run.model.pooling != pooling:
-      raise HFError(f"the run pools by {run.model.pooling!r}; transformers' "
-                    f"{stem}ForSequenceClassification pools by {pooling!r} "
-                    f"(config.task.pooling={pooling!r})")
-    denses = ((pooler_name, params["pooler"]["dense"]), (classifier_name, params["classifier"]))
+    denses = tuple((key, _at(params, path)) for key, path in family.classifier.denses)
     extra["architectures"] = [f"{stem}ForSequenceClassification"]
+    extra.update(family.classifier.config(run.model.pooling))
   if run.task == "regress":
     extra["problem_type"] = "regression"
-  for name, dense in denses:
-    state[name + ".weight"] = np.asarray(dense["kernel"]).T
-    state[name + ".bias"] = np.asarray(dense["bias"])
+  for key, dense in denses:
+    state[key + ".weight"] = np.asarray(dense["kernel"]).T
+    state[key + ".bias"] = np.asarray(dense["bias"])
   return state, extra
+
+
+def _at(params: dict, path: tuple):
+  """The run's parameters at `path` ('pooler', 'dense')."""
+  for key in path:
+    params = params[key]
+  return params
 
 
 def _tokenizer(workdir: str, config, task: str, out: str) -> None:

@@ -237,8 +237,9 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   windows = dataset.windows(config, workdir, resume.resuming, resume.allow_changes)
   baseline = dataset.most_frequent_token(windows.train, specials=windows.specials)
   start = config.init.get("hf") if "init" in config else None
+  family = None  # the Hugging Face checkpoint's family (its name), for the run's record
   if start:
-    cfg, params = _from_hf(config, start, windows)
+    cfg, params, family = _from_hf(config, start, windows)
   else:
     cfg, params = settings.encoder_config(config.model, windows.vocab_size, windows.source,
                                           config.train.seq_len), None
@@ -251,13 +252,14 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
 
 
 def _from_hf(config, path: str, windows: dataset.Windows):
-  """(EncoderConfig, starting parameters) of the Hugging Face checkpoint at `path`, run as
-  config.model's training and execution fields say; the windows must hold its own ids."""
-  from flax_encoder.pytorch.hf import load_hf
+  """(EncoderConfig, starting parameters, family name) of the Hugging Face checkpoint at
+  `path`, run as config.model's training and execution fields say; the windows must hold its
+  own ids."""
+  from flax_encoder.families import read_hf
   run = {name: config.model[name] for name in EncoderConfig.fields("training") +
          EncoderConfig.fields("execution") if config.model.get(name) is not None}
   try:
-    cfg, variables = load_hf(path, **run)
+    family, cfg, variables = read_hf(path, **run)
   except (FileNotFoundError, ValueError, TypeError) as e:
     raise RunError(f"config.init.hf: {e}".splitlines()[0]) from None
   tokenizer = os.path.join(path, "tokenizer.json")
@@ -274,7 +276,8 @@ def _from_hf(config, path: str, windows: dataset.Windows):
     raise RunError(f"config.data.prepared: ids up to {windows.vocab_size - 1}, but {path}'s "
                    f"embedding has {cfg.vocab_size} rows")
   settings.check_seq_len(cfg, config.train.seq_len)
-  return cfg, {"encoder": variables["params"], "masked_lm": variables["heads"]["masked_lm"]}
+  params = {"encoder": variables["params"], "masked_lm": variables["heads"]["masked_lm"]}
+  return cfg, params, family
 
 
 def summary(metrics: dict) -> str:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from flax_encoder import families
 from flax_encoder.classifier import macro_f1
 from flax_encoder.inference import default_buckets, padded_batches
 from flax_encoder.token_classifier import TokenClassifier
@@ -251,8 +252,8 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   tags, scheme = meta["labels"], BIO.of(meta["labels"])
   # From a ModernBERT checkpoint, its prediction head before the classifier (transformers').
   start = prepared.start
-  model = TokenClassifier(cfg, len(tags), head=bool(start.hf and start.hf["family"] ==
-                                                    "modernbert"))
+  model = TokenClassifier(cfg, len(tags), head=bool(
+      start.hf and families.get(start.hf["family"]).tags_through_head))
   task = TagTask(model, config.optim.label_smoothing,
                  int(np.argmax(_tag_counts(loaded["train"]["labels"], len(tags)))), scheme)
   untagged = {s: n for s, n in meta["untagged"].items() if n}

@@ -11,18 +11,34 @@ Needs the `torch` extra (`pip install 'flax-encoder[torch]'`).
 State-dict layouts ("tutorial": the PyTorch tutorial port's names; "torch_nn":
 torch.nn.TransformerEncoderLayer's) and how the encoder is found inside a larger model are
 described in `flax_encoder.pytorch.layouts`. The reference port is
-`flax_encoder.pytorch.reference` (imports torch); the parity report, against that port or
-against your own module, is `python -m flax_encoder.pytorch.parity`.
+`flax_encoder.pytorch.reference` (imports torch); the parity report, against that port, against
+your own module or against transformers, is `python -m flax_encoder.pytorch.parity`. Hugging
+Face directories are `flax_encoder.families`.
+
+The names below load with their module on first use, so that the bridge's torch-free parts
+(`safetensors_file`, which load_hf reads model.safetensors with) import no torch.
 """
 
-from flax_encoder.pytorch.convert import (
-    config_from_torch_state_dict,
-    from_torch_state_dict,
-    load_torch_checkpoint,
-    to_torch_state_dict,
-)
-from flax_encoder.pytorch.layouts import LAYOUTS, EncoderKeys, expected_shapes, find_encoder
+import importlib
 
-__all__ = ["LAYOUTS", "EncoderKeys", "config_from_torch_state_dict", "expected_shapes",
-           "find_encoder", "from_torch_state_dict", "load_torch_checkpoint",
-           "to_torch_state_dict"]
+_MODULES = {
+    "config_from_torch_state_dict": "convert", "from_torch_state_dict": "convert",
+    "load_torch_checkpoint": "convert", "to_torch_state_dict": "convert",
+    "LAYOUTS": "layouts", "EncoderKeys": "layouts", "expected_shapes": "layouts",
+    "find_encoder": "layouts",
+}
+
+__all__ = sorted(_MODULES)
+
+
+def __getattr__(name):
+  module = _MODULES.get(name)
+  if module is None:
+    raise AttributeError(f"module 'flax_encoder.pytorch' has no attribute {name!r}")
+  value = getattr(importlib.import_module(f"flax_encoder.pytorch.{module}"), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_MODULES))

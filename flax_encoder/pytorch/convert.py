@@ -14,13 +14,12 @@ from typing import Any
 
 import flax.linen as nn
 import numpy as np
-import safetensors
-import safetensors.torch
 import torch
 
 from flax_encoder.config import EncoderConfig
 from flax_encoder.embedding import sinusoidal_positions
 from flax_encoder.encoder import stack_layers, unstack_layers
+from flax_encoder.families.tensors import INDEX_BUFFERS, to_numpy
 from flax_encoder.pytorch.layouts import (
     DENSE,
     EMBEDDING_KEY,
@@ -31,27 +30,13 @@ from flax_encoder.pytorch.layouts import (
     expected_shapes,
     find_encoder,
 )
+from flax_encoder.pytorch.safetensors_file import read_safetensors
 
 _QKV = (("w_q", 0), ("w_k", 1), ("w_v", 2))  # order of the packed in_proj rows
 # The tutorial port computes its table in float32 (off by up to ~max_len * 6e-8 from the exact
 # sinusoid) and a bfloat16 copy rounds by up to 2^-9; a table of another formula (other base,
 # halves instead of interleaved) is off by O(1).
 _PE_ATOL = 1e-2
-# Integer buffers that transformers' BERT-family checkpoints carry beside the weights (the
-# position and token-type ids the embeddings count from): not weights, left out on reading.
-INDEX_BUFFERS = ("position_ids", "token_type_ids")
-
-
-def _to_numpy(name: str, value: Any) -> np.ndarray:
-  if hasattr(value, "detach"):  # a torch.Tensor, without importing torch
-    value = value.detach().cpu()
-    if str(value.dtype) == "torch.bfloat16":
-      value = value.float()  # numpy has no bfloat16; exact, and cast to param_dtype below
-    value = value.numpy()
-  value = np.asarray(value)
-  if not np.issubdtype(value.dtype, np.floating) and value.dtype.name != "bfloat16":
-    raise TypeError(f"state_dict[{name!r}] must hold floating-point weights, got {value.dtype}")
-  return value
 
 
 def _check_keys(state: Mapping[str, Any], config: EncoderConfig, layout: str) -> None:
@@ -108,7 +93,7 @@ def from_torch_state_dict(state_dict: Mapping[str, Any], config: EncoderConfig,
   found = find_encoder(state_dict, prefix, layout)
   layout = found.layout
   _check_keys(found.state, config, layout)
-  state = {k: _to_numpy(k, v) for k, v in found.state.items()}
+  state = {k: to_numpy(k, v) for k, v in found.state.items()}
   if PE_KEY in state:
     _check_positions(state[PE_KEY], config)
   cast = lambda x: np.asarray(x, dtype=config.param_dtype)
@@ -237,12 +222,8 @@ def load_torch_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
     raise FileNotFoundError(f"checkpoint path {path!r} does not exist or is not a file")
   suffix = os.path.splitext(path)[1].lower()
   if suffix == ".safetensors":
-    try:
-      state = safetensors.torch.load_file(path)
-    except (safetensors.SafetensorError, OSError, RuntimeError) as e:
-      raise ValueError(f"checkpoint {path!r} is not a readable safetensors file (truncated or "
-                       f"corrupt?): {e}") from e
-  elif suffix in _TORCH_SUFFIXES:
+    return read_safetensors(path)  # numpy, as below
+  if suffix in _TORCH_SUFFIXES:
     with open(path, "rb") as f:
       magic = f.read(4)
     # torch.save writes a zip archive; before PyTorch 1.6 a pickle (protocol >= 2: 0x80).
@@ -266,7 +247,7 @@ def load_torch_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
   weights = {}
   for name, value in state.items():
     if value.is_floating_point():
-      weights[name] = _to_numpy(name, value)
+      weights[name] = to_numpy(name, value)
     elif not name.endswith(INDEX_BUFFERS):
       raise ValueError(f"checkpoint {path!r}: {name!r} holds {value.dtype} values, expected "
                        f"floating-point weights")

@@ -25,7 +25,7 @@ the report exits 1 naming the first stage that fails. Without --checkpoint or --
 ports run on random weights (a check of the installation).
 
 Against transformers, for a Hugging Face bert / roberta / distilbert / modernbert directory
-(the families flax_encoder.pytorch.hf.load_hf reads; transformers must be installed):
+(the families flax_encoder.families.load_hf reads; transformers must be installed):
 
   python -m flax_encoder.pytorch.parity --hf bert-dir [--float64] [--batch 4 --seq-len 32]
 
@@ -42,7 +42,6 @@ as above. A directory load_hf refuses is one line and exit 2.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import importlib
 import json
@@ -56,14 +55,14 @@ import torch
 
 from flax_encoder.config import EncoderConfig
 from flax_encoder.embedding import sinusoidal_positions
-from flax_encoder.encoder import Encoder
+from flax_encoder.families import load_hf
 from flax_encoder.pytorch import reference
 from flax_encoder.pytorch.convert import (
     config_from_torch_state_dict,
     from_torch_state_dict,
     load_torch_checkpoint,
 )
-from flax_encoder.pytorch.hf import FAMILIES, load_hf
+from flax_encoder.pytorch.hf_parity import base_model, compare_hf
 from flax_encoder.pytorch.layouts import (
     FEED_FORWARD_OUTPUT,
     LAYOUTS,
@@ -72,18 +71,20 @@ from flax_encoder.pytorch.layouts import (
     find_encoder,
     strip_wrappers,
 )
+from flax_encoder.pytorch.report import (
+    Row,
+    format_table,
+    hooked,
+    random_tokens,
+    row,
+    run_flax,
+    sizes,
+    verdict,
+)
 
-
-@dataclasses.dataclass
-class Row:
-  name: str
-  shape: tuple
-  max_abs: float
-  max_rel: float  # max_abs / max|PyTorch value|
-  scale: float  # max|PyTorch value|
-
-  def passes(self, atol: float, rtol: float) -> bool:
-    return self.max_abs <= atol + rtol * self.scale
+# What the report's callers import from here (tests, benchmarks).
+__all__ = ["Row", "compare", "compare_hf", "compare_module", "format_table", "load_hf", "main",
+           "random_tokens", "stages"]
 
 
 def stages(found: EncoderKeys, config: EncoderConfig) -> list[tuple[str, str, str]]:
@@ -143,9 +144,9 @@ def _compare(module, found: EncoderKeys, config: EncoderConfig, tokens: np.ndarr
   # Grad mode stays on: under no_grad nn.TransformerEncoderLayer takes a fused fast path that
   # skips its submodules' hooks.
   with torch.enable_grad():
-    captured, output = _hooked(modules, [t for _, _, t in points if t in modules],
-                               lambda: call(module, source) if call is not None
-                               else module(source))
+    captured, output = hooked(modules, [t for _, _, t in points if t in modules],
+                              lambda: call(module, source) if call is not None
+                              else module(source))
   output = output[0] if isinstance(output, (tuple, list)) else output
   output = output.detach().cpu().numpy()
   expected_shape = (*np.shape(tokens), config.d_model)
@@ -154,150 +155,10 @@ def _compare(module, found: EncoderKeys, config: EncoderConfig, tokens: np.ndarr
                      f"encoder's {list(expected_shape)}; pass call= (--call) returning the "
                      f"encoder's output")
 
-  output_flax, flax_value = _run_flax(flax_config, variables, tokens)
-  rows = [_row(name, flax_value(f), captured[t]) for name, f, t in points if t in captured]
-  rows.append(_row("output", output_flax, output))
+  output_flax, flax_value = run_flax(flax_config, variables, tokens)
+  rows = [row(name, flax_value(f), captured[t]) for name, f, t in points if t in captured]
+  rows.append(row("output", output_flax, output))
   return rows, [name for name, _, t in points if t not in captured]
-
-
-def _hooked(modules: dict, names: Sequence[str], run: Callable[[], Any]):
-  """run() with a forward hook on each module of `names` -> ({name: its output as numpy},
-  run()'s result)."""
-  captured: dict[str, np.ndarray] = {}
-
-  def hook(name):
-    def save(_, args, output):
-      output = output[0] if isinstance(output, tuple) else output
-      captured[name] = output.detach().cpu().numpy()
-    return save
-
-  handles = [modules[name].register_forward_hook(hook(name)) for name in names]
-  try:
-    return captured, run()
-  finally:
-    for h in handles:
-      h.remove()
-
-
-def _run_flax(config: EncoderConfig, variables: dict, tokens: np.ndarray):
-  """The Flax encoder (unscanned) on `tokens` -> (its output, value(module path) of any
-  module's output, e.g. 'layers_0/norm1')."""
-  with jax.default_matmul_precision("highest"):
-    output, state = Encoder(config).apply(
-        variables, np.asarray(tokens), capture_intermediates=True, mutable=["intermediates"])
-
-  def value(path: str) -> np.ndarray:
-    node = state["intermediates"]
-    for part in path.split("/"):
-      node = node[part]
-    return np.asarray(node["__call__"][0])
-
-  return np.asarray(output), value
-
-
-def hf_stages(family: str, n_layers: int) -> list[tuple[str, str, str]]:
-  """(stage, Flax module path, transformers module name) of a `load_hf` family, in forward
-  order: the embeddings after their LayerNorm, then per layer the attention sub-layer after
-  its LayerNorm (ModernBERT's: its output before the residual) and the layer's output
-  (ModernBERT's final LayerNorm last). A stage is named for the transformers module."""
-  points = [("embeddings", "embedding_norm", "embeddings")]
-  if family == "modernbert":  # Pre-LN: each attention sub-layer's output before its residual
-    for i in range(n_layers):
-      points += [(f"layers.{i}.attn", f"layers_{i}/self_attn", f"layers.{i}.attn"),
-                 (f"layers.{i}", f"layers_{i}", f"layers.{i}")]
-    return points + [("final_norm", "norm", "final_norm")]
-  for i in range(n_layers):
-    if family == "distilbert":
-      layer, attention = f"transformer.layer.{i}", f"transformer.layer.{i}.sa_layer_norm"
-    else:
-      layer, attention = f"encoder.layer.{i}", f"encoder.layer.{i}.attention"
-    points += [(attention, f"layers_{i}/norm1", attention), (layer, f"layers_{i}", layer)]
-  return points
-
-
-def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray) -> list[Row]:
-  """A transformers model against the Flax encoder `load_hf` reads from the same directory,
-  stage by stage (`hf_stages`, then last_hidden_state), in config.dtype.
-
-  Args:
-    model: transformers' base model of the directory (`AutoModel.from_pretrained(dir,
-      attn_implementation="eager")`: BertModel, RobertaModel, DistilBertModel …).
-    config, variables: `load_hf(dir, scan_layers=False, …)`; config.dtype float32 or float64
-      sets both sides' precision (float64 needs jax_enable_x64).
-    tokens: int ids [batch, seq]; config.pad_id (the model's pad_token_id) is padding, and
-      transformers gets attention_mask = tokens != pad_id.
-
-  Returns:
-    The rows in forward order, last_hidden_state last.
-  """
-  model_type = getattr(model.config, "model_type", None)
-  if model_type not in FAMILIES:
-    raise ValueError(f"model: a transformers {model_type!r} model, expected one of "
-                     f"{sorted(FAMILIES)}")
-  if config.scan_layers:
-    raise ValueError("config: scan_layers=True, expected False (load_hf(dir, "
-                     "scan_layers=False)): the report reads each layer's output")
-  model = model.to(torch.float64 if config.dtype == np.float64 else torch.float32).eval()
-  points = hf_stages(FAMILIES[model_type], config.n_layers)
-  modules = dict(model.named_modules())
-  absent = [t for _, _, t in points if t not in modules]
-  if absent:
-    raise ValueError(f"model: a {type(model).__name__} without the modules {absent[:4]}, "
-                     f"expected transformers' {model_type} names")
-  # The Flax side first: it checks the tokens (ids, length) with errors that name them.
-  output_flax, flax_value = _run_flax(config, {"params": variables["params"]}, tokens)
-  device = next(model.parameters()).device
-  ids = torch.as_tensor(np.asarray(tokens), dtype=torch.int64, device=device)
-  mask = (ids != config.pad_id).to(torch.int64)
-  in_float64 = (modernbert_in_float64() if model_type == "modernbert" and
-                config.dtype == np.float64 else contextlib.nullcontext())
-  with torch.no_grad(), in_float64:
-    captured, output = _hooked(modules, [t for _, _, t in points],
-                               lambda: model(input_ids=ids, attention_mask=mask))
-  rows = [_row(name, flax_value(f), captured[t]) for name, f, t in points]
-  rows.append(_row("last_hidden_state", output_flax,
-                   output.last_hidden_state.detach().cpu().numpy()))
-  return rows
-
-
-@contextlib.contextmanager
-def modernbert_in_float64():
-  """Within it, transformers' ModernBERT turns queries and keys, and takes its eager softmax,
-  in the model's dtype: it does both in float32 whatever the model's, so that a float64
-  ModernBERT is ~1e-9 off float64 maths. The maths are unchanged."""
-  from transformers.models.modernbert import modeling_modernbert as module
-
-  def attention(_, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if attention_mask is not None:
-      weights = weights + attention_mask
-    weights = torch.softmax(weights, dim=-1)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
-
-  def rotary(q, k, cos, sin, unsqueeze_dim=1):
-    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-    turn = lambda x: x * cos + module.rotate_half(x) * sin
-    return turn(q), turn(k)
-
-  def angles(self, x, position_ids, layer_type):
-    theta = self.config.rope_parameters[layer_type]["rope_theta"]
-    dim = self.config.hidden_size // self.config.num_attention_heads
-    inv_freq = theta ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    turned = position_ids[..., None].to(torch.float64) * inv_freq
-    turned = torch.cat((turned, turned), dim=-1)
-    return turned.cos().to(x.dtype), turned.sin().to(x.dtype)
-
-  patched = ((module, "eager_attention_forward", attention),
-             (module, "apply_rotary_pos_emb", rotary),
-             (module.ModernBertRotaryEmbedding, "forward", angles))
-  saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
-  try:
-    for owner, name, value in patched:
-      setattr(owner, name, value)
-    yield
-  finally:
-    for owner, name, value in saved:
-      setattr(owner, name, value)
 
 
 def compare(state_dict, config: EncoderConfig, layout: str, tokens: np.ndarray) -> list[Row]:
@@ -324,37 +185,6 @@ def _positions_in_float64(pos_encoder, d_model: int) -> None:
     table = sinusoidal_positions(pe.shape[-2], d_model, np.float64)
     with torch.no_grad():
       pe.copy_(torch.from_numpy(table).reshape(pe.shape))
-
-
-def _row(name: str, ours: np.ndarray, theirs: np.ndarray) -> Row:
-  diff = np.abs(ours.astype(np.float64) - theirs.astype(np.float64))
-  scale = float(np.max(np.abs(theirs)))
-  return Row(name, tuple(theirs.shape), float(diff.max()), float(diff.max()) / (scale or 1.0),
-             scale)
-
-
-def format_table(rows: Sequence[Row], atol: float, rtol: float) -> str:
-  width = max(len(r.name) for r in rows)
-  lines = [f"{'stage':<{width}}  {'shape':<16}  {'max abs err':>11}  {'max rel err':>11}",
-           "-" * (width + 46)]
-  for r in rows:
-    flag = "" if r.passes(atol, rtol) else "  > tolerance"
-    lines.append(f"{r.name:<{width}}  {str(list(r.shape)):<16}  {r.max_abs:>11.3e}  "
-                 f"{r.max_rel:>11.3e}{flag}")
-  return "\n".join(lines)
-
-
-def random_tokens(config: EncoderConfig, batch: int, seq_len: int, seed: int) -> np.ndarray:
-  """Random ids != pad_id, each row but the first padded from a random length on (with local
-  attention, less padding than half the window: in transformers' float64 a padding token that
-  sees only padding is NaN, and its mask carries the NaN on)."""
-  rng = np.random.default_rng(seed)
-  tokens = rng.integers(0, config.vocab_size - 1, size=(batch, seq_len))
-  tokens = tokens + (tokens >= config.pad_id)  # skip pad_id
-  shortest = max(1, seq_len - config.local_attention // 2 + 1) if config.local_attention else 1
-  for row in range(1, batch):
-    tokens[row, rng.integers(min(shortest, seq_len), seq_len + 1):] = config.pad_id
-  return tokens
 
 
 _SIZE_FLAGS = (("vocab-size", int), ("d-model", int), ("n-heads", int), ("d-ff", int),
@@ -551,8 +381,8 @@ def _report(args) -> int:
   print(heading)
   if args.module:
     print(_where(found))
-  print(_sizes(config, tokens))
-  return _verdict(rows, absent, *_tolerances(args))
+  print(sizes(config, tokens))
+  return verdict(rows, absent, *_tolerances(args))
 
 
 def _hf_report(args) -> int:
@@ -571,31 +401,15 @@ def _hf_report(args) -> int:
     except ImportError:
       raise ValueError("transformers is not installed: pip install 'transformers>=4.46' "
                        "(or flax-encoder[test])") from None
-    model = _base_model(transformers, args.hf)
+    model = base_model(transformers, args.hf)
     tokens = _tokens(args, config)
     rows = compare_hf(model, config, variables, tokens)
   print(f"parity: {args.hf} in transformers' {type(model).__name__} (model_type "
         f"{model.config.model_type}, eager attention, attention_mask = ids != pad id "
-        f"{config.pad_id}) against the Flax encoder of flax_encoder.pytorch.hf.load_hf; each "
+        f"{config.pad_id}) against the Flax encoder of flax_encoder.families.load_hf; each "
         f"stage is a transformers module's output")
-  print(_sizes(config, tokens))
-  return _verdict(rows, [], *_tolerances(args))
-
-
-def _base_model(transformers, path):
-  """transformers' base model of the directory, eager attention, loaded without its load report
-  and progress bar: a directory saved with a head (`*ForMaskedLM`) lists the head's weights as
-  unexpected for the base model, which is all the report compares."""
-  from transformers.utils import logging
-  verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
-  logging.set_verbosity_error()
-  logging.disable_progress_bar()
-  try:
-    return transformers.AutoModel.from_pretrained(path, attn_implementation="eager")
-  finally:
-    logging.set_verbosity(verbosity)
-    if bars:
-      logging.enable_progress_bar()
+  print(sizes(config, tokens))
+  return verdict(rows, [], *_tolerances(args))
 
 
 def _model_flags(args) -> list[tuple[str, Any]]:
@@ -605,28 +419,6 @@ def _model_flags(args) -> list[tuple[str, Any]]:
            ("--config", args.config), ("--no-final-norm", args.no_final_norm)]
   return flags + [(f"--{flag}", getattr(args, flag.replace("-", "_")) is not None)
                   for flag, _ in _SIZE_FLAGS]
-
-
-def _sizes(config: EncoderConfig, tokens: np.ndarray) -> str:
-  return (f"{config.n_layers} layers, d_model={config.d_model}, n_heads={config.n_heads}, "
-          f"d_ff={config.d_ff}, vocab_size={config.vocab_size}, tokens {list(tokens.shape)}, "
-          f"{config.dtype.name}, matmul precision highest")
-
-
-def _verdict(rows: Sequence[Row], absent: Sequence[str], atol: float, rtol: float) -> int:
-  """Prints the table and the verdict; 0 if every stage is within tolerance, else 1."""
-  print(format_table(rows, atol, rtol))
-  if absent:
-    print(f"not compared (no such module in the PyTorch model): {', '.join(absent)}")
-  failed = [r.name for r in rows if not r.passes(atol, rtol)]
-  rule = f"max abs err <= {atol:.0e} + {rtol:.0e} * max|PyTorch value|"
-  if failed:
-    print(f"FAIL: {len(failed)} stages above tolerance ({rule}); the first is {failed[0]}")
-    return 1
-  worst = max(rows, key=lambda r: r.max_rel)
-  print(f"PASS: every stage within {rule}; worst relative error {worst.max_rel:.3e} at "
-        f"{worst.name}")
-  return 0
 
 
 def _where(found: EncoderKeys) -> str:

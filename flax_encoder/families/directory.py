@@ -1,0 +1,138 @@
+"""A Hugging Face model directory (config.json + weights) -> its family, EncoderConfig and
+flax variables.
+
+    family, config, variables = read_hf("bert-dir")
+    config, variables = load_hf("bert-dir")
+
+Reading checks what a directory holds before building anything from it: config.json's
+model_type is one a family reads; each tensor has the shape config.json gives it; a shard
+index names files of the directory only. model.safetensors is read without torch;
+pytorch_model.bin needs it (torch.load(weights_only=True)).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, NamedTuple
+
+from flax_encoder import families
+from flax_encoder.config import EncoderConfig
+from flax_encoder.families.config_json import config_from_hf
+from flax_encoder.families.family import HFError
+from flax_encoder.families.tensors import from_hf_state_dict
+
+# The weights files a directory may hold, in the order transformers prefers them.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+class HFModel(NamedTuple):
+  """A Hugging Face directory as load_hf reads it, and the name of its family."""
+  family: str
+  config: EncoderConfig
+  variables: dict
+
+
+def read_hf_config(path: str | os.PathLike) -> dict:
+  """config.json of the directory `path`, checked to be a family load_hf takes."""
+  path = os.fspath(path)
+  file = os.path.join(path, "config.json")
+  if not os.path.isdir(path):
+    raise HFError(f"{path}: not a directory (expected a Hugging Face model directory with "
+                  f"config.json and its weights)")
+  try:
+    with open(file, encoding="utf-8") as f:
+      hf = json.load(f)
+  except FileNotFoundError:
+    raise HFError(f"{file}: no such file (a Hugging Face model directory has one)") from None
+  except (OSError, ValueError) as e:
+    raise HFError(f"{file}: not readable JSON ({e})") from None
+  if not isinstance(hf, dict):
+    raise HFError(f"{file}: holds a {type(hf).__name__}, expected a JSON object")
+  model_type = hf.get("model_type")
+  if not isinstance(model_type, str) or model_type not in families.MODEL_TYPES:
+    raise HFError(f"{file}: model_type {model_type!r} is not one load_hf takes; it takes "
+                  f"{sorted(families.MODEL_TYPES)}")
+  return hf
+
+
+def _read_file(file: str) -> dict:
+  """The state dict of one weights file: .safetensors without torch, .bin with it."""
+  if file.endswith(".safetensors"):
+    from flax_encoder.pytorch.safetensors_file import read_safetensors
+    return read_safetensors(file)
+  from flax_encoder.pytorch.convert import load_torch_checkpoint
+  return load_torch_checkpoint(file)
+
+
+def read_hf_weights(path: str | os.PathLike) -> dict:
+  """The state dict (names -> numpy arrays) of the directory `path`: model.safetensors,
+  pytorch_model.bin (read with torch.load(weights_only=True)), or either's shards through
+  their index, each shard a file of the directory (`_shard`)."""
+  path = os.fspath(path)
+  for name in WEIGHT_FILES:
+    file = os.path.join(path, name)
+    if not os.path.isfile(file):
+      continue
+    if not name.endswith(".index.json"):
+      return _read_file(file)
+    try:
+      with open(file, encoding="utf-8") as f:
+        shards = sorted(set(json.load(f)["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+      raise HFError(f"{file}: not an index of shards ({type(e).__name__}: {e})") from None
+    state = {}
+    for shard in shards:
+      state.update(_read_file(_shard(path, shard, file)))
+    return state
+  raise HFError(f"{path}: no weights (expected one of {', '.join(WEIGHT_FILES)})")
+
+
+def _shard(directory: str, name: Any, index: str) -> str:
+  """The file of the shard `name` that `index` names, refused where it is not a file within
+  `directory` once resolved: an absolute path, `..` or a link out would load another model's
+  weights."""
+  if not isinstance(name, str):
+    raise HFError(f"{index}: shard {name!r}, expected a file name")
+  file = os.path.realpath(os.path.join(directory, name))
+  root = os.path.realpath(directory)
+  roots = [root]
+  parts = root.split(os.sep)
+  if "snapshots" in parts[:-1]:  # huggingface_hub's cache: each file links to ../../blobs/<hash>
+    at = len(parts) - 1 - parts[::-1].index("snapshots")
+    roots.append(os.sep.join(parts[:at] + ["blobs"]))
+  if not any(os.path.commonpath([r, file]) == r for r in roots):
+    raise HFError(f"{index}: shard {name!r} leads out of {directory} (to {file}), expected a "
+                  f"file of the model directory")
+  if not os.path.isfile(file):
+    raise HFError(f"{index}: shard {name!r}: no such file in {directory}")
+  return file
+
+
+def read_hf(path: str | os.PathLike, **settings) -> HFModel:
+  """`load_hf`, with the name of the directory's family (which a run records)."""
+  hf = read_hf_config(path)
+  config = config_from_hf(hf, file=os.path.join(path, "config.json"), **settings)
+  state = read_hf_weights(path)
+  try:
+    variables = from_hf_state_dict(state, hf, config)
+  except HFError as e:
+    raise HFError(f"{os.fspath(path)}: {e}") from None
+  return HFModel(families.of_config(hf).name, config, variables)
+
+
+def load_hf(path: str | os.PathLike, **settings) -> tuple[EncoderConfig, dict]:
+  """A Hugging Face BERT, RoBERTa, DistilBERT or ModernBERT directory -> (EncoderConfig,
+  variables).
+
+  `Encoder(config).apply(variables, input_ids)` returns transformers' last_hidden_state
+  (padding is the model's own pad_token_id; `token_types=` as its token_type_ids, zeros by
+  default). `variables["heads"]` holds the masked-LM head ("masked_lm", for
+  `flax_encoder.heads.MaskedLMHead`), the pooler ("pooler", for `heads.Pooler`) and ModernBERT's
+  prediction head ("prediction_head", for `heads.PredictionHead`: the masked-LM head's dense and
+  norm, or a classifier's) where the checkpoint has them. `settings` choose how it runs (dtype,
+  param_dtype, attention_impl, scan_layers, remat, dropout): see `config_from_hf`.
+  """
+  model = read_hf(path, **settings)
+  return model.config, model.variables

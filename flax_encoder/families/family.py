@@ -1,0 +1,158 @@
+"""What a Hugging Face model family supplies (`Family`), and the config.json field reader the
+families share (`Fields`).
+
+A family is one module of this folder holding one `Family`: the model_types it reads, its
+preset (`EncoderConfig.bert` …) and which of its fields make a model of the family, config.json
+both ways, its tensor names both ways, its heads, its default fine-tuning pooling, its
+sequence classifier's layout and its parity stages. Code outside the folder asks the family
+(`families.get(name)`) and never compares a family's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ContextManager
+
+from flax_encoder.config import EncoderConfig
+
+# transformers' hidden_act -> EncoderConfig.activation
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "relu": "relu"}
+# EncoderConfig.activation -> the hidden_act written
+HIDDEN_ACTS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+
+
+class HFError(ValueError):
+  """A directory, or an option in its config.json, that load_hf cannot take."""
+
+
+class Fields:
+  """The fields of a config.json (or of one object in it, `within`), each read as the kind of
+  value transformers' config class holds there: anything else is an HFError naming the field
+  and the file, never a value transformers would read differently."""
+
+  def __init__(self, hf: Mapping, file: str, within: str = ""):
+    self.hf, self.file, self.within = hf, file, within
+
+  def error(self, key: str, expected: str) -> HFError:
+    got = f"={self.hf[key]!r}" if key in self.hf else " missing"
+    return HFError(f"{self.file}: {self.within}{key}{got}, expected {expected}")
+
+  def get(self, key: str, default=None):
+    return self.hf.get(key, default)
+
+  def integer(self, key: str, default=None, expected: str = "an integer >= 1",
+              ok=lambda n: n >= 1) -> int:
+    value = self.hf.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not ok(value):
+      raise self.error(key, expected)
+    return value
+
+  def number(self, key: str, default, expected: str = "a number > 0",
+             ok=lambda x: x > 0) -> float:
+    value = self.hf.get(key, default)
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+        or not abs(value) <= sys.float_info.max or not ok(value)):  # NaN and inf fail too
+      raise self.error(key, expected)
+    return float(value)
+
+  def rate(self, key: str, default: float) -> float:
+    return self.number(key, default, "a number in [0, 1)", lambda x: 0 <= x < 1)
+
+  def flag(self, key: str, default: bool) -> bool:
+    value = self.hf.get(key, default)
+    if not isinstance(value, bool):
+      raise self.error(key, "true or false")
+    return value
+
+  def choice(self, key: str, default, allowed) -> str:
+    value = self.hf.get(key, default)
+    if not isinstance(value, str) or value not in allowed:
+      raise self.error(key, f"one of {sorted(allowed)}")
+    return value
+
+
+# refuse(option, value, expected): an HFError saying transformers computes another model.
+Refuse = Callable[[str, Any, str], None]
+# (flax path under params, module name within the encoder) of each of the encoder's modules.
+Names = Callable[[EncoderConfig], Iterator[tuple[tuple, str]]]
+# (stage, Flax module path, transformers module name) of a model of n_layers, in forward order.
+Stages = Callable[[int], list[tuple[str, str, str]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceClassifier:
+  """transformers' *ForSequenceClassification of a family: the run's poolings it computes and
+  where its dense layers sit."""
+  poolings: tuple[str, ...]  # config.task.pooling values it computes
+  pools: str  # how it pools, as an error says it: "by 'pooler'"
+  # (its state dict name, the run's path under its params) of each dense layer, in order
+  denses: tuple[tuple[str, tuple[str, ...]], ...]
+  from_pooler: bool = False  # the checkpoint's pooler is its first dense (BERT's)
+  # config.json entries that say the run's pooling (ModernBERT's classifier_pooling)
+  config: Callable[[str], dict] = lambda pooling: {}
+
+  def check(self, pooling: str, stem: str) -> None:
+    """HFError where the run's `pooling` is not one transformers' classifier computes."""
+    if pooling not in self.poolings:
+      raise HFError(f"the run pools by {pooling!r}; transformers' "
+                    f"{stem}ForSequenceClassification pools {self.pools} "
+                    f"(config.task.pooling={' or '.join(map(repr, self.poolings))})")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Family:
+  """One Hugging Face model family: a preset of EncoderConfig plus all the family knows."""
+  name: str  # the model_type it writes
+  title: str  # as its paper spells it: "RoBERTa"
+  stem: str  # of transformers' classes: "Roberta" (RobertaModel, RobertaForMaskedLM …)
+  # Each model_type it reads -> the encoder's prefix inside that type's *For… models.
+  model_types: Mapping[str, str]
+
+  # config.json -> EncoderConfig
+  preset: Callable[..., EncoderConfig]  # EncoderConfig.bert …: the family's switches
+  sizes: tuple[str, str, str, str]  # config.json's names of d_model, n_heads, d_ff, n_layers
+  pad_id: int  # transformers' pad_token_id where config.json has none
+  null_pad_id: bool = True  # a null pad_token_id reads as 0 (RoBERTa's positions need one)
+  # Options read first, each of which only one value computes this model: name -> (default,
+  # the value).
+  fixed: Mapping[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
+  # config.json -> (activation, the preset's fields besides sizes and pad_id, dropout rates)
+  read: Callable[[Fields, Refuse, str, dict], tuple[str, dict, dict]]
+
+  # EncoderConfig -> config.json
+  switches: tuple[str, ...]  # the fields a model of the family has as its preset has them
+  token_types: bool = False  # its models have token-type embeddings (at least one type)
+  write: Callable[[EncoderConfig, str], dict]  # (config, hidden_act) -> its config.json fields
+  carried: tuple[str, ...] = ()  # entries an export keeps of the config.json it started from
+
+  # tensors, by their names in transformers' state dicts
+  names: Names  # the encoder's modules
+  word_embeddings: str  # the table the masked-LM decoder is tied to
+  layers: str  # where layer i's modules are: f"{layers}{i}."
+  qkv: str | None = None  # layer {i}'s q, k and v in one matrix (ModernBERT's Wqkv)
+  masked_lm: Mapping[tuple, str]  # the masked-LM head's dense, norm and output bias
+  decoder: str  # the masked-LM decoder, tied to the word embeddings
+  decoder_bias: bool = False  # the decoder holds the output bias too (BERT's)
+  prediction_head: Mapping[tuple, str] | None = None  # ModernBERT's dense and norm
+
+  # fine-tuning
+  pooling: Callable[[Mapping], str]  # the default config.task.pooling, of its config.json
+  classifier: SequenceClassifier
+  tags_through_head: bool = False  # its token classifier applies the prediction head
+
+  # parity against transformers (flax_encoder.pytorch.hf_parity)
+  stages: Stages
+  float64: Callable[[], ContextManager] | None = None  # transformers' model in float64 within
+
+  @property
+  def prefix(self) -> str:
+    """The encoder's prefix inside the family's *For… models ('bert.')."""
+    return self.model_types[self.name]
+
+  def expected(self, config: EncoderConfig) -> dict:
+    """The switches' values of a model of the family with `config`'s ids."""
+    preset = self.preset(config.vocab_size, pad_id=config.pad_id)
+    return {name: getattr(preset, name) for name in self.switches}
