@@ -92,7 +92,7 @@ class _Progress:
   the device: enough to keep it busy, few enough that the bar moves at every step (unbounded,
   a window of log_every steps was dispatched at once and the bar moved once per window)."""
 
-  IN_FLIGHT = 2
+  IN_FLIGHT = 3
   SHOW_EVERY_S = 2.0  # the throughput on the bar, at most this often
 
   def __init__(self, writer: MetricWriter | None, bar: tqdm, log_every: int,
@@ -118,10 +118,10 @@ class _Progress:
     self.data_wait_s += data_wait_s
     while self.finished < len(self.pending):
       loss = self.pending[self.finished][1]["loss"]
-      if len(self.pending) - self.finished > self.IN_FLIGHT:
+      if not loss.is_ready():
+        if len(self.pending) - self.finished <= self.IN_FLIGHT:
+          break
         loss.block_until_ready()
-      elif not loss.is_ready():
-        break
       self.finished += 1
       self.bar.update(1)
     now = time.perf_counter()
