@@ -117,8 +117,7 @@ def test_a_further_pretraining_run_exports_what_transformers_loads_as_itself(che
       out, attn_implementation="eager").eval()
   assert transformers.AutoTokenizer.from_pretrained(out).mask_token_id == (
       transformers.AutoTokenizer.from_pretrained(directory).mask_token_id)
-  from train.hf_export import _masked_lm
-  cfg, variables = _masked_lm(workdir)
+  cfg, variables, _ = masked_lm.trained_with_head(workdir)
   ids = np.asarray([[2, 10, 11, 12, 3]] if family == "bert" else [[0, 10, 11, 12, 2]])
   model = masked_lm.MaskedLM(cfg, bert_head=True)
   ours = model.apply({"params": {"encoder": variables["params"],

@@ -295,11 +295,14 @@ def test_what_does_not_map_onto_modernbert_is_refused_naming_it(change, named):
 def test_a_modernbert_classifier_without_its_prediction_head_is_not_exported(task, model, named):
   from types import SimpleNamespace
 
-  from train.hf_export import _head
+  from flax_encoder import families
+  from train.supervised import sequence_classifier
+  from train.tag import token_classifier
   run = SimpleNamespace(task=task, model=SimpleNamespace(config=_modern_config(), **model),
                         params={}, labels=["a", "b"])
-  with pytest.raises(HFError) as e:
-    _head("modernbert", run, {"params": {}}, "model.", "ModernBert")
+  with pytest.raises(HFError) as e:  # each task's export as the family's *For… model
+    {"classify": sequence_classifier, "tag": token_classifier}[task](
+        run, families.get("modernbert"))
   assert str(e.value).startswith(named) and "\n" not in str(e.value)
 
 
@@ -387,7 +390,6 @@ def test_a_fine_tuning_run_exports_modernbert_s_classifier_that_transformers_loa
 
 def test_a_further_pretraining_run_exports_modernbert_for_masked_lm(mean_pooling, tmp_path):
   from train import masked_lm, prepare
-  from train.hf_export import _masked_lm
   corpus = tmp_path / "corpus.jsonl"
   corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in hf_models.TEXTS))
   prepared = str(tmp_path / "prepared")
@@ -402,7 +404,7 @@ def test_a_further_pretraining_run_exports_modernbert_for_masked_lm(mean_pooling
       out, attn_implementation="eager").eval()
   assert type(again).__name__ == "ModernBertForMaskedLM"
   assert again.config.classifier_pooling == "mean"  # the directory's, kept
-  cfg, variables = _masked_lm(workdir)
+  cfg, variables, _ = masked_lm.trained_with_head(workdir)
   ids = _padded(seq=40, vocab=cfg.vocab_size)
   with torch.no_grad():
     theirs = again(input_ids=torch.tensor(ids),

@@ -33,7 +33,8 @@ from train import examples, finetune
 from train.errors import RunError
 from train.finetune import pooling, type_separator
 from train.optim import smoothed_loss_sum
-from train.supervised import FineTuned, SupervisedTask, line_texts, run_of
+from train.supervised import (FineTuned, SupervisedTask, hf_model, line_texts, read_run, run_of,
+                              sequence_classifier)
 from train.task import Definition, Plots, Resume, Setup
 
 
@@ -169,7 +170,8 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                eval_fill={"tokens": prepared.pad_id, "labels": -1},
                record={"encoder": cfg.record(), "dataset": loaded["identity"],
                        "source": os.path.join(workdir, "data"), "labels": labels,
-                       "start": prepared.start.source, "pooling": model.pooling},
+                       "start": prepared.start.source, "pooling": model.pooling,
+                       "family": prepared.start.family},
                start_params=params)
 
 
@@ -201,6 +203,7 @@ DEFINITION = Definition(
     summary=summary,
     export=export,
     predictor=Predictor,
+    hf_model=lambda workdir, config: hf_model(read_run(workdir), sequence_classifier),
     check=finetune.check,
     tokenizer=lambda config, workdir: finetune.run_tokenizer(workdir),
 )

@@ -77,6 +77,11 @@ class Start:
   # its pooler's parameters (BERT's) and its prediction head's (ModernBERT's, "head"), or None.
   hf: dict | None = None
 
+  @property
+  def family(self) -> str | None:
+    """The Hugging Face family it starts from, which the run records; None for any other."""
+    return self.hf["family"] if self.hf else None
+
 
 def _from_run(config) -> Start:
   from train.load import load_config, load_encoder

@@ -16,15 +16,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from flax_encoder import Encoder, EncoderConfig, segment_positions
+from flax_encoder import Encoder, EncoderConfig, families, segment_positions
 from flax_encoder.dense import dense
 from flax_encoder.heads import MaskedLMHead
 from train import dataset, settings
 from train.optim import smoothed_loss_sum
 from train.errors import RunError
 from train.files import sha256_file
-from train.task import (FIXES_STATE, FREE, Definition, Field, Plots, Resume, Setup, boolean,
-                        integer, number, optional, paths, string)
+from train.load import load_encoder, load_params, recorded_encoder_config
+from train.task import (FIXES_STATE, FREE, Definition, Field, HFModel, Plots, Resume, Setup,
+                        boolean, integer, number, optional, paths, string)
 from train.tokens import PROJECT_IDS, SpecialIds
 
 
@@ -247,7 +248,8 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                encoder=cfg, train=windows.train,
                eval=windows.eval[:config.data.max_eval_windows], eval_fill=windows.specials.pad,
                record={"encoder": cfg.record(), "dataset": windows.identity,
-                       "source": windows.source, "start": start or "scratch"},
+                       "source": windows.source, "start": start or "scratch",
+                       "family": family},
                sources=windows.sources, start_params=params)
 
 
@@ -280,6 +282,37 @@ def _from_hf(config, path: str, windows: dataset.Windows):
   return cfg, params, family
 
 
+def hf_model(workdir: str, config) -> HFModel:
+  """The run as transformers' model: from a Hugging Face checkpoint, its *ForMaskedLM (the
+  encoder and the masked-LM head, the checkpoint's tokenizer); from scratch the bare encoder
+  (AutoModel), whose ids carry this project's offset."""
+  start = config.init.get("hf") if "init" in config else None
+  if not start:
+    cfg, variables = load_encoder(workdir)
+    return HFModel(cfg, None, lambda family: (
+        families.to_hf_state_dict(variables, cfg, family.name),
+        {"architectures": [f"{family.stem}Model"]}), None)
+  cfg, variables, family = trained_with_head(workdir)
+  return HFModel(cfg, family, lambda family: (
+      families.to_hf_state_dict(variables, cfg, family.name, prefix=family.prefix),
+      {"architectures": [f"{family.stem}ForMaskedLM"]}),
+      # trained on the checkpoint's own ids (setup checked the prepared data's tokenizer)
+      os.path.join(start, "tokenizer.json"))
+
+
+def trained_with_head(workdir: str) -> tuple[EncoderConfig, dict, str | None]:
+  """(EncoderConfig, {'params': the encoder's, 'heads': {'masked_lm': …}}, the family it
+  recorded) of a further pretraining run's newest verified checkpoint."""
+  def init_for(meta):
+    model = MaskedLM(recorded_encoder_config(meta), bert_head=True)
+    return lambda: model.init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
+
+  params, meta = load_params(workdir, init_for)
+  return (recorded_encoder_config(meta),
+          {"params": params["encoder"], "heads": {"masked_lm": params["masked_lm"]}},
+          meta.get("family"))
+
+
 def summary(metrics: dict) -> str:
   return (f"eval masked-token accuracy {metrics['accuracy']:.3f} (most frequent token "
           f"{metrics['baseline_accuracy']:.3f}), eval loss {metrics['loss']:.3f}")
@@ -306,4 +339,5 @@ DEFINITION = Definition(
                 baseline=("baseline_accuracy", "baseline: most frequent token"),
                 accuracy_title="Held-out masked-token accuracy"),
     summary=summary,
+    hf_model=hf_model,
 )

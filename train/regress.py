@@ -26,7 +26,8 @@ from flax_encoder.inference import default_buckets, padded_batches
 from flax_encoder.tokenizer import encode_examples
 from train import examples, finetune
 from train.finetune import pooling, type_separator
-from train.supervised import FineTuned, SupervisedTask, line_texts, run_of
+from train.supervised import (FineTuned, SupervisedTask, hf_model, line_texts, read_run, run_of,
+                              sequence_classifier)
 from train.task import Definition, Plots, Resume, Setup
 
 
@@ -156,7 +157,8 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                eval_fill={"tokens": prepared.pad_id, "labels": np.nan, "index": 0},
                record={"encoder": cfg.record(), "dataset": loaded["identity"],
                        "source": os.path.join(workdir, "data"),
-                       "start": prepared.start.source, "pooling": model.pooling},
+                       "start": prepared.start.source, "pooling": model.pooling,
+                       "family": prepared.start.family},
                start_params=finetune.start_params(prepared.start, cfg, config, 1,
                                                   model.pooling))
 
@@ -178,6 +180,8 @@ DEFINITION = Definition(
                 score_range=(-1, 1), accuracy_title="Held-out correlation with the labels"),
     summary=summary,
     predictor=Regressor,
+    hf_model=lambda workdir, config: hf_model(
+        read_run(workdir), lambda run, family: sequence_classifier(run, family, "regression")),
     check=finetune.check,
     tokenizer=lambda config, workdir: finetune.run_tokenizer(workdir),
 )

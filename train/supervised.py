@@ -1,6 +1,6 @@
 """What the supervised tasks (classify, regress, tag) share: the part of the step a model of
-labelled examples has, a finished or running run read back for prediction and export, and
-the texts of an input line.
+labelled examples has, a finished or running run read back for prediction and export, the
+run as transformers' model of its task, and the texts of an input line.
 
 Each of those tasks defines its `Predictor` (`train.task.Definition.predictor`): built from a
 run read back (`FineTuned`), it reads the lines `python -m train.predict` is given, predicts a
@@ -15,11 +15,14 @@ import os
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from flax_encoder import families
 from flax_encoder.tokenizer import Template
 from train import examples, finetune
 from train.errors import RunError
 from train.load import load_config, load_params, recorded_encoder_config
+from train.task import HFModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +63,8 @@ class FineTuned:
   params: dict
   labels: list | None
   meta: dict
-  tokenizer: object  # flax_encoder.tokenizer.Tokenizer, its ids numbered as the model's
+  tokenizer: object  # train.tokens.Tokenizer, its ids numbered as the model's
+  family: str | None = None  # the Hugging Face family it started from, as the run recorded
 
   @property
   def template(self) -> Template | None:
@@ -88,7 +92,7 @@ def read_run(workdir: str) -> FineTuned:
 
   params, record = load_params(workdir, init_for)
   return FineTuned(name, model_for(record), params, record.get("labels"), meta,
-                   finetune.run_tokenizer(workdir, meta))
+                   finetune.run_tokenizer(workdir, meta), record.get("family"))
 
 
 def run_of(run: FineTuned | str, task: str) -> FineTuned:
@@ -98,6 +102,53 @@ def run_of(run: FineTuned | str, task: str) -> FineTuned:
   if run.task != task:
     raise RunError(f"--workdir {given}: a {run.task} run, expected a {task} run")
   return run
+
+
+def hf_model(run: FineTuned, state) -> HFModel:
+  """The fine-tuned `run` as transformers' model of its task: `state(run, family)` gives its
+  state dict and config.json entries; the tokenizer is the run's where its ids are a Hugging
+  Face tokenizer's own."""
+  tokenizer = run.tokenizer
+  own = tokenizer.spec.kind == "huggingface" and tokenizer.offset == 0
+  return HFModel(run.model.config, run.family, lambda family: state(run, family),
+                 tokenizer.spec.path if own else None)
+
+
+def encoder_state(run: FineTuned, family) -> tuple[dict, dict]:
+  """The state dict of the run's encoder inside the family's *For… models (and its
+  prediction head, where the family's classifiers apply one), and the config.json entries
+  that name the run's classes."""
+  variables = {"params": run.params["encoder"]}
+  if family.prediction_head:  # its classifiers', by the masked-LM head's names
+    variables["heads"] = {"prediction_head": run.params["head"]}
+  labels = [str(label) for label in run.labels or ["LABEL_0"]]
+  return (families.to_hf_state_dict(variables, run.model.config, family.name,
+                                    prefix=family.prefix),
+          {"id2label": dict(enumerate(labels)),
+           "label2id": {label: i for i, label in enumerate(labels)}})
+
+
+def sequence_classifier(run: FineTuned, family, problem_type: str | None = None):
+  """(state dict, config.json entries) of a run that pools a sequence as the family's
+  *ForSequenceClassification; HFError where its pooling is not the family's."""
+  family.classifier.check(run.model.pooling, family.stem)
+  state, entries = encoder_state(run, family)
+  for key, path in family.classifier.denses:
+    dense = run.params
+    for name in path:
+      dense = dense[name]
+    add_dense(state, key, dense)
+  entries.update(architectures=[f"{family.stem}ForSequenceClassification"],
+                 **family.classifier.config(run.model.pooling))
+  if problem_type:
+    entries["problem_type"] = problem_type
+  return state, entries
+
+
+def add_dense(state: dict, key: str, dense: dict) -> None:
+  """A flax Dense's parameters into a state dict as torch.nn.Linear `key`'s."""
+  state[key + ".weight"] = np.asarray(dense["kernel"]).T
+  state[key + ".bias"] = np.asarray(dense["bias"])
 
 
 def line_texts(record: dict, fields: dict, where: str) -> tuple[str, str | None]:

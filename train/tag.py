@@ -33,7 +33,8 @@ from flax_encoder.tokenizer import encode_words
 from train import examples, finetune
 from train.errors import RunError
 from train.optim import smoothed_loss_sum
-from train.supervised import FineTuned, SupervisedTask, run_of
+from train.supervised import (FineTuned, SupervisedTask, add_dense, encoder_state, hf_model,
+                              read_run, run_of)
 from train.task import Definition, Field, Plots, Resume, Setup, string
 
 
@@ -233,6 +234,21 @@ class Tagger:
     return tag_metrics(jax.device_get(sums))
 
 
+def token_classifier(run: FineTuned, family) -> tuple[dict, dict]:
+  """(state dict, config.json entries) of a tagging run as the family's
+  *ForTokenClassification; HFError where the family's applies a prediction head the run has
+  not (a run from scratch)."""
+  if family.tags_through_head and not run.model.head:
+    raise families.HFError(
+        f"the run tags without {family.title}'s prediction head (only a run from a "
+        f"{family.title} directory has one); transformers' "
+        f"{family.stem}ForTokenClassification applies it")
+  state, entries = encoder_state(run, family)
+  add_dense(state, "classifier", run.params["classifier"])  # no pooler: BERT's has none
+  entries["architectures"] = [f"{family.stem}ForTokenClassification"]
+  return state, entries
+
+
 # ---------------------------------------------------------------------------------------------
 # What the loop needs, and what the program knows of the task.
 
@@ -253,7 +269,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   # From a ModernBERT checkpoint, its prediction head before the classifier (transformers').
   start = prepared.start
   model = TokenClassifier(cfg, len(tags), head=bool(
-      start.hf and families.get(start.hf["family"]).tags_through_head))
+      start.family and families.get(start.family).tags_through_head))
   task = TagTask(model, config.optim.label_smoothing,
                  int(np.argmax(_tag_counts(loaded["train"]["labels"], len(tags)))), scheme)
   untagged = {s: n for s, n in meta["untagged"].items() if n}
@@ -265,7 +281,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                eval_fill={"tokens": prepared.pad_id, "labels": -1},
                record={"encoder": cfg.record(), "dataset": loaded["identity"],
                        "source": os.path.join(workdir, "data"), "labels": tags,
-                       "start": start.source, "head": model.head},
+                       "start": start.source, "head": model.head, "family": start.family},
                start_params=finetune.start_params(start, cfg, config, len(tags),
                                                   head=model.head))
 
@@ -305,6 +321,7 @@ DEFINITION = Definition(
                 accuracy_title="Held-out word accuracy and F1"),
     summary=summary,
     predictor=Tagger,
+    hf_model=lambda workdir, config: hf_model(read_run(workdir), token_classifier),
     check=finetune.check,
     tokenizer=lambda config, workdir: finetune.run_tokenizer(workdir),
 )

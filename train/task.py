@@ -2,8 +2,8 @@
 
 A task is one module that defines `DEFINITION = Definition(...)`: its name, its config fields
 and their checks, the setup that builds its model and data, the labels of its plots, the
-line that sums up a finished run, what `python -m train.export` writes of it and what
-`python -m train.predict` runs. The loop, checkpoints, metrics, plots, predict, export and the
+line that sums up a finished run, what `python -m train.export` writes of it (and as a Hugging
+Face model) and what `python -m train.predict` runs. The loop, checkpoints, metrics, plots, predict, export and the
 settings checks read those facts from here and know no task by name.
 
 Adding a task takes one module that defines DEFINITION, one config file in configs/, and its
@@ -114,6 +114,26 @@ class Setup:
 
 
 @dataclasses.dataclass(frozen=True)
+class HFModel:
+  """A run as transformers' model of its task (`python -m train.export --layout hf`).
+
+  Attributes:
+    encoder: the encoder's config.
+    family: the Hugging Face family the run recorded (it started from such a directory);
+      None: the one its architecture derives (`flax_encoder.families.of_architecture`).
+    state: family -> (the state dict of the family's *For… model of the task, its config.json
+      entries: architectures, id2label, …); a families.HFError where the run is no such model.
+    tokenizer: the tokenizer.json whose own ids the run's are, copied beside the weights;
+      None where the ids are this project's (offset) numbering.
+  """
+
+  encoder: EncoderConfig
+  family: str | None
+  state: Callable[[Any], tuple[dict, dict]]
+  tokenizer: str | None
+
+
+@dataclasses.dataclass(frozen=True)
 class Plots:
   """How a task's plots are titled and labelled. `metrics` are the eval metrics drawn on the
   accuracy plot (name -> legend), `baseline` the metric drawn dashed there as the baseline
@@ -210,6 +230,8 @@ class Definition:
       predictions)) and scores the labelled ones (`scores(labels, predictions)`); its
       `model_for(cfg, record, config, meta)` rebuilds the run's model from a checkpoint's
       record. None: the task predicts nothing (pretraining).
+    hf_model: (workdir, config) -> HFModel: the run as transformers' model of the task, for
+      `python -m train.export --layout hf`; None: the task has none.
     check: cross-field checks of the config (RunError), after each field's own.
     tokenizer: (config, workdir) -> the run's tokenizer (train.tokens.Tokenizer), its ids
       numbered as the model's; None: the prepared data's (train.dataset.run_tokenizer).
@@ -222,5 +244,6 @@ class Definition:
   summary: Callable[[dict], str]
   export: Callable[..., str] | None = None
   predictor: Any = None
+  hf_model: Callable[..., HFModel] | None = None
   check: Callable[[Any], None] | None = None
   tokenizer: Callable[..., Any] | None = None
