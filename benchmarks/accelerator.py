@@ -313,8 +313,9 @@ def bert(tiny: bool, variant=None) -> dict:
   with tempfile.TemporaryDirectory() as directory:
     _bert_directory(directory, tiny)
     for batch, seq in ((4, 32),) if tiny else ((256, 128), (64, 512)):
-      batches = hf.masked_batches(hf.vocab_size_of(directory), batch, seq)
-      config, _, flax_train = hf.flax_side(directory, batches, "bfloat16", _best_attention())
+      rows = hf.token_rows(hf.vocab_size_of(directory), batch, seq)
+      config, _, flax_train, batches = hf.flax_side(directory, rows, "bfloat16",
+                                                    _best_attention())
       runners, first = {"flax": flax_train}, {}
       if torch_device:
         try:
@@ -332,9 +333,10 @@ def bert(tiny: bool, variant=None) -> dict:
         if other in seconds:
           row["first-step loss"] = round(first[impl], 4)
         rows.append(row)
-  notes.append("masked-LM step of benchmarks/hf.py (encoder, BERT's head at every position, "
-               "cross-entropy at the masked 15%, AdamW), dropout off; MFU counts 6 (N_matmul "
-               "+ d vocab + d^2) + 12 L d seq flops a token; random weights from Flax's init")
+  notes.append("masked-LM step of benchmarks/hf.py (Flax: the program's step, BERT's head at "
+               "the masked 15%; transformers: BertForMaskedLM, its head at every position; "
+               "AdamW), dropout off; MFU counts transformers' work, 6 (N_matmul + d vocab + "
+               "d^2) + 12 L d seq flops a token; random weights from Flax's init")
   return {"rows": rows, "notes": notes}
 
 

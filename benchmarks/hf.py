@@ -1,5 +1,5 @@
 r"""A Hugging Face BERT in Flax (`flax_encoder.families.load_hf`) against transformers' own
-BertForMaskedLM: the same weights, the same batches, the same masked-LM training step.
+BertForMaskedLM: the same weights, the same batches, the masked-LM training step each runs.
 
   python -m benchmarks.hf --out benchmarks/results/hf.json     # BERT-base at 8x128: minutes
   python -m benchmarks.hf --tiny                               # a tiny BERT: seconds
@@ -13,20 +13,23 @@ PyTorch side with `attn_implementation` "sdpa" (transformers' default) and "eage
 Sections:
   forward  the encoder's last_hidden_state (no pooler, no head): Flax `Encoder.apply` under
            jax.jit against `model.bert(input_ids, attention_mask)` under torch.no_grad.
-  train    one masked-LM step: encoder, BERT's head (dense, GELU, LayerNorm, the tied
-           decoder) at every position as BertForMaskedLM computes it, cross-entropy over
-           the masked positions, backward, AdamW (lr 1e-4, betas 0.9/0.999, eps 1e-8, weight
-           decay 0.01: torch's defaults but the rate; decay on every parameter, biases and
-           LayerNorms too, as both apply it without a mask), no clipping. Flax:
-           one jitted function, optax.adamw, state donated; PyTorch: BertForMaskedLM(...,
-           labels=...).loss, backward, torch.optim.AdamW.
+  train    one masked-LM step. Flax: the step `python -m train` runs further pretraining
+           with (train.step.make_train_step over train.masked_lm.MaskedLMTask with BERT's
+           head: masking drawn in the step, the encoder, the head's dense, GELU, LayerNorm and
+           tied decoder at the predicted positions, cross-entropy there), jitted once, state
+           donated. PyTorch: BertForMaskedLM(input_ids, labels=...).loss on the same masked
+           ids (the head at every position, as transformers computes it), backward. Both
+           AdamW (lr 1e-4, betas 0.9/0.999, eps 1e-8, weight decay 0.01: torch's defaults but
+           the rate; decay on every parameter, biases and LayerNorms too, as both apply it
+           without a mask), no clipping.
 
 Dropout is off on both sides (torch eval mode, Flax deterministic), so that both compute the
 same function; training with dropout costs both a little more. Each batch is `--size` random
-ids with round(0.15 seq) positions a row replaced by [MASK] and predicted; four batches are
-cycled through, the same on both sides. Before timing, every implementation's first step
-(batch 0, the same weights) must give Flax's loss to rtol 1e-4, and its second (after one
-AdamW update) to rtol 1e-3; both are in the JSON.
+ids; the Flax step masks round(0.15 seq) positions a row as BERT does (80% [MASK], 10% a
+random id, 10% kept) from its step's key, and transformers gets the ids and labels that step
+drew: the first four steps' batches, cycled through. Before timing, every implementation's
+first step (batch 0, the same weights) must give Flax's loss to rtol 1e-4, and its second
+(after one AdamW update) to rtol 1e-3; both are in the JSON.
 
 Implementations: "flax" (jax.jit; attention_impl "reference", load_hf's default, or
 `--attention xla`), "transformers sdpa", "transformers eager" (PyTorch eager
@@ -56,8 +59,10 @@ from benchmarks import bench
 from benchmarks.workload import flops_per_token
 from flax_encoder import Encoder, EncoderConfig
 from flax_encoder.families import load_hf
-from flax_encoder.heads import MaskedLMHead
 from train.host import keep_freed_memory
+from train.masked_lm import MaskedLM, MaskedLMTask, predictions_per_row
+from train.step import TrainState, make_train_step, step_keys
+from train.tokens import SpecialIds
 
 MASK_RATE = 0.15
 N_BATCHES = 4
@@ -68,7 +73,7 @@ BERT_BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_at
                  intermediate_size=3072, max_position_embeddings=512)
 TINY = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=37, max_position_embeddings=64)
-MASK_ID = 103  # bert-base-uncased's [MASK]
+MASK_ID, SEP_ID = 103, 102  # bert-base-uncased's [MASK] and [SEP]
 FIRST_ID = 1000  # random ids from here: no [PAD], [CLS], [SEP] or [MASK] among them
 
 
@@ -98,23 +103,23 @@ def vocab_size_of(directory: str) -> int:
     return json.load(f)["vocab_size"]
 
 
-def masked_batches(vocab_size: int, batch: int, seq: int, n: int = N_BATCHES,
-                   seed: int = 0) -> list[dict]:
-  """`n` batches of random ids, round(MASK_RATE seq) positions a row replaced by the [MASK]
-  id: {"input_ids", "targets" (the original ids), "weights" (1.0 where predicted)}."""
+def token_rows(vocab_size: int, batch: int, seq: int, n: int = N_BATCHES,
+               seed: int = 0) -> list[np.ndarray]:
+  """`n` batches of random ids int32 [batch, seq], none of them a special id."""
   rng = np.random.default_rng(seed)
-  first = FIRST_ID if vocab_size > 2 * FIRST_ID else 1
-  mask_id = min(MASK_ID, vocab_size - 1)
-  masked = max(1, round(MASK_RATE * seq))
-  out = []
-  for _ in range(n):
-    ids = rng.integers(first, vocab_size, (batch, seq))
-    at = np.argsort(rng.random((batch, seq)), axis=1)[:, :masked]
-    weights = np.zeros((batch, seq), np.float32)
-    np.put_along_axis(weights, at, 1.0, axis=1)
-    out.append({"input_ids": np.where(weights > 0, mask_id, ids).astype(np.int32),
-                "targets": ids.astype(np.int32), "weights": weights})
-  return out
+  first = _first_id(vocab_size)
+  return [rng.integers(first, vocab_size, (batch, seq)).astype(np.int32) for _ in range(n)]
+
+
+def _first_id(vocab_size: int) -> int:
+  return FIRST_ID if vocab_size > 2 * FIRST_ID else 1
+
+
+def special_ids(vocab_size: int) -> SpecialIds:
+  """bert-base-uncased's padding, [MASK] and [SEP], the random ids' first as the first text
+  id (a tiny vocabulary's [MASK] is its last id)."""
+  return SpecialIds(pad=0, mask=min(MASK_ID, vocab_size - 1), separator=SEP_ID % vocab_size,
+                    first_token=_first_id(vocab_size))
 
 
 def train_flops_per_token(config: EncoderConfig, seq: int) -> float:
@@ -128,53 +133,58 @@ def train_flops_per_token(config: EncoderConfig, seq: int) -> float:
 # step's loss as a float.
 
 
-def flax_side(directory: str, batches: list[dict], dtype: str = "float32",
+def flax_side(directory: str, rows: list[np.ndarray], dtype: str = "float32",
               attention_impl: str = "reference"):
-  """(config, forward runner, train runner) of load_hf(directory)."""
+  """(config, forward runner, train runner, the masked batches its first steps draw) of
+  load_hf(directory) in the program's masked-LM step. The batches, {"input_ids", "labels"
+  (-100 where nothing is predicted)} as numpy arrays, are what transformers is given."""
   config, variables = load_hf(directory, dtype=dtype, attention_impl=attention_impl,
                               dropout=0.0, attention_dropout=0.0)
-  encoder, head = Encoder(config), MaskedLMHead(config)
+  seq = rows[0].shape[1]
+  task = MaskedLMTask(MaskedLM(config, bert_head=True), mask_rate=MASK_RATE,
+                      predictions=predictions_per_row(MASK_RATE, seq), label_smoothing=0.0,
+                      baseline_token=0, ids=special_ids(config.vocab_size))
   tx = optax.adamw(**ADAMW)
-
-  def loss_fn(params, b):
-    hidden = encoder.apply({"params": params["encoder"]}, b["input_ids"])
-    logits = head.apply({"params": params["head"]}, hidden,
-                        params["encoder"]["embedding"]["embedding"])
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
-                                                             b["targets"])
-    return jnp.sum(losses * b["weights"]) / jnp.sum(b["weights"])
-
-  def train_step(state, b):
-    params, opt_state = state
-    loss, grads = jax.value_and_grad(loss_fn)(params, b)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state), loss
-
   params = jax.device_put({"encoder": variables["params"],
-                           "head": variables["heads"]["masked_lm"]})
-  state = [(params, tx.init(params))]
-  step = jax.jit(train_step, donate_argnums=0)
+                           "masked_lm": variables["heads"]["masked_lm"]})
+  rng = jax.random.PRNGKey(0)
+  state = [TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
+                      rng=rng)]
+  step = jax.jit(make_train_step(task, tx, optax.constant_schedule(ADAMW["learning_rate"])),
+                 donate_argnums=0)
+  masked = [_for_transformers(jax.jit(task.batch)(r, step_keys(rng, k)[1]))
+            for k, r in enumerate(rows)]
+  encoder = Encoder(config)
   forward = jax.jit(lambda p, ids: encoder.apply({"params": p}, ids))
   forward_params = jax.device_put(variables["params"])  # the train state is donated
-  device_batches = [jax.device_put(b) for b in batches]
-  next_forward = itertools.cycle(device_batches).__next__
-  next_train = itertools.cycle(device_batches).__next__
+  next_forward = itertools.cycle([jax.device_put(b["input_ids"]) for b in masked]).__next__
+  next_train = itertools.cycle([jax.device_put(r) for r in rows]).__next__
 
   def run_forward():
-    forward(forward_params, next_forward()["input_ids"]).block_until_ready()
+    forward(forward_params, next_forward()).block_until_ready()
 
   def run_train():
-    state[0], loss = step(state[0], next_train())
-    return float(loss)
+    state[0], metrics = step(state[0], next_train())
+    return float(metrics["loss"])
 
-  return config, run_forward, run_train
+  return config, run_forward, run_train, masked
+
+
+def _for_transformers(batch: dict) -> dict:
+  """The masked batch a step drew -> BertForMaskedLM's input_ids and labels."""
+  batch = jax.device_get(batch)
+  labels = np.full(batch["inputs"].shape, -100, np.int64)
+  chosen = batch["weights"] > 0
+  rows = np.nonzero(chosen)[0]
+  labels[rows, batch["predict_at"][chosen]] = batch["targets"][chosen]
+  return {"input_ids": np.asarray(batch["inputs"], np.int32), "labels": labels}
 
 
 def torch_side(directory: str, batches: list[dict], attention: str, compile_: bool,
                dtype: str = "float32", device: str = "cpu", section: str = "train"):
   """A runner of `section` ("forward" or "train") for transformers' BertForMaskedLM read
   from `directory` with attn_implementation `attention`, through torch.compile if
-  `compile_`, under bfloat16 autocast if `dtype` says so."""
+  `compile_`, under bfloat16 autocast if `dtype` says so, on `batches` (flax_side's)."""
   import torch
   import transformers
   model = transformers.BertForMaskedLM.from_pretrained(
@@ -182,8 +192,7 @@ def torch_side(directory: str, batches: list[dict], attention: str, compile_: bo
   tensors = [{"input_ids": torch.from_numpy(b["input_ids"]).long().to(device),
               "attention_mask": torch.ones(b["input_ids"].shape, dtype=torch.long,
                                            device=device),
-              "labels": torch.from_numpy(np.where(b["weights"] > 0, b["targets"], -100)
-                                         ).long().to(device)} for b in batches]
+              "labels": torch.from_numpy(b["labels"]).long().to(device)} for b in batches]
   next_batch = itertools.cycle(tensors).__next__
   sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
   autocast = lambda: torch.autocast(device_type=device, dtype=torch.bfloat16,
@@ -251,10 +260,10 @@ def measure(directory: str, batch: int, seq: int, reps: int, warmup: int, compil
   """{"records": forward and train timings, "losses": check_losses' rows}, one section at a
   time (each section's models are freed before the next's are built)."""
   import torch
-  batches = masked_batches(vocab_size_of(directory), batch, seq)
+  rows = token_rows(vocab_size_of(directory), batch, seq)
   impls = implementations(compile_)
-  config, flax_forward, flax_train = flax_side(directory, batches,
-                                               attention_impl=attention_impl)
+  config, flax_forward, flax_train, batches = flax_side(directory, rows,
+                                                        attention_impl=attention_impl)
   forward = {"flax": flax_forward}
   for name, attention, compiled in impls:
     forward[name] = torch_side(directory, batches, attention, compiled, section="forward")
