@@ -313,8 +313,8 @@ def bert(tiny: bool, variant=None) -> dict:
   with tempfile.TemporaryDirectory() as directory:
     _bert_directory(directory, tiny)
     for batch, seq in ((4, 32),) if tiny else ((256, 128), (64, 512)):
-      rows = hf.token_rows(hf.vocab_size_of(directory), batch, seq)
-      config, _, flax_train, batches = hf.flax_side(directory, rows, "bfloat16",
+      ids = hf.token_rows(hf.vocab_size_of(directory), batch, seq)
+      config, _, flax_train, batches = hf.flax_side(directory, ids, "bfloat16",
                                                     _best_attention())
       runners, first = {"flax": flax_train}, {}
       if torch_device:
