@@ -117,6 +117,7 @@ def test_a_run_trains_predicts_its_eval_and_exports_what_transformers_loads_as_i
   model = transformers.AutoModelForSequenceClassification.from_pretrained(
       out, attn_implementation="eager").eval()
   tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+  assert tokenizer.model_max_length == 32  # the run's seq_len: what it truncates to
   assert model.config.id2label == {0: "digits", 1: "letters", 2: "symbols"}
   rows = [json.loads(line) for line in open(eval_)][:6]
   batch = tokenizer([r["text"] for r in rows], [r["text_pair"] for r in rows], padding=True,

@@ -89,7 +89,7 @@ def export_hf(workdir: str, out: str) -> str:
                                 metadata={"format": "pt"})
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(contents, f, indent=2)
-    _tokenizer(model.tokenizer, _start(config), tmp)
+    _tokenizer(model.tokenizer, _start(config), tmp, config.train.seq_len)
     readable_as_umask_allows(tmp)
   return out
 
@@ -106,12 +106,21 @@ def _carried(config, family: families.Family) -> dict:
   return {k: hf[k] for k in family.carried if k in hf}
 
 
-def _tokenizer(file: str | None, start: str | None, out: str) -> None:
+def _tokenizer(file: str | None, start: str | None, out: str, seq_len: int) -> None:
   """Copies the tokenizer.json whose ids the run's are, and the starting directory's other
-  tokenizer files; nothing where the run's ids are this project's numbering."""
+  tokenizer files, its tokenizer_config.json saying the run's length (`model_max_length`,
+  what transformers' tokenizer truncates to); nothing where the run's ids are this project's
+  numbering."""
   if file is None:
     return
   shutil.copyfile(file, os.path.join(out, "tokenizer.json"))
   for name in _TOKENIZER_FILES:
     if start and os.path.isfile(os.path.join(start, name)):
       shutil.copyfile(os.path.join(start, name), os.path.join(out, name))
+  path = os.path.join(out, "tokenizer_config.json")
+  settings = {}
+  if os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+      settings = json.load(f)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump({**settings, "model_max_length": seq_len}, f, indent=2)
