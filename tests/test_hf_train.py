@@ -108,7 +108,7 @@ def test_a_run_trains_predicts_its_eval_and_exports_what_transformers_loads_as_i
   truth = [json.loads(line)["label"] for line in open(eval_)]
   assert np.mean([p == t for p, t in zip(predictions, truth)]) == pytest.approx(
       final["accuracy"])
-  from train.supervised import read_run
+  from train.predict import read_run
   assert read_run(workdir).family == family  # recorded: the export reads it, guesses nothing
 
   from train.export import main as export

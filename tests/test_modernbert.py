@@ -42,8 +42,8 @@ def modernbert(path, dtype=torch.float32, **overrides):
 
 @pytest.fixture
 def float64_rotary():
-  """transformers' ModernBERT in float64 throughout (`parity.modernbert_in_float64`)."""
-  from flax_encoder.pytorch.hf_parity import modernbert_in_float64
+  """transformers' ModernBERT in float64 throughout (`modernbert_float64.modernbert_in_float64`)."""
+  from flax_encoder.pytorch.modernbert_float64 import modernbert_in_float64
   with modernbert_in_float64():
     yield
 

@@ -81,8 +81,10 @@ class Predictor:
   """A fine-tuned classifier (`run`: a classify run's workdir, or the run read) as a
   `flax_encoder.text_classifier.TextClassifier`, with what predict reads and writes."""
 
+  task = "classify"
+
   def __init__(self, run: FineTuned | str, batch_size: int = 64):
-    run = run_of(run, "classify")
+    run = run_of(run, Predictor)
     meta, model = run.meta, run.model
     self.fields, self.labels = meta["fields"], run.labels
     self.classifier = TextClassifier(model.config, run.params, run.labels, run.tokenizer,
@@ -193,7 +195,7 @@ def export(workdir: str, out: str) -> str:
 
 
 DEFINITION = Definition(
-    name="classify",
+    name=Predictor.task,
     fields={**finetune.FIELDS, **finetune.TEXT_FIELDS},
     setup=setup,
     plots=Plots(loss_title="Classification loss", loss_unit="nats / example",
@@ -203,7 +205,7 @@ DEFINITION = Definition(
     summary=summary,
     export=export,
     predictor=Predictor,
-    hf_model=lambda workdir, config: hf_model(read_run(workdir), sequence_classifier),
+    hf_model=lambda workdir, config: hf_model(read_run(workdir, Predictor), sequence_classifier),
     check=finetune.check,
     tokenizer=lambda config, workdir: finetune.run_tokenizer(workdir),
 )

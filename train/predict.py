@@ -39,10 +39,21 @@ from flax_encoder.tokenizer import is_cut
 from train import examples, sources, tasks
 from train.errors import RunError
 from train.files import written_whole
-from train.supervised import read_run
+from train.load import load_config
+from train import supervised
 from train.workdir import out_problem
 
 _CHUNK = 1024  # lines in memory at once
+
+
+def read_run(workdir: str) -> supervised.FineTuned:
+  """The fine-tuning run in `workdir`; RunError for a run of a task that predicts nothing."""
+  name = load_config(workdir).task.get("name", "masked_lm")
+  predictor = tasks.definition(name).predictor
+  if predictor is None:
+    raise RunError(f"--workdir {workdir}: a {name} run, expected a fine-tuning run (one of "
+                   f"{tuple(n for n, d in tasks.DEFINITIONS.items() if d.predictor)})")
+  return supervised.read_run(workdir, predictor)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -94,8 +94,10 @@ class Regressor:
   """A fine-tuned regression (`run`: a regress run's workdir, or the run read): texts (and
   pairs) in, numbers out."""
 
+  task = "regress"
+
   def __init__(self, run: FineTuned | str, batch_size: int = 64):
-    run = run_of(run, "regress")
+    run = run_of(run, Regressor)
     self.run, self.batch_size, self.fields = run, batch_size, run.meta["fields"]
     self.params = jax.device_put(run.params)
     self.buckets = default_buckets(run.model.config, run.meta["seq_len"])
@@ -170,7 +172,7 @@ def summary(metrics: dict) -> str:
 
 
 DEFINITION = Definition(
-    name="regress",
+    name=Regressor.task,
     fields={**finetune.FIELDS, **finetune.TEXT_FIELDS},
     setup=setup,
     plots=Plots(loss_title="Regression loss", loss_unit="squared error / example",
@@ -181,7 +183,7 @@ DEFINITION = Definition(
     summary=summary,
     predictor=Regressor,
     hf_model=lambda workdir, config: hf_model(
-        read_run(workdir), lambda run, family: sequence_classifier(run, family, "regression")),
+        read_run(workdir, Regressor), lambda run, family: sequence_classifier(run, family, "regression")),
     check=finetune.check,
     tokenizer=lambda config, workdir: finetune.run_tokenizer(workdir),
 )

@@ -73,15 +73,11 @@ class FineTuned:
     return Template.from_dict(template) if template else None
 
 
-def read_run(workdir: str) -> FineTuned:
-  """The fine-tuning run in `workdir`; RunError for a run of a task that predicts nothing."""
-  from train import tasks  # the registry imports the tasks, which import this module
+def read_run(workdir: str, predictor) -> FineTuned:
+  """The fine-tuning run in `workdir`, its model rebuilt as its task's `predictor` (the
+  Predictor class of train.task.Definition) says."""
   config = load_config(workdir)
   name = config.task.get("name", "masked_lm")
-  predictor = tasks.definition(name).predictor
-  if predictor is None:
-    raise RunError(f"--workdir {workdir}: a {name} run, expected a fine-tuning run (one of "
-                   f"{tuple(n for n, d in tasks.DEFINITIONS.items() if d.predictor)})")
   meta = examples.load_examples(os.path.join(workdir, "data"))["meta"]
   model_for = lambda record: predictor.model_for(recorded_encoder_config(record), record,
                                                  config, meta)
@@ -95,12 +91,15 @@ def read_run(workdir: str) -> FineTuned:
                    finetune.run_tokenizer(workdir, meta), record.get("family"))
 
 
-def run_of(run: FineTuned | str, task: str) -> FineTuned:
-  """`run` (a workdir, or the run read), which must be a `task` run."""
-  given = run if isinstance(run, str) else "the run"
-  run = read_run(run) if isinstance(run, str) else run
-  if run.task != task:
-    raise RunError(f"--workdir {given}: a {run.task} run, expected a {task} run")
+def run_of(run: FineTuned | str, predictor) -> FineTuned:
+  """`run` (a workdir, or the run read), which must be a run of `predictor`'s task."""
+  if isinstance(run, str):
+    task = load_config(run).task.get("name", "masked_lm")
+    if task != predictor.task:
+      raise RunError(f"--workdir {run}: a {task} run, expected a {predictor.task} run")
+    return read_run(run, predictor)
+  if run.task != predictor.task:
+    raise RunError(f"--workdir the run: a {run.task} run, expected a {predictor.task} run")
   return run
 
 

@@ -167,8 +167,10 @@ class Tagger:
   """A fine-tuned tagger (`run`: a tag run's workdir, or the run read): words in, a tag per
   word out, laid out as the run's examples were (`encode_words`)."""
 
+  task = "tag"
+
   def __init__(self, run: FineTuned | str, batch_size: int = 64):
-    run = run_of(run, "tag")
+    run = run_of(run, Tagger)
     self.run, self.batch_size, self.fields = run, batch_size, run.meta["fields"]
     self.labels, self.scheme = run.labels, BIO.of(run.labels)
     self.tags_of = {t: i for i, t in enumerate(self.labels)}
@@ -310,7 +312,7 @@ def summary(metrics: dict) -> str:
 
 
 DEFINITION = Definition(
-    name="tag",
+    name=Tagger.task,
     fields={**finetune.FIELDS, "data.tokens_field": Field(string),
             "data.tags_field": Field(string)},
     setup=setup,
@@ -321,7 +323,7 @@ DEFINITION = Definition(
                 accuracy_title="Held-out word accuracy and F1"),
     summary=summary,
     predictor=Tagger,
-    hf_model=lambda workdir, config: hf_model(read_run(workdir), token_classifier),
+    hf_model=lambda workdir, config: hf_model(read_run(workdir, Tagger), token_classifier),
     check=finetune.check,
     tokenizer=lambda config, workdir: finetune.run_tokenizer(workdir),
 )

@@ -20,7 +20,8 @@ from flax_encoder.families.family import (
 
 SIZES = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers")
 SWITCHES = ("position_embedding", "position_offset", "type_vocab_size", "embedding_scale",
-            "embedding_norm", "final_norm", "norm_position", "first_attention_norm", "glu")
+            "embedding_norm", "final_norm", "norm_position", "first_attention_norm", "glu",
+            "embedding_size", "shared_layers")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 _EMBEDDINGS = {("embedding",): "embeddings.tok_embeddings", ("embedding_norm",): "embeddings.norm",
                ("norm",): "final_norm"}
@@ -159,7 +160,7 @@ def stages(n_layers: int) -> list[tuple[str, str, str]]:
 def in_float64():
   """transformers' ModernBERT turning queries and keys, and taking its softmax, in the model's
   dtype (flax_encoder.pytorch.hf_parity; needs torch)."""
-  from flax_encoder.pytorch.hf_parity import modernbert_in_float64
+  from flax_encoder.pytorch.modernbert_float64 import modernbert_in_float64
   return modernbert_in_float64()
 
 

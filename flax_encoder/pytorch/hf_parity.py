@@ -6,6 +6,7 @@ stage (`compare_hf`): the stages and any float64 patch are the family's
 
 from __future__ import annotations
 
+import collections
 import contextlib
 
 import numpy as np
@@ -13,7 +14,7 @@ import torch
 
 from flax_encoder import families
 from flax_encoder.config import EncoderConfig
-from flax_encoder.pytorch.report import Row, hooked, row, run_flax
+from flax_encoder.pytorch.report import Row, row, run_flax
 
 
 def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray) -> list[Row]:
@@ -54,12 +55,35 @@ def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray
   in_float64 = (family.float64() if family.float64 and config.dtype == np.float64
                 else contextlib.nullcontext())
   with torch.no_grad(), in_float64:
-    captured, output = hooked(modules, [t for _, _, t in points],
-                              lambda: model(input_ids=ids, attention_mask=mask))
-  rows = [row(name, flax_value(f), captured[t]) for name, f, t in points]
+    calls, output = _every_call(modules, {t for _, _, t in points},
+                                lambda: model(input_ids=ids, attention_mask=mask))
+  seen: collections.Counter = collections.Counter()  # a module's stages so far: its next call
+  rows = []
+  for name, f, t in points:
+    rows.append(row(name, flax_value(f), calls[t][seen[t]]))
+    seen[t] += 1
   rows.append(row("last_hidden_state", output_flax,
                   output.last_hidden_state.detach().cpu().numpy()))
   return rows
+
+
+def _every_call(modules: dict, names, run):
+  """run() with a forward hook on each module of `names` -> ({name: its outputs, one per call,
+  as numpy}, run()'s result): ALBERT's one layer runs at every depth."""
+  calls: dict[str, list] = collections.defaultdict(list)
+
+  def hook(name):
+    def save(_, args, output):
+      output = output[0] if isinstance(output, tuple) else output
+      calls[name].append(output.detach().cpu().numpy())
+    return save
+
+  handles = [modules[name].register_forward_hook(hook(name)) for name in names]
+  try:
+    return calls, run()
+  finally:
+    for h in handles:
+      h.remove()
 
 
 def base_model(transformers, path):
@@ -76,44 +100,3 @@ def base_model(transformers, path):
     logging.set_verbosity(verbosity)
     if bars:
       logging.enable_progress_bar()
-
-
-@contextlib.contextmanager
-def modernbert_in_float64():
-  """Within it, transformers' ModernBERT turns queries and keys, and takes its eager softmax,
-  in the model's dtype: it does both in float32 whatever the model's, so that a float64
-  ModernBERT is ~1e-9 off float64 maths. The maths are unchanged. (The ModernBERT family's
-  `float64`.)"""
-  from transformers.models.modernbert import modeling_modernbert as module
-
-  def attention(_, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if attention_mask is not None:
-      weights = weights + attention_mask
-    weights = torch.softmax(weights, dim=-1)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
-
-  def rotary(q, k, cos, sin, unsqueeze_dim=1):
-    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-    turn = lambda x: x * cos + module.rotate_half(x) * sin
-    return turn(q), turn(k)
-
-  def angles(self, x, position_ids, layer_type):
-    theta = self.config.rope_parameters[layer_type]["rope_theta"]
-    dim = self.config.hidden_size // self.config.num_attention_heads
-    inv_freq = theta ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    turned = position_ids[..., None].to(torch.float64) * inv_freq
-    turned = torch.cat((turned, turned), dim=-1)
-    return turned.cos().to(x.dtype), turned.sin().to(x.dtype)
-
-  patched = ((module, "eager_attention_forward", attention),
-             (module, "apply_rotary_pos_emb", rotary),
-             (module.ModernBertRotaryEmbedding, "forward", angles))
-  saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
-  try:
-    for owner, name, value in patched:
-      setattr(owner, name, value)
-    yield
-  finally:
-    for owner, name, value in saved:
-      setattr(owner, name, value)
