@@ -37,6 +37,10 @@ def get_config() -> ml_collections.ConfigDict:
   model.type_vocab_size = 0
   model.embedding_scale = True
   model.embedding_norm = False
+  # ALBERT's switches: embeddings of embedding_size (0: d_model) projected to d_model, and one
+  # layer's parameters shared by every layer.
+  model.embedding_size = 0
+  model.shared_layers = False
   # ModernBERT's switches (flax_encoder.EncoderConfig): "rotary" positions of two bases, local
   # attention of a window in all but every n-th layer, GeGLU, no biases, no attention norm in
   # layer 0 (with norm_position "pre").

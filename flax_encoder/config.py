@@ -87,6 +87,11 @@ class EncoderConfig:
   type_vocab_size: int = _field(0, "architecture")  # > 0: token-type (segment A/B) embeddings
   embedding_scale: bool = _field(True, "architecture")  # embeddings * sqrt(d_model) (paper)
   embedding_norm: bool = _field(False, "architecture")  # LayerNorm on the embeddings' sum (BERT)
+  # ALBERT's switches. embedding_size > 0: the tables are that wide, and a dense layer
+  # ("embedding_projection") maps their normalised sum to d_model (0: d_model wide, no
+  # projection). shared_layers: one layer's parameters applied at every depth.
+  embedding_size: int = _field(0, "architecture")
+  shared_layers: bool = _field(False, "architecture")
   # ModernBERT's switches. "rotary" positions rotate each head's queries and keys by their
   # position (RoFormer, halves rotated as transformers has it), with base rope_theta in the
   # global layers and local_rope_theta in the local ones. With local_attention = w > 0, layer i
@@ -123,16 +128,17 @@ class EncoderConfig:
     if self.d_model % self.n_heads:
       raise ConfigError("d_model", self.d_model,
                         f"a number divisible by n_heads ({self.n_heads})")
-    if self.d_model % 2 and self.position_embedding == "sinusoidal":
-      raise ConfigError("d_model", self.d_model,
-                        "an even number (sin/cos pairs of the positional encoding)")
     if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, (int, np.integer)) or not (
         0 <= self.pad_id < self.vocab_size):
       raise ConfigError("pad_id", self.pad_id, f"an id in [0, vocab_size={self.vocab_size})")
-    for name in ("position_offset", "type_vocab_size", "local_attention"):
+    for name in ("position_offset", "type_vocab_size", "local_attention", "embedding_size"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ConfigError(name, value, "an integer >= 0")
+    if self.embedding_width % 2 and self.position_embedding == "sinusoidal":
+      width = "embedding_size" if self.embedding_size else "d_model"
+      raise ConfigError(width, getattr(self, width),
+                        "an even number (sin/cos pairs of the positional encoding)")
     if isinstance(self.global_attention_every, bool) or not isinstance(
         self.global_attention_every, (int, np.integer)) or self.global_attention_every < 1:
       raise ConfigError("global_attention_every", self.global_attention_every,
@@ -159,7 +165,7 @@ class EncoderConfig:
       if value not in allowed:
         raise ConfigError(name, value, f"one of {allowed}")
     for name in ("final_norm", "embedding_scale", "embedding_norm", "glu", "dense_bias",
-                 "norm_bias", "first_attention_norm", "scan_layers"):
+                 "norm_bias", "first_attention_norm", "scan_layers", "shared_layers"):
       if not isinstance(getattr(self, name), (bool, np.bool_)):
         raise ConfigError(name, getattr(self, name), "True or False")
     self._check_together()
@@ -178,6 +184,10 @@ class EncoderConfig:
         ("scan_layers", self.scan_layers and not self.first_attention_norm,
          "False: first_attention_norm=False makes layer 0 unlike the others, so the layers "
          "cannot be stacked for nn.scan"),
+        ("scan_layers", self.scan_layers and self.shared_layers,
+         "False with shared_layers=True (one layer's parameters: no stack of layers to scan)"),
+        ("shared_layers", self.shared_layers and not self.first_attention_norm,
+         "False with first_attention_norm=False (a layer 0 unlike the others shares nothing)"),
     ):
       if wrong:
         raise ConfigError(field, getattr(self, field), expected)
@@ -239,6 +249,11 @@ class EncoderConfig:
     return cls(**record, **settings)
 
   @property
+  def embedding_width(self) -> int:
+    """The width of the embedding tables: embedding_size where factorised, else d_model."""
+    return self.embedding_size or self.d_model
+
+  @property
   def head_dim(self) -> int:
     return self.d_model // self.n_heads
 
@@ -290,6 +305,14 @@ class EncoderConfig:
   def distilbert(cls, vocab_size: int, **overrides) -> EncoderConfig:
     """DistilBERT-base: BERT-base of 6 layers, without token types."""
     return cls.bert(vocab_size, **{**dict(n_layers=6, type_vocab_size=0), **overrides})
+
+  @classmethod
+  def albert(cls, vocab_size: int, **overrides) -> EncoderConfig:
+    """ALBERT-base (v2): BERT-base whose embeddings are 128 wide, projected to d_model, and
+    whose 12 layers are one layer's parameters applied 12 times; GELU's tanh form, no
+    dropout."""
+    fields = dict(embedding_size=128, shared_layers=True, activation="gelu_tanh", dropout=0.0)
+    return cls.bert(vocab_size, **{**fields, **overrides})
 
   @classmethod
   def modernbert(cls, vocab_size: int, **overrides) -> EncoderConfig:

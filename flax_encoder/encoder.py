@@ -1,5 +1,5 @@
 """The encoder stack: embedding (* sqrt(d_model)) + positions (+ token types), (LayerNorm),
-dropout, N layers, (final LayerNorm)."""
+dropout, (a projection to d_model), N layers (or one layer N times), (final LayerNorm)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_encoder.config import EncoderConfig
+from flax_encoder.dense import dense
 from flax_encoder.dropout import Dropout
 from flax_encoder.embedding import PositionalEncoding
 from flax_encoder.inputs import (check_packing, check_token_shape, check_token_types,
@@ -49,7 +50,8 @@ def _scan_body(layer: nn.Module, x, is_global, mask, deterministic, positions):
 class Encoder(nn.Module):
   """The Transformer encoder of "Attention Is All You Need", as the PyTorch tutorial port has it,
   or, by EncoderConfig's switches, as BERT, RoBERTa and DistilBERT have it (learned positions,
-  token types, a LayerNorm on the embeddings, no final LayerNorm).
+  token types, a LayerNorm on the embeddings, no final LayerNorm), ALBERT (narrower embeddings
+  projected to d_model, one layer's parameters at every depth) or ModernBERT.
 
   Attributes:
     config: sizes and options.
@@ -115,23 +117,24 @@ class Encoder(nn.Module):
     elif mask is None:
       mask = padding_mask(tokens, cfg.pad_id)
 
-    embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                     # std d_model^-0.5: after the sqrt(d_model) scale the embeddings have unit
+    width = cfg.embedding_width  # of the tables: ALBERT's are narrower than d_model
+    embed = nn.Embed(cfg.vocab_size, width, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                     # std width^-0.5: after the sqrt(width) scale the embeddings have unit
                      # variance, the scale of the sinusoids (tensor2tensor's choice).
                      embedding_init=nn.with_logical_partitioning(
-                         nn.initializers.normal(stddev=cfg.d_model**-0.5), ("vocab", "embed")),
+                         nn.initializers.normal(stddev=width**-0.5), ("vocab", "embed")),
                      name="embedding")
     # A negative id is out of range like one past the table (NaN rows under a plain jit),
     # not counted back from its end as a gather would.
     x = embed(jnp.where(tokens < 0, cfg.vocab_size, tokens))
     if cfg.embedding_scale:
-      x = x * math.sqrt(cfg.d_model)
+      x = x * math.sqrt(width)
     if cfg.type_vocab_size:
       types = jnp.zeros_like(tokens) if token_types is None else token_types
       x = x + _table(cfg, cfg.type_vocab_size, "token_type_embedding")(
           jnp.where(types < 0, cfg.type_vocab_size, types))
     if cfg.position_embedding == "sinusoidal":
-      x = PositionalEncoding(cfg.max_len, cfg.d_model, name="pos_encoder")(x, positions)
+      x = PositionalEncoding(cfg.max_len, width, name="pos_encoder")(x, positions)
     elif cfg.position_embedding == "learned":
       x = x + _table(cfg, cfg.max_len + cfg.position_offset, "position_embedding")(
           _position_rows(cfg, tokens, positions))
@@ -139,10 +142,18 @@ class Encoder(nn.Module):
     if cfg.embedding_norm:
       x = layer_norm(cfg, "embedding_norm")(x)
     x = Dropout(cfg.dropout)(x, deterministic=deterministic)
+    if cfg.embedding_size:  # [batch, seq, embedding_size] -> [batch, seq, d_model]
+      x = dense(cfg, cfg.d_model, ("embed_factor", "embed"), "embedding_projection")(x)
     x = nn.with_logical_constraint(x, ACTIVATION_AXES)
 
     layer = _layer_class(cfg)
-    if cfg.scan_layers:
+    if cfg.shared_layers:
+      # One layer's parameters ("shared_layer"), applied at each depth by a module of its
+      # own ("layers_{i}", without parameters), whose output reads as that depth's.
+      shared = layer(cfg, name="shared_layer")
+      for i, is_global in enumerate(cfg.global_layers):
+        x = Depth(shared, name=f"layers_{i}")(x, mask, deterministic, rotary, is_global)
+    elif cfg.scan_layers:
       scan = nn.scan(_scan_body, variable_axes={"params": 0, "intermediates": 0},
                      split_rngs={"params": True, "dropout": True},
                      in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
@@ -159,10 +170,21 @@ class Encoder(nn.Module):
     return x
 
 
+class Depth(nn.Module):
+  """One depth of a stack whose layers share their parameters: `layer`, which the encoder
+  holds, applied here (EncoderLayer's arguments)."""
+
+  layer: nn.Module
+
+  def __call__(self, *args) -> jax.Array:
+    return self.layer(*args)
+
+
 def _table(cfg: EncoderConfig, rows: int, name: str) -> nn.Embed:
-  """A learned table of `rows` d_model-vectors (BERT's positions and token types), normal with
-  std 0.02 (BERT's initializer_range). An index out of [0, rows) reads NaN."""
-  return nn.Embed(rows, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+  """A learned table of `rows` vectors of the embedding's width (BERT's positions and token
+  types), normal with std 0.02 (BERT's initializer_range). An index out of [0, rows) reads
+  NaN."""
+  return nn.Embed(rows, cfg.embedding_width, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                   embedding_init=nn.with_logical_partitioning(
                       nn.initializers.normal(stddev=0.02), (None, "embed")), name=name)
 

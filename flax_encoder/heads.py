@@ -6,12 +6,13 @@
         variables["params"]["embedding"]["embedding"])               # [batch, seq, vocab]
     pooled = Pooler(config).apply({"params": variables["heads"]["pooler"]}, hidden)  # [batch, d]
 
-`MaskedLMHead`: dense d -> d, the config's activation, LayerNorm, then the embedding table
-transposed (the decoder tied to the input embedding) plus a bias per token. `Pooler`: BERT's
-dense d -> d and tanh on the first token. `PredictionHead`: ModernBERT's `head`, the masked-LM
-head's first three steps alone (dense, activation, LayerNorm), which its classifiers apply to
-the pooled or per-token hidden states. `flax_encoder.families.load_hf` puts the weights of
-those a checkpoint has under `variables["heads"]`.
+`MaskedLMHead`: dense d -> the embedding's width (d, or ALBERT's embedding_size), the config's
+activation, LayerNorm, then the embedding table transposed (the decoder tied to the input
+embedding) plus a bias per token. `Pooler`: BERT's dense d -> d and tanh on the first token
+(ALBERT's too). `PredictionHead`: ModernBERT's `head`, the masked-LM head's first three steps
+alone (dense, activation, LayerNorm), which its classifiers apply to the pooled or per-token
+hidden states. `flax_encoder.families.load_hf` puts the weights of those a checkpoint has
+under `variables["heads"]`.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from flax_encoder.dense import dense
 from flax_encoder.layer import layer_norm
 
 
-def _transform(cfg: EncoderConfig, hidden: jax.Array) -> jax.Array:
-  """LayerNorm(activation(dense(hidden))), d -> d: its modules "dense" and "norm" belong to the
-  module that calls it."""
-  h = ACTIVATIONS[cfg.activation](dense(cfg, cfg.d_model, ("embed", "mlp"), "dense")(hidden))
+def _transform(cfg: EncoderConfig, hidden: jax.Array, width: int) -> jax.Array:
+  """LayerNorm(activation(dense(hidden))), d -> width: its modules "dense" and "norm" belong
+  to the module that calls it."""
+  h = ACTIVATIONS[cfg.activation](dense(cfg, width, ("embed", "mlp"), "dense")(hidden))
   return layer_norm(cfg, "norm")(h)
 
 
@@ -39,10 +40,14 @@ class MaskedLMHead(nn.Module):
 
   @nn.compact
   def __call__(self, hidden: jax.Array, embedding: jax.Array) -> jax.Array:
-    """hidden [..., d_model] and the embedding table [vocab_size, d_model] -> logits
-    [..., vocab_size] in config.dtype."""
+    """hidden [..., d_model] and the embedding table [vocab_size, config.embedding_width] ->
+    logits [..., vocab_size] in config.dtype."""
     cfg = self.config
-    h = _transform(cfg, hidden)
+    if tuple(embedding.shape) != (cfg.vocab_size, cfg.embedding_width):
+      raise ValueError(f"embedding: shape {tuple(embedding.shape)}, expected the encoder's table "
+                       f"[vocab_size, embedding_width] = "
+                       f"{[cfg.vocab_size, cfg.embedding_width]}")
+    h = _transform(cfg, hidden, cfg.embedding_width)  # [..., embedding_width]
     bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
                                                            ("vocab",)),
                       (cfg.vocab_size,), cfg.param_dtype)
@@ -72,4 +77,4 @@ class PredictionHead(nn.Module):
   @nn.compact
   def __call__(self, hidden: jax.Array) -> jax.Array:
     """[..., d_model] -> [..., d_model] in config.dtype."""
-    return _transform(self.config, hidden)
+    return _transform(self.config, hidden, self.config.d_model)

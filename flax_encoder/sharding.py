@@ -2,11 +2,11 @@
 
 Every parameter is created with `nn.with_logical_partitioning`, so its dimensions carry names
 that say what they are ("embed", "mlp", "joined_kv", "vocab", "classes" for a classifier head,
-and "layers" when scanned), and
-the encoder constrains its activations to ("activation_batch", "activation_length",
-"activation_embed"). `RULES` maps those names onto the axes of a `jax.sharding.Mesh`; a new kind
-of parallelism is a change of rules, not of the model. For example, tensor parallelism over a
-third mesh axis "tensor" is
+"embed_factor" for the input of ALBERT's projection of its narrower embedding, and "layers"
+when scanned), and the encoder constrains its activations to ("activation_batch",
+"activation_length", "activation_embed"). `RULES` maps those names onto the axes of a
+`jax.sharding.Mesh`; a new kind of parallelism is a change of rules, not of the model. For
+example, tensor parallelism over a third mesh axis "tensor" is
 
     rules = (("mlp", "tensor"), ("joined_kv", "tensor"), *RULES)
 
@@ -38,6 +38,7 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("vocab", None),
     ("classes", None),  # a classifier's outputs
     ("mlp", None),
+    ("embed_factor", None),  # the embedding's width where it is not d_model's (ALBERT's)
     ("joined_kv", None),
     ("layers", None),
 )

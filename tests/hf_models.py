@@ -31,9 +31,9 @@ def _byte_bpe() -> tuple[Tokenizer, dict]:
 
 def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
           **sizes) -> str:
-  """A tiny random `family` ('bert', 'roberta', 'distilbert', 'modernbert') model with `head`
-  ('pretraining': as the published checkpoints, BERT's with its pooler and masked-LM head;
-  'masked_lm' or 'base') and its tokenizer, saved into `path`; returns it."""
+  """A tiny random `family` ('bert', 'roberta', 'distilbert', 'modernbert', 'albert') model
+  with `head` ('pretraining': as the published checkpoints, BERT's with its pooler and
+  masked-LM head; 'masked_lm' or 'base') and its tokenizer, saved into `path`; returns it."""
   tok, special = _byte_bpe() if family == "roberta" else _wordpiece()
   vocab = tok.get_vocab_size()
   torch.manual_seed(seed)
@@ -46,6 +46,10 @@ def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
         num_attention_heads=4, max_position_embeddings=128, local_attention=16,
         global_attn_every_n_layers=3, pad_token_id=0, bos_token_id=2, eos_token_id=3,
         cls_token_id=2, sep_token_id=3, **sizes)
+  elif family == "albert":  # the WordPiece tokenizer: ALBERT's own is SentencePiece's
+    config = transformers.AlbertConfig(
+        vocab_size=vocab, embedding_size=16, hidden_size=32, num_hidden_layers=3,
+        num_attention_heads=4, intermediate_size=37, max_position_embeddings=66, **sizes)
   else:
     common = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=37, max_position_embeddings=66, **sizes)

@@ -33,6 +33,9 @@ def attention_weights(cfg, variables, tokenizer: Tokenizer,
   inter = state["intermediates"]
   if cfg.scan_layers:
     weights = np.asarray(inter["layers"]["self_attn"]["attention_weights"][0])[:, 0]
+  elif cfg.shared_layers:  # one layer's parameters, its weights sown at each depth in turn
+    weights = np.stack([np.asarray(w[0]) for w in
+                        inter["shared_layer"]["self_attn"]["attention_weights"]])
   else:
     weights = np.stack([np.asarray(inter[f"layers_{i}"]["self_attn"]["attention_weights"][0][0])
                         for i in range(cfg.n_layers)])

@@ -133,6 +133,9 @@ def main(argv=None) -> int:
     print(f"export: error: --out {args.out}: cannot write it ({e.strerror or e})",
           file=sys.stderr)
     return 1
+  except ValueError as e:  # what the converters refuse of a model: one line naming it
+    print(f"export: error: --layout {args.layout}: {e}", file=sys.stderr)
+    return 2
   return 0
 
 

@@ -224,12 +224,22 @@ def task(config, cfg: EncoderConfig, baseline_token: int, ids: SpecialIds = PROJ
   """The task config.task describes (label smoothing from config.optim) for the encoder `cfg`
   and data of special `ids`; `bert_head`: a Hugging Face checkpoint's head."""
   return MaskedLMTask(
-      model=MaskedLM(cfg, tie_embeddings=config.task.tie_embeddings, bert_head=bert_head),
+      model=MaskedLM(cfg, tie_embeddings=_tied(config, cfg, bert_head), bert_head=bert_head),
       mask_rate=config.task.mask_rate,
       predictions=predictions_per_row(config.task.mask_rate, config.train.seq_len,
                                       config.task.max_predictions_per_seq),
       label_smoothing=config.optim.label_smoothing, baseline_token=baseline_token,
       cross_document_attention=config.task.cross_document_attention, ids=ids)
+
+
+def _tied(config, cfg: EncoderConfig, bert_head: bool) -> bool:
+  """config.task.tie_embeddings, where the table can be the output layer: its width is the
+  encoder's (a factorised table's is not; BERT's head projects to it)."""
+  if config.task.tie_embeddings and cfg.embedding_width != cfg.d_model and not bert_head:
+    raise RunError(f"config.task.tie_embeddings: True with config.model.embedding_size "
+                   f"{cfg.embedding_size}, expected False: the table's rows are narrower than "
+                   f"the encoder's output")
+  return config.task.tie_embeddings
 
 
 def setup(config, workdir: str, resume: Resume) -> Setup:

@@ -10,6 +10,7 @@
   roberta     roberta, xlm-roberta, camembert  roberta.py
   distilbert  distilbert                       distilbert.py
   modernbert  modernbert                       modernbert.py
+  albert      albert                           albert.py
 
 Each module holds one `Family` (family.py): its preset, config.json both ways, its tensor
 names both ways, its heads, its fine-tuning defaults and its parity stages. The generic
@@ -24,18 +25,19 @@ import os
 from collections.abc import Mapping
 
 from flax_encoder.config import EncoderConfig
-from flax_encoder.families import bert, distilbert, modernbert, roberta
+from flax_encoder.families import albert, bert, distilbert, modernbert, roberta
 from flax_encoder.families.family import Family, HFError, SequenceClassifier
 
 # name -> family, in the order errors list them
 FAMILIES: dict[str, Family] = {f.name: f for f in (bert.FAMILY, roberta.FAMILY,
-                                                     distilbert.FAMILY, modernbert.FAMILY)}
+                                                     distilbert.FAMILY, modernbert.FAMILY,
+                                                     albert.FAMILY)}
 # model_type (config.json's) -> family
 MODEL_TYPES: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 
 def get(name: str) -> Family:
-  """The family `name` ('bert', 'roberta', 'distilbert', 'modernbert')."""
+  """The family `name` ('bert', 'roberta', 'distilbert', 'modernbert', 'albert')."""
   family = FAMILIES.get(name)
   if family is None:
     raise HFError(f"family {name!r}: expected one of {tuple(FAMILIES)}")
@@ -54,10 +56,13 @@ def of_directory(path: str | os.PathLike) -> Family:
 
 def of_architecture(config: EncoderConfig) -> Family:
   """The family a model trained from scratch exports as, which it has no record of: rotary
-  positions are ModernBERT's; learned ones RoBERTa's with a position offset, else BERT's with
-  token types, else DistilBERT's. `hf_config` then says what else differs."""
+  positions are ModernBERT's; shared layers ALBERT's; learned positions RoBERTa's with a
+  position offset, else BERT's with token types, else DistilBERT's. `hf_config` then says what
+  else differs."""
   if config.position_embedding == "rotary":
     return modernbert.FAMILY
+  if config.shared_layers:
+    return albert.FAMILY
   if config.position_offset:
     return roberta.FAMILY
   return bert.FAMILY if config.type_vocab_size else distilbert.FAMILY

@@ -65,8 +65,8 @@ def _pad_id(fields: Fields, family: Family, vocab_size: int) -> int:
 
 def hf_config(config: EncoderConfig, family: str, **extra) -> dict:
   """The config.json contents of `config` as a transformers `family` model ('bert',
-  'roberta', 'distilbert', 'modernbert'); `extra` entries (architectures, id2label …) are
-  added. HFError naming the fields that differ where `config` is not such a model."""
+  'roberta', 'distilbert', 'modernbert', 'albert'); `extra` entries (architectures, id2label
+  …) are added. HFError naming the fields that differ where `config` is not such a model."""
   family = families.get(family)
   want = family.expected(config)
   if family.token_types and config.type_vocab_size < 1:

@@ -123,8 +123,8 @@ def read_hf(path: str | os.PathLike, **settings) -> HFModel:
 
 
 def load_hf(path: str | os.PathLike, **settings) -> tuple[EncoderConfig, dict]:
-  """A Hugging Face BERT, RoBERTa, DistilBERT or ModernBERT directory -> (EncoderConfig,
-  variables).
+  """A Hugging Face BERT, RoBERTa, DistilBERT, ModernBERT or ALBERT directory ->
+  (EncoderConfig, variables).
 
   `Encoder(config).apply(variables, input_ids)` returns transformers' last_hidden_state
   (padding is the model's own pad_token_id; `token_types=` as its token_type_ids, zeros by

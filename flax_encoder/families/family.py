@@ -78,7 +78,9 @@ class Fields:
 Refuse = Callable[[str, Any, str], None]
 # (flax path under params, module name within the encoder) of each of the encoder's modules.
 Names = Callable[[EncoderConfig], Iterator[tuple[tuple, str]]]
-# (stage, Flax module path, transformers module name) of a model of n_layers, in forward order.
+# (stage, Flax module path, transformers module name) of a model of n_layers, in forward order;
+# a transformers module that runs at several depths (ALBERT's shared layer) is named once per
+# call, its k-th stage compared with its k-th call.
 Stages = Callable[[int], list[tuple[str, str, str]]]
 
 
@@ -131,12 +133,13 @@ class Family:
   # tensors, by their names in transformers' state dicts
   names: Names  # the encoder's modules
   word_embeddings: str  # the table the masked-LM decoder is tied to
-  layers: str  # where layer i's modules are: f"{layers}{i}."
+  layers: str  # where layer i's modules are: f"{layers}{i}." (ALBERT's shared one: i = 0)
   qkv: str | None = None  # layer {i}'s q, k and v in one matrix (ModernBERT's Wqkv)
   masked_lm: Mapping[tuple, str]  # the masked-LM head's dense, norm and output bias
   decoder: str  # the masked-LM decoder, tied to the word embeddings
   decoder_bias: bool = False  # the decoder holds the output bias too (BERT's)
   prediction_head: Mapping[tuple, str] | None = None  # ModernBERT's dense and norm
+  pooler: str = "pooler.dense"  # the pooler's dense layer, under the encoder's prefix
 
   # fine-tuning
   pooling: Callable[[Mapping], str]  # the default config.task.pooling, of its config.json

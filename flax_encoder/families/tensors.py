@@ -50,19 +50,20 @@ def _kind(path: tuple) -> str:
 
 
 def _expected_shape(config: EncoderConfig, path: tuple, what: str) -> tuple[int, ...]:
-  """The shape the module at flax `path` has in the state dict (torch.nn.Linear's weight
-  [out, in]), for its "weight" or "bias"."""
-  d, kind, name = config.d_model, _kind(path), path[-1]
+  """The shape the module at flax `path` (a head's under its name: ('masked_lm', 'dense')) has
+  in the state dict (torch.nn.Linear's weight [out, in]), for its "weight" or "bias"."""
+  d, e, kind, name = config.d_model, config.embedding_width, _kind(path), path[-1]
   if kind == "table":
     rows = {"embedding": config.vocab_size, "token_type_embedding": config.type_vocab_size,
             "position_embedding": config.max_len + config.position_offset}[name]
-    return (rows, d)
-  if kind == "norm":
-    return (d,)
+    return (rows, e)
+  if kind == "norm":  # the masked-LM head maps back to the embedding's width (ALBERT's)
+    return (e,) if path in (("embedding_norm",), ("masked_lm", "norm")) else (d,)
   if kind == "vector":  # the masked-LM head's output bias
     return (config.vocab_size,)
   out, inputs = {"qkv": (3 * d, d), "w_1": (config.d_ff * (2 if config.glu else 1), d),
-                 "w_2": (d, config.d_ff)}.get(name, (d, d))
+                 "w_2": (d, config.d_ff), "embedding_projection": (d, e)}.get(
+                     name, (e, d) if path == ("masked_lm", "dense") else (d, d))
   return (out, inputs) if what == "weight" else (out,)
 
 
@@ -84,7 +85,10 @@ def _base_prefix(state: Mapping, model_type: str, family: Family) -> str:
 
 
 def _check_depth(state: Mapping, at: str, family: Family, config: EncoderConfig) -> None:
-  """Refuses a config.json of more layers than the weights hold, before anything is built."""
+  """Refuses a config.json of more layers than the weights hold, before anything is built.
+  Shared layers are one layer's weights at every depth: their names say if they are held."""
+  if config.shared_layers:
+    return
   held = len({k[len(at):].split(".")[0] for k in state if k.startswith(at)})
   if config.n_layers > held:
     raise HFError(f"config.json: {family.sizes[3]}={config.n_layers}, but the weights hold "
@@ -137,20 +141,20 @@ def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
       params[f"layers_{i}"]["self_attn"].update(_split_qkv(
           module(family.qkv.format(i=i), ("qkv",), prefix)))
   heads: dict = {}
-  if any(k.startswith(prefix + "pooler.") for k in state):
-    heads["pooler"] = {"dense": module("pooler.dense", ("dense",), prefix)}
+  if any(k.startswith(prefix + family.pooler + ".") for k in state):
+    heads["pooler"] = {"dense": module(family.pooler, ("pooler", "dense"), prefix)}
   head = family.prediction_head
   if head and head[("dense",)] + ".weight" in state:
     heads["prediction_head"] = {}
     for path, name in head.items():
-      _put(heads["prediction_head"], path, module(name, path, ""))
+      _put(heads["prediction_head"], path, module(name, ("prediction_head", *path), ""))
   mlm = dict(family.masked_lm)
   if family.decoder_bias and mlm[("bias",)] not in state:  # its copy, where only it is saved
     mlm[("bias",)] = family.decoder + ".bias"
   if mlm[("bias",)] in state:
     heads["masked_lm"] = {}
     for path, name in mlm.items():
-      _put(heads["masked_lm"], path, module(name, path, ""))
+      _put(heads["masked_lm"], path, module(name, ("masked_lm", *path), ""))
     _check_tied(state, hf, family, params["embedding"]["embedding"], cast)
   _warn_unread(state, prefix, read)
   if config.scan_layers:
@@ -225,7 +229,7 @@ def to_hf_state_dict(variables: Mapping, config: EncoderConfig, family: str,
       emit({"qkv": qkv}, ("qkv",), prefix + family.qkv.format(i=i))
   heads = nn.unbox(variables.get("heads", {}))
   if "pooler" in heads:
-    emit(heads["pooler"], ("dense",), prefix + "pooler.dense")
+    emit(heads["pooler"], ("dense",), prefix + family.pooler)
   if "prediction_head" in heads:
     for path, name in family.prediction_head.items():
       emit(heads["prediction_head"], path, name)

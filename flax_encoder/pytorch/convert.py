@@ -167,6 +167,11 @@ def to_torch_state_dict(variables: Mapping, config: EncoderConfig,
   tutorial port loads it with `load_state_dict(strict=True)`.
   """
   check_layout(layout)
+  if config.shared_layers or config.embedding_size:
+    field = "shared_layers" if config.shared_layers else "embedding_size"
+    raise ValueError(f"EncoderConfig.{field}: {getattr(config, field)!r}: layout {layout!r} has "
+                     f"a table of d_model and a layer of its own at every depth (an ALBERT-style "
+                     f"model exports with --layout hf)")
   params = nn.unbox(variables.get("params", variables))  # as `init` returns them, or plain
   if config.scan_layers:
     params = unstack_layers(params, config.n_layers)
