@@ -94,6 +94,7 @@ def test_tensor_names_go_both_ways(name):
 
 
 def test_a_safetensors_directory_loads_without_torch(tmp_path):
+  pytest.importorskip("safetensors", reason="safetensors is installed with the torch extra")
   import safetensors.numpy
   config = _tiny("roberta")
   params = _params(config)
