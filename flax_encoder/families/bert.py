@@ -15,6 +15,7 @@ from flax_encoder.families.family import (
     Fields,
     Refuse,
     SequenceClassifier,
+    post_ln_stages,
 )
 
 SIZES = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers")
@@ -90,13 +91,7 @@ def write(config: EncoderConfig, act: str, model_type: str = "bert") -> dict:
               pad_token_id=config.pad_id, position_embedding_type="absolute")
 
 
-def stages(n_layers: int) -> list[tuple[str, str, str]]:
-  """Per layer the attention sub-layer after its LayerNorm, then the layer."""
-  points = [("embeddings", "embedding_norm", "embeddings")]
-  for i in range(n_layers):
-    layer, attention = f"encoder.layer.{i}", f"encoder.layer.{i}.attention"
-    points += [(attention, f"layers_{i}/norm1", attention), (layer, f"layers_{i}", layer)]
-  return points
+stages = post_ln_stages("encoder.layer.", "attention")
 
 
 FAMILY = Family(

@@ -7,7 +7,7 @@ import functools
 
 from flax_encoder.config import EncoderConfig
 from flax_encoder.families import bert
-from flax_encoder.families.family import ACTIVATIONS, Family, SequenceClassifier
+from flax_encoder.families.family import ACTIVATIONS, Family, SequenceClassifier, post_ln_stages
 
 SIZES = ("dim", "n_heads", "hidden_dim", "n_layers")
 
@@ -42,13 +42,7 @@ def write(config: EncoderConfig, act: str) -> dict:
               pad_token_id=config.pad_id, sinusoidal_pos_embds=False)
 
 
-def stages(n_layers: int) -> list[tuple[str, str, str]]:
-  """Per layer the attention sub-layer's LayerNorm, then the layer."""
-  points = [("embeddings", "embedding_norm", "embeddings")]
-  for i in range(n_layers):
-    layer, attention = f"transformer.layer.{i}", f"transformer.layer.{i}.sa_layer_norm"
-    points += [(attention, f"layers_{i}/norm1", attention), (layer, f"layers_{i}", layer)]
-  return points
+stages = post_ln_stages("transformer.layer.", "sa_layer_norm")
 
 
 FAMILY = Family(

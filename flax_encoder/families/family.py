@@ -84,6 +84,22 @@ Names = Callable[[EncoderConfig], Iterator[tuple[tuple, str]]]
 Stages = Callable[[int], list[tuple[str, str, str]]]
 
 
+def post_ln_stages(layers: str, attention: str) -> Stages:
+  """The parity stages of a Post-LN family whose layer i is f"{layers}{i}" and whose attention
+  sub-layer, after its LayerNorm, is that layer's `attention` module: the embeddings, then per
+  layer the attention sub-layer and the layer."""
+
+  def stages(n_layers: int) -> list[tuple[str, str, str]]:
+    points = [("embeddings", "embedding_norm", "embeddings")]
+    for i in range(n_layers):
+      layer = f"{layers}{i}"
+      points += [(f"{layer}.{attention}", f"layers_{i}/norm1", f"{layer}.{attention}"),
+                 (layer, f"layers_{i}", layer)]
+    return points
+
+  return stages
+
+
 @dataclasses.dataclass(frozen=True)
 class SequenceClassifier:
   """transformers' *ForSequenceClassification of a family: the run's poolings it computes and
