@@ -216,7 +216,7 @@ def train_step(tiny: bool, variant=None) -> dict:
 
   from benchmarks.bench import interleaved, matmul_peak
   from benchmarks.workload import flops_per_token, jax_side, predictions, torch_side
-  from train.throughput import device_peak
+  from train.run.throughput import device_peak
   cfg = _paper_cfg(tiny, dtype="bfloat16", attention_impl=_best_attention())
   device = jax.devices()[0].device_kind
   on_gpu = jax.default_backend() == "gpu"
@@ -301,7 +301,7 @@ def bert(tiny: bool, variant=None) -> dict:
 
   from benchmarks import hf
   from benchmarks.bench import interleaved, matmul_peak
-  from train.throughput import device_peak
+  from train.run.throughput import device_peak
   device = jax.devices()[0].device_kind
   peak = matmul_peak("bfloat16", sizes=(256,) if tiny else (8192,), reps=3)
   measured = max(r["flops_per_s"] for r in peak if r["impl"] == "jax")
@@ -431,7 +431,7 @@ def big(tiny: bool, variant: str | None = None) -> dict:
 
 
 def train_run(tiny: bool, variant=None, seconds: float = 120) -> dict:
-  from train.metrics import read_metrics
+  from train.run.metrics import read_metrics
   with tempfile.TemporaryDirectory() as workdir:
     if tiny:
       args = ["--config=configs/default.py", "--config.model.d_model=32",

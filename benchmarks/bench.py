@@ -7,7 +7,7 @@ Sections (each a list of records in the output JSON):
   peak     the matmul peak of this device: the best FLOP/s of large square matmuls in JAX and
            in PyTorch, in the benchmark's dtype, measured in this run.
   forward  inference forward of the encoder (no output head), `--sizes` batch x seq.
-  train    the training step of `python -m train` (`train.step.make_train_step`): masking of the
+  train    the training step of `python -m train` (`train.run.step.make_train_step`): masking of the
            token ids, encoder, output layer at the masked positions, label-smoothed
            cross-entropy, backward, Adam with the paper's schedule (benchmarks/workload.py).
   compile  jit compile time of the training step at 6, 12 and 24 layers, unrolled vs scanned.
@@ -41,7 +41,7 @@ import optax
 from benchmarks.workload import (flops_per_token, jax_side, paper_base, predictions,
                                  torch_side)
 from flax_encoder import EncoderConfig
-from train.host import keep_freed_memory
+from train.run.host import keep_freed_memory
 
 # ---------------------------------------------------------------------------------------------
 # Timing
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
                       "torch.compile")
   parser.add_argument("--malloc", default="keep", choices=("keep", "default"),
                       help="keep: glibc malloc keeps freed memory for reuse "
-                      "(train.host.keep_freed_memory), as python -m train runs; "
+                      "(train.run.host.keep_freed_memory), as python -m train runs; "
                       "default: glibc's defaults")
   parser.add_argument("--out", default=None, help="results JSON (default: print only)")
   args = parser.parse_args(argv)

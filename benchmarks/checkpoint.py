@@ -3,7 +3,7 @@ r"""How long a checkpoint holds up training, and how long restoring and verifyin
   python -m benchmarks.checkpoint [--dir /tmp/ckpt] [--saves 3]
 
 The train state of the paper-base model with its 8192-way output layer (parameters and Adam's
-two moments, float32) and the training pipeline's iterator, saved with train.checkpoint as the
+two moments, float32) and the training pipeline's iterator, saved with train.run.checkpoint as the
 training loop saves them. Reported, as medians over `--saves`:
   blocked   the `Checkpointer.save` call: how long the training loop waits for a save;
   commit    from then until the checkpoint is on disk and verified-ready (orbax's background
@@ -26,10 +26,10 @@ import numpy as np
 
 from benchmarks.workload import paper_base, paper_optimizer, paper_task
 from flax_encoder import sharding
-from train import pipeline
-from train.checkpoint import Checkpointer
-from train.host import keep_freed_memory
-from train.step import abstract_state, init_state
+from train.data import pipeline
+from train.run.checkpoint import Checkpointer
+from train.run.host import keep_freed_memory
+from train.run.step import abstract_state, init_state
 
 
 def main(argv=None) -> int:

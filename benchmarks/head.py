@@ -21,7 +21,7 @@ import jax
 
 from benchmarks.bench import interleaved
 from benchmarks.workload import jax_side, paper_base, predictions
-from train.host import keep_freed_memory
+from train.run.host import keep_freed_memory
 
 
 def main(argv=None) -> int:

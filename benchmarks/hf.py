@@ -14,7 +14,7 @@ Sections:
   forward  the encoder's last_hidden_state (no pooler, no head): Flax `Encoder.apply` under
            jax.jit against `model.bert(input_ids, attention_mask)` under torch.no_grad.
   train    one masked-LM step. Flax: the step `python -m train` runs further pretraining
-           with (train.step.make_train_step over train.masked_lm.MaskedLMTask with BERT's
+           with (train.run.step.make_train_step over train.tasks.masked_lm.MaskedLMTask with BERT's
            head: masking drawn in the step, the encoder, the head's dense, GELU, LayerNorm and
            tied decoder at the predicted positions, cross-entropy there), jitted once, state
            donated. PyTorch: BertForMaskedLM(input_ids, labels=...).loss on the same masked
@@ -36,7 +36,7 @@ Implementations: "flax" (jax.jit; attention_impl "reference", load_hf's default,
 mode with each attention implementation) and the same through torch.compile ("... compiled";
 `--no-compile`, or `--tiny`, leaves them out). float32 with full-precision matmuls on both
 sides, torch.set_num_threads(os.cpu_count()), glibc malloc keeping freed memory for both
-(train.host.keep_freed_memory, as benchmarks.bench and python -m train run). Timing is
+(train.run.host.keep_freed_memory, as benchmarks.bench and python -m train run). Timing is
 benchmarks.bench's: warm-up, then repetitions interleaved across implementations after an
 untimed 0.5 s pause each, medians.
 """
@@ -59,10 +59,10 @@ from benchmarks import bench
 from benchmarks.workload import flops_per_token
 from flax_encoder import Encoder, EncoderConfig
 from flax_encoder.families import load_hf
-from train.host import keep_freed_memory
-from train.masked_lm import MaskedLM, MaskedLMTask, predictions_per_row
-from train.step import TrainState, make_train_step, step_keys
-from train.tokens import SpecialIds
+from train.data.tokens import SpecialIds
+from train.run.host import keep_freed_memory
+from train.run.step import TrainState, make_train_step, step_keys
+from train.tasks.masked_lm import MaskedLM, MaskedLMTask, predictions_per_row
 
 MASK_RATE = 0.15
 N_BATCHES = 4

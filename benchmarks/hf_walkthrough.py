@@ -57,7 +57,7 @@ def write_directory(path: str, vocab_size: int) -> None:
   import torch
   import transformers
 
-  from train.sources import BUILTIN, documents, plan
+  from train.data.sources import BUILTIN, documents, plan
   texts = [text for _, text, _ in documents(plan([BUILTIN], 1 << 30), "text")]
   tok, special = wordpiece(texts, vocab_size)
   transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **special).save_pretrained(path)

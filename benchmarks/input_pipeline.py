@@ -3,13 +3,13 @@ r"""Tokens per second the training input pipeline delivers on the host, ready fo
   python -m benchmarks.input_pipeline [--prepared DIR] [--megabytes 100] [--workers 0,1,2]
                                       [--batch 64] [--batches 300]
 
-`train.pipeline.TrainBatches` as `python -m train` runs it (grain: an exact shuffle of the window
-indices, reshuffled every epoch, batched, one read of the batch's rows from the memory-mapped
-windows; masking happens later, in the jitted step) over the training windows of DIR, a
-directory `python -m train.prepare` wrote. Without DIR: a generated text corpus of
-`--megabytes` MB (benchmarks/prepare.py's), prepared as bytes at seq_len 128 and 512 into a
-temporary directory, so its windows are in the page cache. Reported per worker count: tokens
-per second over `--batches` batches, after 10 untimed ones (which include the workers' start).
+`train.data.pipeline.TrainBatches` as `python -m train` runs it (grain: an exact shuffle of the
+window indices, reshuffled every epoch, batched, one read of the batch's rows from the memory-mapped
+windows; masking happens later, in the jitted step) over the training windows of DIR, a directory
+`python -m train.prepare` wrote. Without DIR: a generated text corpus of `--megabytes` MB
+(benchmarks/prepare.py's), prepared as bytes at seq_len 128 and 512 into a temporary directory, so
+its windows are in the page cache. Reported per worker count: tokens per second over `--batches`
+batches, after 10 untimed ones (which include the workers' start).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from absl import flags
 
 from benchmarks.prepare import write_corpus
-from train import dataset, pipeline, prepare
+from train.data import dataset, pipeline, prepare
 
 
 def tokens_per_s(windows: dataset.Windows, batch: int, batches: int, workers: int) -> float:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-from train.metrics import read_metrics
+from train.run.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESH = ["--config.mesh.data=2", "--config.mesh.fsdp=2"]

@@ -22,7 +22,7 @@ import jax
 
 from benchmarks.bench import interleaved
 from benchmarks.workload import compiled_train_step, jax_side, paper_base
-from train.host import keep_freed_memory
+from train.run.host import keep_freed_memory
 
 
 def main(argv=None) -> int:

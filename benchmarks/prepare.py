@@ -22,7 +22,7 @@ FILES = 20
 
 
 def write_corpus(directory: str, megabytes: float) -> None:
-  from train.sources import builtin_topics
+  from train.data.sources import builtin_topics
   text = "".join(builtin_topics()).encode("utf-8")
   per_file = int(megabytes * 1e6 / FILES)
   for i in range(FILES):

@@ -42,7 +42,7 @@ def main() -> None:
   parser.add_argument("--workers", default="1,2")
   parser.add_argument("--copies", type=int, default=4)
   args = parser.parse_args()
-  from train import prepare
+  from train.data import prepare
   files = prepare.expand(corpus(), ["*.py"])
   with tempfile.TemporaryDirectory() as tmp:
     for copy in range(args.copies):

@@ -27,9 +27,9 @@ import numpy as np
 from benchmarks.bench import matmul_peak
 from benchmarks.workload import (flops_per_token, paper_base, paper_optimizer, paper_task,
                                  predictions)
-from train.host import keep_freed_memory
-from train.step import init_state, make_train_step
-from train.tokens import FIRST_TOKEN_ID
+from train.data.tokens import FIRST_TOKEN_ID
+from train.run.host import keep_freed_memory
+from train.run.step import init_state, make_train_step
 
 
 def main(argv=None) -> int:

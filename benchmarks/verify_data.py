@@ -2,11 +2,11 @@ r"""What checking a prepared file's ids costs at the start of a run.
 
   python -m benchmarks.verify_data [--gigabytes 1] [--dir /tmp]
 
-Writes a train.bin of `--gigabytes` GB of uint16 ids in windows of 512 (random ids below a
-32,004-id vocabulary), then times `train.dataset.check_ids`, the pass over the memory-mapped file
-that every run makes once per file before its first step: twice with the file in the page
-cache (as right after `train.prepare`), once after asking the kernel to drop it from the cache
-(posix_fadvise DONTNEED; what a file read from disk costs depends on the disk).
+Writes a train.bin of `--gigabytes` GB of uint16 ids in windows of 512 (random ids below a 32,004-id
+vocabulary), then times `train.data.dataset.check_ids`, the pass over the memory-mapped file that
+every run makes once per file before its first step: twice with the file in the page cache (as right
+after `train.prepare`), once after asking the kernel to drop it from the cache (posix_fadvise
+DONTNEED; what a file read from disk costs depends on the disk).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from train.dataset import check_ids
+from train.data.dataset import check_ids
 
 _SEQ_LEN, _VOCAB = 512, 32_004
 

@@ -1,8 +1,8 @@
 """What the benchmarks run: the training step of `python -m train`, and the same on PyTorch.
 
 The JAX side is `train`'s own, built from configs/base.py: the masked-token task
-(`train.masked_lm`: encoder + output layer at the masked positions, label smoothing),
-`init_state` and the step of `train.step.make_train_step` (which masks the batch's token ids)
+(`train.tasks.masked_lm`: encoder + output layer at the masked positions, label smoothing),
+`init_state` and the step of `train.run.step.make_train_step` (which masks the batch's token ids)
 with the paper's Adam and warm-up schedule. The PyTorch side is the tutorial port
 (`flax_encoder.pytorch.reference`) with the same weights, the same masked batches, output
 layer, loss, optimizer and schedule.
@@ -21,10 +21,11 @@ import numpy as np
 
 from configs import base
 from flax_encoder import Encoder, EncoderConfig
-from train import masked_lm, settings
-from train.optim import make_optimizer
-from train.step import init_state, make_train_step, step_keys
-from train.tokens import FIRST_TOKEN_ID
+from train.data.tokens import FIRST_TOKEN_ID
+from train.run import settings
+from train.run.optim import make_optimizer
+from train.run.step import init_state, make_train_step, step_keys
+from train.tasks import masked_lm
 
 VOCAB_SIZE = 8192  # the output layer's width; byte-level training uses 260
 
@@ -99,7 +100,7 @@ def jax_side(cfg: EncoderConfig, batch: int, seq: int, seed: int = 0, steps_mask
   """(forward runner, train runner, params, host batches) on the JAX side.
 
   The train runner returns the step's loss; it calls the training step `python -m train`
-  runs (`train.step.make_train_step` of the masked-token task, configs/base.py's optimizer),
+  runs (`train.run.step.make_train_step` of the masked-token task, configs/base.py's optimizer),
   jitted with the state donated, on one batch of random token ids (masked in the step); the
   forward runner the encoder alone, as inference does. The host batches are the first
   `steps_masked` steps' masked batches, for the PyTorch side.

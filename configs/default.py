@@ -75,7 +75,7 @@ def get_config() -> ml_collections.ConfigDict:
   # with an accelerator: BENCHMARKS.md, "Input pipeline").
   config.data.workers = 0
 
-  # Masked-token prediction (train.masked_lm): what is predicted and the output layer.
+  # Masked-token prediction (train.tasks.masked_lm): what is predicted and the output layer.
   # Further pretraining of a Hugging Face BERT, RoBERTa or DistilBERT directory (its encoder
   # and masked-LM head; config.model's architecture fields do not apply, its training and
   # execution fields do) on a corpus prepared with its ids: python -m train.prepare

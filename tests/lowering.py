@@ -19,7 +19,7 @@ import numpy as np
 from flax_encoder import sharding
 from flax_encoder.inference import export_encoder
 from tests import tiny
-from train.step import abstract_state, make_train_step
+from train.run.step import abstract_state, make_train_step
 
 
 def main() -> int:

@@ -11,7 +11,7 @@ import sys
 import time
 import warnings
 
-from train.metrics import read_metrics
+from train.run.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "tiny.py")

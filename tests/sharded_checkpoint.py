@@ -14,8 +14,8 @@ import numpy as np
 
 from flax_encoder import sharding
 from tests import tiny
-from train import pipeline
-from train.checkpoint import Checkpointer
+from train.data import pipeline
+from train.run.checkpoint import Checkpointer
 
 
 def main(directory):

@@ -24,8 +24,9 @@ from flax_encoder.families import (HFError, config_from_hf, from_hf_state_dict, 
                                    hf_config, load_hf, read_hf_config, read_hf_weights)
 from flax_encoder.heads import MaskedLMHead, Pooler  # noqa: E402
 from tests import hf_models, runs  # noqa: E402
-from train import classify, masked_lm, prepare, tag  # noqa: E402
+from train.data import prepare
 from train.task import Resume  # noqa: E402
+from train.tasks import classify, masked_lm, tag  # noqa: E402
 
 TOLERANCE = {"float32": 1e-5, "float64": 1e-10}
 SEQ_LEN = 24
@@ -361,7 +362,7 @@ def test_a_fine_tuned_run_exports_what_transformers_loads_as_itself(pretraining,
              "--config.train.log_every=2", "--config.train.eval_every=2",
              "--config.train.checkpoint_every=2", "--config.optim.warmup_steps=1",
              config=None)
-  from train.export import main as export
+  from train.outputs.export import main as export
   out = str(tmp_path / "exported")
   assert export(["--workdir", workdir, "--layout", "hf", "--out", out]) == 0
   written = json.load(open(os.path.join(out, "config.json")))
@@ -380,7 +381,7 @@ def test_a_fine_tuned_run_exports_what_transformers_loads_as_itself(pretraining,
                     return_token_type_ids=True, return_tensors="pt")
   with torch.no_grad():
     theirs = torch.softmax(model(**batch).logits, -1).numpy()
-  from train.classify import Predictor
+  from train.tasks.classify import Predictor
   ours = Predictor(workdir).probabilities([r["text"] for r in rows],
                                           [r["text_pair"] for r in rows])
   np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5)

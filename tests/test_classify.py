@@ -16,9 +16,9 @@ import pytest
 from configs import classify as classify_config
 from flax_encoder import Encoder, EncoderConfig
 from tests import runs
-from train import classify
 from train.errors import RunError
 from train.task import Resume
+from train.tasks import classify
 
 CLASSES = {"digits": "0123456789", "letters": "abcdefghij", "symbols": "+-*/=<>!?%"}
 
@@ -83,10 +83,10 @@ def test_the_mean_pooled_head_on_a_padded_batch_equals_each_row_alone():
 
 def test_fine_tuning_from_a_run_starts_from_its_encoder_bitwise(reference_run, labelled,
                                                                tmp_path):
-  from train.load import load_encoder
+  from train.run.load import load_encoder
   from train.loop import _with_params
-  from train.optim import make_optimizer
-  from train.step import init_state
+  from train.run.optim import make_optimizer
+  from train.run.step import init_state
   config = classify_config.get_config()
   config.data.train, config.data.eval = labelled
   config.train.update(seq_len=32, batch_size=8)
@@ -122,7 +122,7 @@ def test_a_fine_tuning_run_killed_and_restarted_has_the_same_losses_and_predicts
   _train(killed, *_config(train, eval_, *SCRATCH))
   assert runs.losses(killed) == runs.losses(straight)
 
-  from train.predict import predict
+  from train.outputs.predict import predict
   out = tmp_path / "predictions.jsonl"
   assert predict(straight, eval_, str(out)).count == 30
   predictions = [json.loads(line) for line in out.read_text().splitlines()]
@@ -189,7 +189,7 @@ def test_bad_input_is_one_line_naming_file_and_line(case, words, tmp_path, refer
     overrides = [f"--config.init.run={tmp_path}"]
   if case == "other tokenizer":
     import sentencepiece as spm
-    from train.sources import builtin_topics
+    from train.data.sources import builtin_topics
     spm.SentencePieceTrainer.train(sentence_iterator=iter(builtin_topics()[:50]),
                                    model_prefix=str(tmp_path / "sp"), vocab_size=200,
                                    minloglevel=2)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests import runs
-from train import dataset, pipeline, prepare
+from train.data import dataset, pipeline, prepare
 from train.errors import RunError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def documents():
-  from train.sources import builtin_topics
+  from train.data.sources import builtin_topics
   return list(builtin_topics())  # 79, ~460 KB
 
 

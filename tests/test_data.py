@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from train import pipeline
+from train.data import pipeline
 from train.errors import RunError
 
 

@@ -15,10 +15,11 @@ transformers = pytest.importorskip("transformers")
 
 from flax_encoder.tokenizer import Tokenizer, encode_words  # noqa: E402
 from tests import hf_models, runs  # noqa: E402
-from train import examples, regress, tag  # noqa: E402
+from train.data import examples
 from train.errors import RunError  # noqa: E402
-from train.predict import predict  # noqa: E402
-from train.tag import Tagger  # noqa: E402
+from train.outputs.predict import predict  # noqa: E402
+from train.tasks import regress, tag  # noqa: E402
+from train.tasks.tag import Tagger  # noqa: E402
 
 WORDS = {"PER": ["ada", "fox", "brown dog"], "LOC": ["oslo", "abcd", "over there"]}
 OTHER = ["the", "quick", "0123", "jumps", "abcdefgh", "+-*/", "9"]
@@ -152,7 +153,7 @@ def test_each_words_tag_sits_at_its_first_id_as_transformers_word_ids_say(data, 
   ours = Tokenizer.from_file("huggingface", os.path.join(bert, "tokenizer.json"))
   texts = [r["tokens"] for r in map(json.loads, open(files["tag"][0]))][:12]
   texts.append(["abcdefgh"] * 12 + ["fox", ""])  # cut off at 16 ids, an empty word
-  from train.finetune import template_of
+  from train.tasks.tokenizing import template_of
   laid = encode_words(ours, texts, 16, template_of(ours))
   several = 0
   for words, (ids, first) in zip(texts, laid):
@@ -178,7 +179,7 @@ def test_each_words_tag_sits_at_its_first_id_as_transformers_word_ids_say(data, 
 
 
 def _spec_tokenizer(directory):
-  from train.tokens import TokenizerSpec
+  from train.data.tokens import TokenizerSpec
   return TokenizerSpec("huggingface", os.path.join(directory, "tokenizer.json")).load(0)
 
 
@@ -187,7 +188,7 @@ def test_a_run_exports_what_transformers_loads_as_itself_and_predicts_its_eval(h
   task, workdir, final = hf_run
   files, _ = data
   rows = [json.loads(line) for line in open(files[task][1])]
-  from train.export import main as export
+  from train.outputs.export import main as export
   out = str(tmp_path / "exported")
   assert export(["--workdir", workdir, "--layout", "hf", "--out", out]) == 0
   tokenizer = transformers.AutoTokenizer.from_pretrained(out)

@@ -14,9 +14,10 @@ transformers = pytest.importorskip("transformers")
 
 from configs import default  # noqa: E402
 from tests import hf_models, runs  # noqa: E402
-from train import masked_lm, prepare  # noqa: E402
+from train.data import prepare
 from train.errors import RunError  # noqa: E402
 from train.task import Resume  # noqa: E402
+from train.tasks import masked_lm  # noqa: E402
 
 DOCUMENTS = [" ".join(hf_models.TEXTS[i % 4].split()[::1 + i % 3]) for i in range(60)]
 
@@ -110,7 +111,7 @@ def test_a_further_pretraining_run_exports_what_transformers_loads_as_itself(che
              "--config.train.seq_len=32", "--config.train.eval_every=6",
              "--config.train.checkpoint_every=6", "--config.optim.warmup_steps=2",
              config=os.path.join(runs.ROOT, "configs", "default.py"))
-  from train.export import main as export
+  from train.outputs.export import main as export
   out = str(tmp_path / "exported")
   assert export(["--workdir", workdir, "--layout", "hf", "--out", out]) == 0
   again = transformers.AutoModelForMaskedLM.from_pretrained(

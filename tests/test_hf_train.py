@@ -13,9 +13,10 @@ transformers = pytest.importorskip("transformers")
 
 from configs import classify as classify_config  # noqa: E402
 from tests import hf_models, runs  # noqa: E402
-from train import classify, examples  # noqa: E402
+from train.data import examples
 from train.errors import RunError  # noqa: E402
 from train.task import Resume  # noqa: E402
+from train.tasks import classify  # noqa: E402
 
 CLASSES = {"digits": "0123456789", "letters": "abcdefghij", "symbols": "+-*/=<>!?%"}
 
@@ -101,17 +102,17 @@ def test_a_run_trains_predicts_its_eval_and_exports_what_transformers_loads_as_i
       result.stderr)
   records = runs.read_metrics(os.path.join(workdir, "metrics.jsonl"))
   final = [r for r in records if r["split"] == "eval"][-1]
-  from train.predict import predict
+  from train.outputs.predict import predict
   out = tmp_path / "predictions.jsonl"
   assert predict(workdir, eval_, str(out)).count == 24
   predictions = [json.loads(line)["label"] for line in out.read_text().splitlines()]
   truth = [json.loads(line)["label"] for line in open(eval_)]
   assert np.mean([p == t for p, t in zip(predictions, truth)]) == pytest.approx(
       final["accuracy"])
-  from train.predict import read_run
+  from train.outputs.predict import read_run
   assert read_run(workdir).family == family  # recorded: the export reads it, guesses nothing
 
-  from train.export import main as export
+  from train.outputs.export import main as export
   out = str(tmp_path / "exported")
   assert export(["--workdir", workdir, "--layout", "hf", "--out", out]) == 0
   model = transformers.AutoModelForSequenceClassification.from_pretrained(
@@ -125,7 +126,7 @@ def test_a_run_trains_predicts_its_eval_and_exports_what_transformers_loads_as_i
                     return_tensors="pt")
   with torch.no_grad():
     theirs = torch.softmax(model(**batch).logits, -1).numpy()
-  from train.classify import Predictor
+  from train.tasks.classify import Predictor
   ours = Predictor(workdir).probabilities([r["text"] for r in rows],
                                           [r["text_pair"] for r in rows])
   np.testing.assert_allclose(ours, theirs, atol=1e-5)
@@ -157,7 +158,7 @@ def test_what_config_init_hf_cannot_use_is_one_line(pairs, tmp_path):
 
 def test_a_run_of_another_architecture_is_not_exported_as_a_bert(reference_run, tmp_path,
                                                                   capsys):
-  from train.export import main as export
+  from train.outputs.export import main as export
   out = tmp_path / "out"
   assert export(["--workdir", reference_run, "--layout", "hf", "--out", str(out)]) == 2
   error = capsys.readouterr().err
@@ -178,8 +179,8 @@ def test_a_run_from_scratch_of_a_bert_family_architecture_exports_too(pairs, tmp
              *[f"--config.model.{f}" for f in distilbert], "--config.train.num_steps=4",
              "--config.train.batch_size=8", "--config.train.seq_len=32",
              "--config.train.eval_every=4", "--config.train.checkpoint_every=4", config=None)
-  from train.export import main as export
-  from train.classify import Predictor
+  from train.outputs.export import main as export
+  from train.tasks.classify import Predictor
   out = str(tmp_path / "exported")
   assert export(["--workdir", workdir, "--layout", "hf", "--out", out]) == 0
   model = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()

@@ -1,4 +1,4 @@
-"""train.host: glibc malloc keeps a step's freed temporaries for the next step."""
+"""train.run.host: glibc malloc keeps a step's freed temporaries for the next step."""
 
 import platform
 import subprocess
@@ -14,7 +14,7 @@ from tests.runs import ROOT
 # first 64 MiB are touched, so a big block costs address space, not memory.
 _PROBE = textwrap.dedent("""
     import ctypes, sys
-    from train.host import keep_freed_memory
+    from train.run.host import keep_freed_memory
     if sys.argv[1] == "keep":
       assert keep_freed_memory()
     libc = ctypes.CDLL("libc.so.6")

@@ -15,10 +15,13 @@ from flax_encoder.classifier import SequenceClassifier
 from flax_encoder.text_classifier import TextClassifier
 from flax_encoder.token_classifier import TokenClassifier
 from flax_encoder.tokenizer import CHARS_PER_ID, Tokenizer, encode_examples
-from train import classify, examples, finetune, predict, prepare, regress, tag, vocabulary
-from train.supervised import FineTuned
+from train.data import examples, prepare, vocabulary
+from train.data.tokens import TokenizerSpec, encode_bytes
 from train.errors import RunError
-from train.tokens import TokenizerSpec, encode_bytes
+from train.outputs import predict
+from train.tasks import classify, regress, tag, tokenizing
+from train.tasks.start import Start, start_of
+from train.tasks.supervised import FineTuned
 
 SEQ_LEN = 16
 SEEN = SEQ_LEN * CHARS_PER_ID  # the characters of a text an example of SEQ_LEN ids can show
@@ -133,7 +136,7 @@ def test_a_vocabulary_from_scratch_is_trained_on_what_the_model_can_see(tmp_path
 
   monkeypatch.setattr(vocabulary, "train_vocabulary", keep)
   path = _write(tmp_path / "train.jsonl", SHORT + [{"text": LONG, "label": "a"}])
-  finetune._train_vocabulary("bpe", 300, SEQ_LEN, path, lambda record: [record["text"]],
+  tokenizing._train_vocabulary("bpe", 300, SEQ_LEN, path, lambda record: [record["text"]],
                              str(tmp_path))
   assert trained == [s["text"] for s in SHORT] + [LONG[:SEEN]]
 
@@ -384,15 +387,15 @@ def test_a_fine_tuning_tokenizer_that_is_broken_is_one_line_naming_it(wordpiece,
   config = classify.get_config()
   config.data.tokenizer = str(broken)
   with pytest.raises(RunError) as error:
-    finetune.tokenizer_of(config, finetune.start_of(config), "unused", lambda r: [], "unused")
+    tokenizing.tokenizer_of(config, start_of(config), "unused", lambda r: [], "unused")
   _one_line(error, f"config.data.tokenizer: '{broken}', expected a readable huggingface",
             "EOF while parsing")
   # A Hugging Face directory's tokenizer.json is named as config.init.hf's.
   config.data.tokenizer = None
-  start = finetune.Start({}, None, TokenizerSpec("huggingface", str(broken)), str(tmp_path),
+  start = Start({}, None, TokenizerSpec("huggingface", str(broken)), str(tmp_path),
                          hf={"pad_id": 0})
   with pytest.raises(RunError) as error:
-    finetune.tokenizer_of(config, start, "unused", lambda r: [], "unused")
+    tokenizing.tokenizer_of(config, start, "unused", lambda r: [], "unused")
   _one_line(error, f"config.init.hf: '{broken}', expected a readable huggingface")
 
 
@@ -400,7 +403,7 @@ def test_special_ids_past_the_vocabulary_are_refused_before_anything_trains(word
   directory = _hf_directory(tmp_path / "model", wordpiece, [5000])
   tokenizer = TokenizerSpec("huggingface", f"{directory}/tokenizer.json").load(offset=0)
   size = tokenizer.vocab_size
-  template = finetune.template_of(tokenizer)
+  template = tokenizing.template_of(tokenizer)
   assert template.start == (5000,)
   rows = [{"text": "the fox", "label": c} for c in "ab"]
   with pytest.raises(RunError) as error:

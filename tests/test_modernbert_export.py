@@ -25,8 +25,8 @@ from flax_encoder.families import (HFError, hf_config, load_hf,  # noqa: E402
                                    to_hf_state_dict)
 from flax_encoder.heads import MaskedLMHead  # noqa: E402
 from tests import hf_models, runs  # noqa: E402
-from train import classify, regress, tag  # noqa: E402
 from train.task import Resume  # noqa: E402
+from train.tasks import classify, regress, tag  # noqa: E402
 
 WINDOW = 16  # tests/hf_models.py's local_attention: a token sees 8 positions either way
 SEQ_LEN = 48  # longer than the window: the local layers matter
@@ -214,7 +214,7 @@ def test_the_state_dict_and_config_are_transformers_own_and_load_back_as_they_we
   written = hf_config(config, "modernbert")
   own = model.config.to_dict()
   for key, value in written.items():
-    if not key.endswith("token_id"):  # the caller's to give (train.hf_export: the start's)
+    if not key.endswith("token_id"):  # the caller's to give (train.outputs.hf_export: the start's)
       assert own[key] == value, key
 
   out = _export(tmp_path / "out", variables, config, "ModernBertForMaskedLM", "model.",
@@ -296,8 +296,8 @@ def test_a_modernbert_classifier_without_its_prediction_head_is_not_exported(tas
   from types import SimpleNamespace
 
   from flax_encoder import families
-  from train.supervised import sequence_classifier
-  from train.tag import token_classifier
+  from train.tasks.supervised import sequence_classifier
+  from train.tasks.tag import token_classifier
   run = SimpleNamespace(task=task, model=SimpleNamespace(config=_modern_config(), **model),
                         params={}, labels=["a", "b"])
   with pytest.raises(HFError) as e:  # each task's export as the family's *For… model
@@ -319,7 +319,7 @@ def _train(workdir, config, *overrides):
 
 
 def _exported(workdir, out) -> str:
-  from train.export import main as export
+  from train.outputs.export import main as export
   assert export(["--workdir", workdir, "--layout", "hf", "--out", str(out)]) == 0
   return str(out)
 
@@ -334,7 +334,7 @@ def mean_pooling(tmp_path_factory):
                                     for t in ("classify", "regress")), "tag"])
 def test_a_fine_tuning_run_exports_modernbert_s_classifier_that_transformers_loads_as_itself(
     task, mean_pooling, data, tmp_path):
-  from train.predict import read_run
+  from train.outputs.predict import read_run
   train, eval_ = data[task]
   workdir = str(tmp_path / "run")
   _train(workdir, f"{task}.py", f"--config.data.train={train}", f"--config.data.eval={eval_}",
@@ -372,12 +372,12 @@ def test_a_fine_tuning_run_exports_modernbert_s_classifier_that_transformers_loa
   if task == "tag":
     np.testing.assert_allclose(ours[real], theirs.numpy()[real], rtol=0, atol=1e-5)
   elif task == "regress":  # what predict computes from the texts
-    from train.regress import Regressor
+    from train.tasks.regress import Regressor
     numbers = Regressor(workdir).numbers([r["text"] for r in rows],
                                          [r["text_pair"] for r in rows])
     np.testing.assert_allclose(numbers, theirs.numpy()[:, 0], rtol=0, atol=1e-5)
   else:
-    from train.classify import Predictor
+    from train.tasks.classify import Predictor
     probabilities = Predictor(workdir).probabilities([r["text"] for r in rows],
                                                      [r["text_pair"] for r in rows])
     np.testing.assert_allclose(probabilities, torch.softmax(theirs, -1).numpy(), rtol=0,
@@ -389,7 +389,8 @@ def test_a_fine_tuning_run_exports_modernbert_s_classifier_that_transformers_loa
 
 
 def test_a_further_pretraining_run_exports_modernbert_for_masked_lm(mean_pooling, tmp_path):
-  from train import masked_lm, prepare
+  from train.data import prepare
+  from train.tasks import masked_lm
   corpus = tmp_path / "corpus.jsonl"
   corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in hf_models.TEXTS))
   prepared = str(tmp_path / "prepared")
@@ -426,7 +427,7 @@ MODERN_TINY = ["--config.model.d_model=16", "--config.model.n_heads=2", "--confi
 @pytest.mark.slow
 def test_configs_modern_from_scratch_exports_as_modernbert_model_and_other_layouts_are_refused(
     tmp_path, capsys):
-  from train.load import load_encoder
+  from train.run.load import load_encoder
   workdir = str(tmp_path / "run")
   _train(workdir, "modern.py", *MODERN_TINY)
   out = _exported(workdir, tmp_path / "exported")
@@ -447,7 +448,7 @@ def test_configs_modern_from_scratch_exports_as_modernbert_model_and_other_layou
          "--config.train.num_steps=2", "--config.train.eval_every=2",
          "--config.train.checkpoint_every=2")
   capsys.readouterr()
-  from train.export import main as export
+  from train.outputs.export import main as export
   assert export(["--workdir", other, "--layout", "hf", "--out", str(tmp_path / "no")]) == 2
   error = capsys.readouterr().err
   assert error == ("export: error: --layout hf: this model is not a modernbert model: it has "

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from tests import runs
-from train import launch
-from train.load import load_encoder
+from train.run import launch
+from train.run.load import load_encoder
 
 pytestmark = pytest.mark.slow  # real processes: minutes on 2 cores
 

@@ -18,9 +18,9 @@ import pytest
 
 from tests import runs
 from train.errors import RunError
-from train.export import main as export_main
-from train.metrics import read_metrics
-from train.predict import predict
+from train.outputs.export import main as export_main
+from train.outputs.predict import predict
+from train.run.metrics import read_metrics
 
 CLASSES = {"digits": "0123456789", "letters": "abcdefghij"}
 
@@ -136,7 +136,7 @@ def test_a_socket_at_out_is_refused_in_one_line(run, tmp_path, capsys):
 
 def test_readers_of_a_live_run_leave_its_save_in_flight_and_everything_else_alone(run,
                                                                                    tmp_path):
-  from train.load import load_config, load_encoder
+  from train.run.load import load_config, load_encoder
   workdir = str(tmp_path / "run")
   shutil.copytree(run[0], workdir)
   # What orbax's writer has on disk while it saves step 8: a temporary directory.
@@ -153,7 +153,7 @@ def test_readers_of_a_live_run_leave_its_save_in_flight_and_everything_else_alon
 
 def test_a_checkpoint_that_fails_verification_is_skipped_where_it_is_by_a_reader(run,
                                                                                   tmp_path):
-  from train.load import load_encoder
+  from train.run.load import load_encoder
   workdir = str(tmp_path / "run")
   shutil.copytree(run[0], workdir)
   newest = os.path.join(workdir, "checkpoints", "4")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests import runs
-from train import dataset, prepare, tokens
+from train.data import dataset, prepare, tokens
 from train.errors import RunError
 
 DOCS = ["first document\nwith two lines\n", "zweites Dokument: äöü\n", "a third"]
@@ -29,7 +29,7 @@ def corpus(tmp_path):
 @pytest.fixture(scope="module")
 def topics(tmp_path_factory):
   """~100 KB of the built-in corpus as a text file: enough to train a small vocabulary."""
-  from train.sources import builtin_topics
+  from train.data.sources import builtin_topics
   path = tmp_path_factory.mktemp("topics") / "topics.txt"
   path.write_text("".join(builtin_topics()[:60]), encoding="utf-8")
   return str(path)
@@ -180,7 +180,7 @@ def test_a_full_disk_is_one_line_and_a_killed_prepare_leaves_nothing_for_long(co
 
 
 def test_over_long_lines_are_cut_before_a_vocabulary_is_trained(tmp_path):
-  from train import vocabulary
+  from train.data import vocabulary
   words = " ".join(f"w{i % 700}" for i in range(40_000))  # one line of 230 K characters
   (tmp_path / "one.txt").write_text(words + "\n" + "x" * 50_000)
   sample = vocabulary.sample_lines([str(tmp_path / "one.txt")], "text", 100.0)
@@ -199,9 +199,9 @@ def test_training_reads_prepared_windows_and_refuses_what_does_not_match(topics,
                   eval_fraction=0.05, progress=False)
   workdir = str(tmp_path / "run")
   runs.train(workdir, f"--config.data.prepared={prepared}", "--config.train.num_steps=4")
-  from train.load import load_encoder
+  from train.run.load import load_encoder
   assert load_encoder(workdir)[0].vocab_size == 404
-  from train.draw_attention import main as attention_main  # the run's own pieces
+  from train.outputs.draw_attention import main as attention_main  # the run's own pieces
   out = tmp_path / "attention.png"
   assert attention_main(["--workdir", workdir, "--text", "def f(x):", "--out", str(out)]) == 0
   assert out.stat().st_size > 5000
@@ -244,7 +244,7 @@ def test_config_data_paths_are_prepared_into_the_workdir_as_bytes(tmp_path):
 def test_characters_and_errors_split_across_read_blocks(corpus, tmp_path, monkeypatch):
   whole = prepare.prepare(corpus, str(tmp_path / "whole"), seq_len=8, eval_fraction=0.25,
                           progress=False)
-  from train import sources
+  from train.data import sources
   monkeypatch.setattr(sources, "_READ_BYTES", 3)  # 'ä' and 'ö' straddle block boundaries
   monkeypatch.setattr(prepare, "_CHUNK_CHARS", 3)  # and units of work
   blocks = prepare.prepare(corpus, str(tmp_path / "blocks"), seq_len=8, eval_fraction=0.25,

@@ -7,9 +7,9 @@ import json
 import numpy as np
 from PIL import Image
 
-from train import sources
+from train.data import sources
 from train.loop import _Progress
-from train.plots import plot_run
+from train.run.plots import plot_run
 from train.task import Plots
 
 

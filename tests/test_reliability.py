@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests import runs, tiny
-from train.metrics import read_metrics
+from train.run.metrics import read_metrics
 
 
 def _one_error_line(result, *words):
@@ -212,7 +212,7 @@ def test_an_attention_kernel_this_backend_cannot_run_is_one_line(tmp_path, impl,
 
 @pytest.fixture
 def prepared(tmp_path):
-  from train import prepare
+  from train.data import prepare
   directory = str(tmp_path / "prepared")
   prepare.prepare([prepare.BUILTIN], directory, seq_len=32, eval_fraction=0.05, progress=False)
   return directory
@@ -431,8 +431,8 @@ def test_a_read_only_workdir_names_the_cause(eight_steps, tmp_path):
 
 def test_load_encoder_and_export_fall_back_past_an_incomplete_newest_checkpoint(
     reference_run, tmp_path):
-  from train.export import export
-  from train.load import load_encoder
+  from train.outputs.export import export
+  from train.run.load import load_encoder
   workdir, older = str(tmp_path / "run"), str(tmp_path / "older")
   shutil.copytree(reference_run, workdir)
   shutil.copytree(reference_run, older)

@@ -13,8 +13,8 @@ import pytest
 
 from flax_encoder import Encoder, sharding
 from tests import runs, tiny
-from train.checkpoint import Checkpointer
-from train.load import load_encoder
+from train.run.checkpoint import Checkpointer
+from train.run.load import load_encoder
 
 
 @pytest.mark.parametrize("scan", [False, True])

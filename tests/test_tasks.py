@@ -13,8 +13,9 @@ import pytest
 from configs import classify as classify_config
 from flax_encoder import EncoderConfig
 from tests import runs
-from train import settings, tasks
+from train import tasks
 from train.errors import RunError
+from train.run import settings
 from train.task import CHANGES_RUN, FIXES_STATE, FREE
 
 CLASSES = {"digits": "0123456789", "letters": "abcdefghij", "symbols": "+-*/=<>!?%"}
@@ -107,7 +108,7 @@ def test_a_run_shorter_than_its_warm_up_says_what_it_does_instead(tmp_path):
 def test_plots_are_titled_and_labelled_for_the_task(tmp_path, monkeypatch):
   import matplotlib.pyplot as plt
 
-  from train import plots
+  from train.run import plots
   axes = []
   subplots = plt.subplots
 
@@ -149,7 +150,7 @@ def test_bytes_on_request(labelled, tmp_path):
 
 
 def test_predict_scores_labelled_input_as_the_evaluation_does(fine_tuned, labelled, tmp_path):
-  from train.predict import main, predict
+  from train.outputs.predict import main, predict
   workdir, _ = fine_tuned
   final = [r for r in runs.read_metrics(os.path.join(workdir, "metrics.jsonl"))
            if r["split"] == "eval"][-1]
@@ -180,7 +181,7 @@ def test_another_vocabulary_is_refused_on_resume_even_with_allow_changes(fine_tu
 
 
 def test_attention_is_drawn_for_fine_tuned_runs_and_runs_on_any_kernel(fine_tuned, tmp_path):
-  from train.draw_attention import main as attention_main
+  from train.outputs.draw_attention import main as attention_main
   xla = str(tmp_path / "xla")
   runs.train(xla, "--config.train.num_steps=2", "--config.model.attention_impl=xla")
   for workdir in (fine_tuned[0], xla):
@@ -195,7 +196,7 @@ def test_predict_and_export_refuse_what_they_cannot_use_in_one_line(fine_tuned, 
   import signal
 
   from flax_encoder.text_classifier import TextClassifier
-  from train import export, predict
+  from train.outputs import export, predict
   workdir, _ = fine_tuned
   texts = tmp_path / "texts.jsonl"
   shutil.copy(labelled[1], texts)
@@ -243,8 +244,8 @@ def test_predict_and_export_refuse_what_they_cannot_use_in_one_line(fine_tuned, 
 
 def test_a_fine_tuned_export_turns_text_into_labels_outside_the_checkout(fine_tuned, labelled,
                                                                           tmp_path):
-  from train.export import export
-  from train.predict import predict
+  from train.outputs.export import export
+  from train.outputs.predict import predict
   workdir, _ = fine_tuned
   out = export(workdir, str(tmp_path / "classifier.msgpack"))
   predict(workdir, labelled[1], str(tmp_path / "p.jsonl"))

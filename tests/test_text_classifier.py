@@ -11,7 +11,7 @@ from flax_encoder import EncoderConfig
 from flax_encoder.classifier import SequenceClassifier, macro_f1
 from flax_encoder.text_classifier import TextClassifier
 from flax_encoder.tokenizer import Tokenizer, encode_examples
-from train.examples import example_ids
+from train.data.examples import example_ids
 
 pytestmark = pytest.mark.library  # the library's own: run on accelerators too
 

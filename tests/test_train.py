@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from tests import runs, tiny
-from train import dataset, settings, tokens
+from train.data import dataset, tokens
 from train.errors import RunError
-from train.checkpoint import MANIFEST, Checkpointer, checkpoint_files, verify_share
-from train.metrics import read_metrics
-from train.optim import paper_schedule
+from train.run import settings
+from train.run.checkpoint import MANIFEST, Checkpointer, checkpoint_files, verify_share
+from train.run.metrics import read_metrics
+from train.run.optim import paper_schedule
 
 
 def test_schedule_matches_the_paper_formula_counting_from_one():
@@ -229,9 +230,9 @@ def test_trained_encoder_loads_in_three_lines_exports_and_draws_attention(
   from flax_encoder import Encoder
   from flax_encoder.pytorch import load_torch_checkpoint, reference
   from flax_encoder.weights import load_weights
-  from train.draw_attention import main as attention_main
-  from train.load import load_encoder
-  from train.export import export
+  from train.outputs.draw_attention import main as attention_main
+  from train.run.load import load_encoder
+  from train.outputs.export import export
 
   cfg, variables = load_encoder(reference_run)
   ids = jnp.asarray(tokens.encode_bytes("def f(x): return x")[None])

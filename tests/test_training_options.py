@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 
 from tests import runs, tiny
-from train import loop, masked_lm, memory
+from train import loop
+from train.data.tokens import PAD_ID, SEPARATOR_ID
 from train.errors import RunError
-from train.memory import step_memory
-from train.tokens import PAD_ID, SEPARATOR_ID
+from train.run import memory
+from train.run.memory import step_memory
+from train.tasks import masked_lm
 
 
 def test_documents_are_told_apart_by_the_separators():
@@ -33,7 +35,7 @@ def _losses(config, k, steps=6):
   config, task, tx, schedule = tiny.setup(config)
   state = tiny.state(task, tx, config)
   batches = tiny.batches(config)
-  from train.step import make_train_step
+  from train.run.step import make_train_step
   step = jax.jit(make_train_step(task, tx, schedule, grad_accum_steps=k))
   losses = []
   for _ in range(steps):
@@ -139,7 +141,7 @@ def test_the_progress_bar_counts_finished_steps_not_dispatched_ones():
 
 
 def test_mfu_is_logged_where_the_device_peak_is_known(tmp_path, monkeypatch):
-  from train import throughput
+  from train.run import throughput
   assert throughput.device_peak("NVIDIA H100 80GB HBM3") == 989e12
   assert throughput.device_peak("cpu") is None
   config = tiny.get_config()

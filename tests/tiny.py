@@ -22,9 +22,10 @@ def get_config():
 
 def setup(config=None):
   """(config, task, tx, schedule) of the tiny config on the byte corpus."""
-  from train import masked_lm, settings
-  from train.optim import make_optimizer
-  from train.tokens import BYTE_VOCAB_SIZE, FIRST_TOKEN_ID
+  from train.run import settings
+  from train.tasks import masked_lm
+  from train.run.optim import make_optimizer
+  from train.data.tokens import BYTE_VOCAB_SIZE, FIRST_TOKEN_ID
 
   config = config or get_config()
   cfg = settings.encoder_config(config.model, BYTE_VOCAB_SIZE, "bytes", config.train.seq_len)
@@ -34,14 +35,14 @@ def setup(config=None):
 
 
 def state(task, tx, config, seed=0, mesh=None):
-  from train.step import init_state
+  from train.run.step import init_state
   return init_state(task, tx, seed, config.train.seq_len, mesh)
 
 
 def batches(config, seed=0, rows=None):
   """The training pipeline over the built-in corpus, at its start: this process's rows (or
   `rows` of each global batch)."""
-  from train import dataset, pipeline, prepare
+  from train.data import dataset, pipeline, prepare
   with tempfile.TemporaryDirectory() as directory:
     prepare.prepare([prepare.BUILTIN], directory + "/data", seq_len=config.train.seq_len,
                     eval_fraction=config.data.eval_fraction, workers=1, progress=False)
@@ -50,5 +51,5 @@ def batches(config, seed=0, rows=None):
 
 
 def jitted_step(task, tx, schedule):
-  from train.step import make_train_step
+  from train.run.step import make_train_step
   return jax.jit(make_train_step(task, tx, schedule))

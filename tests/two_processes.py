@@ -20,8 +20,8 @@ from jax.experimental import multihost_utils
 
 from flax_encoder import sharding
 from tests import tiny
-from train import pipeline
-from train.load import load_encoder
+from train.data import pipeline
+from train.run.load import load_encoder
 
 
 def main(port: str, process_id: str, workdir: str, expected_npz: str):

@@ -16,15 +16,17 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from flax_encoder import sharding
-from train import launch, memory, pipeline, settings, tasks, throughput
-from train.checkpoint import Checkpointer
+from train import tasks
+from train.data import pipeline
 from train.errors import RunError
-from train.metrics import MetricWriter, read_metrics
-from train.optim import make_optimizer, warmup_note
-from train.plots import plot_run
-from train.step import abstract_state, init_state, make_train_step
+from train.run import launch, memory, settings, throughput
+from train.run.checkpoint import Checkpointer
+from train.run.metrics import MetricWriter, read_metrics
+from train.run.optim import make_optimizer, warmup_note
+from train.run.plots import plot_run
+from train.run.step import abstract_state, init_state, make_train_step
+from train.run.workdir import WorkdirLock, check_workdir
 from train.task import Resume
-from train.workdir import WorkdirLock, check_workdir
 
 # The held-out batches are masked once, with keys of their own (fold_in(PRNGKey(seed +
 # _EVAL_SEED_OFFSET), i) for batch i) that no training step draws, so that evaluations compare
@@ -186,7 +188,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
 
   Mistakes in the config, the data or the workdir raise RunError before the first step; a
   resumed run must have its checkpoint's config, but for the fields that may change freely
-  (train.settings.resume_kind), unless `allow_changes`.
+  (train.run.settings.resume_kind), unless `allow_changes`.
   """
   definition = tasks.checked(config)
   train_config = config.train

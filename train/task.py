@@ -1,14 +1,15 @@
 """The contract between a task and the program: what a task supplies, and nothing else.
 
-A task is one module that defines `DEFINITION = Definition(...)`: its name, its config fields
-and their checks, the setup that builds its model and data, the labels of its plots, the
-line that sums up a finished run, what `python -m train.export` writes of it (and as a Hugging
-Face model) and what `python -m train.predict` runs. The loop, checkpoints, metrics, plots, predict, export and the
+A task is one module that defines `DEFINITION = Definition(...)`: its name, its config fields and
+their checks, the setup that builds its model and data, the labels of its plots, the line that sums
+up a finished run, what `python -m train.export` writes of it (and as a Hugging Face model) and what
+`python -m train.predict` runs. The loop, checkpoints, metrics, plots, predict, export and the
 settings checks read those facts from here and know no task by name.
 
-Adding a task takes one module that defines DEFINITION, one config file in configs/, and its
-module's name in `train.tasks.DEFINITIONS`. `train.masked_lm` (pretraining), `train.classify`,
-`train.regress` and `train.tag` (fine-tuning) are those there are.
+Adding a task takes one module in train/tasks/ that defines DEFINITION, one config file in
+configs/, and its module's name in the registry (train/tasks/__init__.py). `train.tasks.masked_lm`
+(pretraining), `train.tasks.classify`, `train.tasks.regress` and `train.tasks.tag` (fine-tuning)
+are those there are.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from train.errors import RunError
 
 
 class Task(Protocol):
-  """What a task supplies to the jitted steps (`train.step`). Every method but
+  """What a task supplies to the jitted steps (`train.run.step`). Every method but
   `eval_metrics` and `token_count` is pure and runs under jit."""
 
   def init(self, rng: jax.Array, seq_len: int) -> Any:
@@ -100,7 +101,7 @@ class Setup:
       messages), and what the task's readers need (a classifier's "labels").
     start_params: parameters to start from by their top-level name (the encoder's, a
       classifier's), replacing the fresh ones; None: a fresh init.
-    sources: where the training rows are those of several datasets (train.dataset.Sources).
+    sources: where the training rows are those of several datasets (train.data.dataset.Sources).
   """
 
   task: Task
@@ -217,14 +218,14 @@ class Definition:
   Attributes:
     name: config.task.name.
     fields: the config fields the task reads beyond the common ones ({"task.x": Field}); the
-      model's fields and the common ones are train.settings'.
+      model's fields and the common ones are train.run.settings'.
     setup: (config, workdir, Resume) -> Setup.
     plots: the labels of its plots.
     summary: the last evaluation's metrics -> the line a finished run prints.
     export: (workdir, out, options) -> the path written, for `python -m train.export`; None
       exports the encoder alone.
     predictor: what `python -m train.predict` runs, for a task that predicts (the supervised
-      ones: `train.supervised`): built as predictor(run, batch_size) from the run read back,
+      ones: `train.tasks.supervised`): built as predictor(run, batch_size) from the run read back,
       it reads an input line (`read(record, where)` -> (example, label or a stand-in for
       none)), predicts a chunk of examples (`predict(examples)` -> (output lines,
       predictions)) and scores the labelled ones (`scores(labels, predictions)`); its
@@ -233,8 +234,8 @@ class Definition:
     hf_model: (workdir, config) -> HFModel: the run as transformers' model of the task, for
       `python -m train.export --layout hf`; None: the task has none.
     check: cross-field checks of the config (RunError), after each field's own.
-    tokenizer: (config, workdir) -> the run's tokenizer (train.tokens.Tokenizer), its ids
-      numbered as the model's; None: the prepared data's (train.dataset.run_tokenizer).
+    tokenizer: (config, workdir) -> the run's tokenizer (train.data.tokens.Tokenizer), its ids
+      numbered as the model's; None: the prepared data's (train.data.dataset.run_tokenizer).
   """
 
   name: str

@@ -21,7 +21,7 @@ import numpy as np
 
 from benchmarks.workload import jax_side, paper_base, torch_side
 from flax_encoder import Dropout
-from train.host import keep_freed_memory
+from train.run.host import keep_freed_memory
 
 
 def median_seconds(fn, reps: int = 7) -> float:

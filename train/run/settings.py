@@ -18,11 +18,11 @@ import json
 import ml_collections
 
 from flax_encoder import ConfigError, EncoderConfig
+from train.data.tokens import PAD_ID
 from train.errors import RunError
-from train.optim import RECIPES
-from train.task import (CHANGES_RUN, FIXES_STATE, FREE, Definition, Field, choice, integer,
-                        number, optional, string)
-from train.tokens import PAD_ID
+from train.run.optim import RECIPES
+from train.task import (CHANGES_RUN, FIXES_STATE, FREE, Definition, Field, choice, integer, number,
+                        optional, string)
 
 
 def encoder_config(model: ml_collections.ConfigDict, vocab_size: int, source: str,

@@ -1,6 +1,6 @@
 """Writes the built-in corpora of this directory from the running Python's standard library.
 
-  python -m train.builtin.snapshot
+  python -m train.data.builtin.snapshot
 
 The files it writes are shipped, so that the default runs read the same text on every Python
 (pydoc_data.topics and the standard library's sources differ from one version to the next):
@@ -8,13 +8,13 @@ the ones here were written by CPython 3.11.7. Their contents are the Python Soft
 Foundation's documentation and source, under the PSF License.
 
   pydoc_topics.json.xz                {topic: text} of pydoc_data.topics: the built-in
-                                      pretraining corpus (train.sources.BUILTIN)
+                                      pretraining corpus (train.data.sources.BUILTIN)
   stdlib_packages.{train,eval}.jsonl.xz
                                       {"text", "label"}: which of nine packages a run of whole
                                       source lines (40 to 120 bytes) comes from, in an order
                                       fixed by a hash of where it comes from; every 10th run of
                                       a package held out; 1200 (120 held out) per package: the
-                                      built-in fine-tuning task (train.examples.BUILTIN)
+                                      built-in fine-tuning task (train.data.examples.BUILTIN)
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The registry of the tasks `python -m train` runs, chosen by config.task.name.
 
-  masked_lm  pretraining: masked-token prediction on windows of text (train.masked_lm)
-  classify   fine-tuning: a label for each text or pair of texts (train.classify)
-  regress    fine-tuning: a number for each text or pair of texts (train.regress)
-  tag        fine-tuning: a tag for each word of a text (train.tag)
+  masked_lm  pretraining: masked-token prediction on windows of text (train.tasks.masked_lm)
+  classify   fine-tuning: a label for each text or pair of texts (train.tasks.classify)
+  regress    fine-tuning: a number for each text or pair of texts (train.tasks.regress)
+  tag        fine-tuning: a tag for each word of a text (train.tasks.tag)
 
 Each task's module defines its `DEFINITION` (`train.task.Definition`); a new task adds its
 module here, and the program learns of it from that alone.
@@ -11,9 +11,11 @@ module here, and the program learns of it from that alone.
 
 from __future__ import annotations
 
-from train import classify, masked_lm, regress, settings, tag
+from train.run import settings
+
 from train.errors import RunError
 from train.task import Definition
+from train.tasks import classify, masked_lm, regress, tag
 
 DEFINITIONS: dict[str, Definition] = {
     module.DEFINITION.name: module.DEFINITION for module in (masked_lm, classify, regress, tag)}

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from train.sources import PrepareError, Source, documents
-from train.tokens import TokenizerSpec
+from train.data.sources import PrepareError, Source, documents
+from train.data.tokens import TokenizerSpec
 
 TRAINED = ("sentencepiece", "bpe", "wordpiece", "unigram")
 

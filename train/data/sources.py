@@ -2,8 +2,8 @@ r"""The inputs of a prepare, as they are stored: files, directories, globs, comp
 text, JSON lines or Parquet; each a `Source` that reads its documents while hashing its bytes
 as stored, so that `dataset.json` records what was read.
 
-`train.prepare` packs them into windows; `train.examples` and `train.predict` read labelled
-records from them; `train.dataset` checks that a run's inputs are still what it was trained on.
+`train.prepare` packs them into windows; `train.data.examples` and `train.predict` read labelled
+records from them; `train.data.dataset` checks that a run's inputs are still what it was trained on.
 """
 
 from __future__ import annotations

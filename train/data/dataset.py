@@ -1,13 +1,13 @@
 """The data a run trains on: the windows of token ids of prepared datasets, each checked
 against its dataset.json (the one reader of it), or prepared here once from small files.
-`train.pipeline` turns them into each process's rows of every batch (masking happens in the
-step: train.masked_lm).
+`train.data.pipeline` turns them into each process's rows of every batch (masking happens in the
+step: train.tasks.masked_lm).
 
 The windows come from a directory `python -m train.prepare` wrote (`config.data.prepared`), or
 are prepared at start, as bytes, from small UTF-8 files (`config.data.paths`) or the built-in
 corpus, the topics of CPython 3.11's pydoc_data.topics (~460 KB of English documentation,
 shipped in train/builtin so that every Python reads the same text), so the default run needs
-no data files. Token ids: `train.tokens`.
+no data files. Token ids: `train.data.tokens`.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from train import prepare, sources, tokens
+from train.data import prepare, sources, tokens
+from train.data.pipeline import Concatenated, Sources
+from train.data.tokens import PROJECT_IDS, SpecialIds, TokenizerSpec
 from train.errors import RunError
 from train.files import is_temporary, sha256_bytes, sha256_file
-from train.pipeline import Concatenated, Sources
-from train.tokens import PROJECT_IDS, SpecialIds, TokenizerSpec
 
 
 @dataclasses.dataclass

@@ -19,10 +19,11 @@ import numpy as np
 
 from flax_encoder import families
 from flax_encoder.tokenizer import Template
-from train import examples, finetune
+from train.data import examples
 from train.errors import RunError
-from train.load import load_config, load_params, recorded_encoder_config
+from train.run.load import load_config, load_params, recorded_encoder_config
 from train.task import HFModel
+from train.tasks import tokenizing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +64,7 @@ class FineTuned:
   params: dict
   labels: list | None
   meta: dict
-  tokenizer: object  # train.tokens.Tokenizer, its ids numbered as the model's
+  tokenizer: object  # train.data.tokens.Tokenizer, its ids numbered as the model's
   family: str | None = None  # the Hugging Face family it started from, as the run recorded
 
   @property
@@ -88,7 +89,7 @@ def read_run(workdir: str, predictor) -> FineTuned:
 
   params, record = load_params(workdir, init_for)
   return FineTuned(name, model_for(record), params, record.get("labels"), meta,
-                   finetune.run_tokenizer(workdir, meta), record.get("family"))
+                   tokenizing.run_tokenizer(workdir, meta), record.get("family"))
 
 
 def run_of(run: FineTuned | str, predictor) -> FineTuned:

@@ -38,12 +38,12 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from train import sources
-from train.files import sha256_bytes, temporary_directory
+from train.data import sources
 from train.errors import RunError
+from train.files import sha256_bytes, temporary_directory
 from flax_encoder import tokenizer as tokenizer_lib
 from flax_encoder.tokenizer import is_cut, visible
-from train.tokens import UNKNOWN_WARNING, Tokenizer
+from train.data.tokens import UNKNOWN_WARNING, Tokenizer
 
 FORMAT = "flax-encoder examples 1"
 BUILTIN = "builtin:stdlib-packages"
@@ -430,7 +430,7 @@ def load_examples(directory: str) -> dict:
 
 def write_builtin(directory: str) -> dict:
   """Writes train.jsonl and eval.jsonl of the built-in task into `directory`; returns their
-  paths. The examples are a snapshot shipped in train/builtin (train/builtin/snapshot.py made
+  paths. The examples are a snapshot shipped in train/builtin (train/data/builtin/snapshot.py made
   it), the same on every Python: runs of whole lines of at most 120 bytes of the sources of
   nine standard-library packages, 1200 per package for training and 120 held out."""
   os.makedirs(directory, exist_ok=True)

@@ -30,12 +30,15 @@ from flax_encoder.classifier import macro_f1
 from flax_encoder.inference import default_buckets, padded_batches
 from flax_encoder.token_classifier import TokenClassifier
 from flax_encoder.tokenizer import encode_words
-from train import examples, finetune
+from train.data import examples
 from train.errors import RunError
-from train.optim import smoothed_loss_sum
-from train.supervised import (FineTuned, SupervisedTask, add_dense, encoder_state, hf_model,
-                              read_run, run_of)
+from train.run.optim import smoothed_loss_sum
 from train.task import Definition, Field, Plots, Resume, Setup, string
+from train.tasks import finetune
+from train.tasks.start import start_params
+from train.tasks.supervised import (FineTuned, SupervisedTask, add_dense, encoder_state, hf_model,
+                                    read_run, run_of)
+from train.tasks.tokenizing import run_tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +96,7 @@ def entity_counts(scheme: BIO, true, predicted, tagged) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class TagTask(SupervisedTask):
-  """Tagging as `train.step` runs it (see `train.step.Task`). A batch holds 'tokens'
+  """Tagging as `train.run.step` runs it (see `train.run.step.Task`). A batch holds 'tokens'
   [batch, seq] and 'labels' [batch, seq]: a word's tag at its first id, -1 at every other
   position (special ids, a word's other ids, padding, the rows that pad the last held-out
   batch)."""
@@ -284,7 +287,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                record={"encoder": cfg.record(), "dataset": loaded["identity"],
                        "source": os.path.join(workdir, "data"), "labels": tags,
                        "start": start.source, "head": model.head, "family": start.family},
-               start_params=finetune.start_params(start, cfg, config, len(tags),
+               start_params=start_params(start, cfg, config, len(tags),
                                                   head=model.head))
 
 
@@ -325,5 +328,5 @@ DEFINITION = Definition(
     predictor=Tagger,
     hf_model=lambda workdir, config: hf_model(read_run(workdir, Tagger), token_classifier),
     check=finetune.check,
-    tokenizer=lambda config, workdir: finetune.run_tokenizer(workdir),
+    tokenizer=lambda config, workdir: run_tokenizer(workdir),
 )

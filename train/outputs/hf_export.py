@@ -26,7 +26,7 @@ from flax_encoder import families
 from train import tasks
 from train.errors import RunError
 from train.files import os_errors_of_safetensors, readable_as_umask_allows, temporary_directory
-from train.load import load_config
+from train.run.load import load_config
 
 # The files of a tokenizer directory besides tokenizer.json, copied where the run started.
 _TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")

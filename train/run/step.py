@@ -1,10 +1,10 @@
 """The train state and the jitted steps, bound once from a task and an optimizer.
 
-`make_train_step` is the one place the training step is assembled: the loop, the benchmarks
-and the tests all call it, for pretraining (`train.masked_lm.MaskedLMTask`) and fine-tuning
-(`train.classify.ClassifyTask`) alike. A task says what differs between them (`train.task.Task`);
-the step does the rest: the step's keys, gradients (accumulated over microbatches when asked),
-the optimizer update and the metrics.
+`make_train_step` is the one place the training step is assembled: the loop, the benchmarks and the
+tests all call it, for pretraining (`train.tasks.masked_lm.MaskedLMTask`) and fine-tuning
+(`train.tasks.classify.ClassifyTask`) alike. A task says what differs between them
+(`train.task.Task`); the step does the rest: the step's keys, gradients (accumulated over
+microbatches when asked), the optimizer update and the metrics.
 """
 
 from __future__ import annotations

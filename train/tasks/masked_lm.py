@@ -1,8 +1,8 @@
 """Masked-token prediction, the pretraining task: BERT's corruption of the token ids, drawn on
 the device, the encoder plus an output layer at the chosen positions, and the losses.
 
-`MaskedLMTask` is what the training step (`train.step`) needs of it, and `DEFINITION` what the
-program knows of the task (`train.task`); fine-tuning (`train.classify`) is the other task.
+`MaskedLMTask` is what the training step (`train.run.step`) needs of it, and `DEFINITION` what the
+program knows of the task (`train.task`); fine-tuning (`train.tasks.classify`) is the other task.
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ import optax
 from flax_encoder import Encoder, EncoderConfig, families, segment_positions
 from flax_encoder.dense import dense
 from flax_encoder.heads import MaskedLMHead
-from train import dataset, settings
-from train.optim import smoothed_loss_sum
+from train.data import dataset
+from train.data.tokens import PROJECT_IDS, SpecialIds
 from train.errors import RunError
 from train.files import sha256_file
-from train.load import load_encoder, load_params, recorded_encoder_config
+from train.run import settings
+from train.run.load import load_encoder, load_params, recorded_encoder_config
+from train.run.optim import smoothed_loss_sum
 from train.task import (FIXES_STATE, FREE, Definition, Field, HFModel, Plots, Resume, Setup,
                         boolean, integer, number, optional, paths, string)
-from train.tokens import PROJECT_IDS, SpecialIds
 
 
 def predictions_per_row(mask_rate: float, seq_len: int, given: int | None = None) -> int:
@@ -150,7 +151,7 @@ def eval_sums(logits, targets, weights, baseline_token: int) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class MaskedLMTask:
-  """Masked-token prediction as `train.step` runs it (see `train.step.Task`).
+  """Masked-token prediction as `train.run.step` runs it (see `train.run.step.Task`).
 
   Attributes:
     model: the encoder and its output layer.
@@ -243,7 +244,7 @@ def _tied(config, cfg: EncoderConfig, bert_head: bool) -> bool:
 
 
 def setup(config, workdir: str, resume: Resume) -> Setup:
-  """Pretraining on the windows config.data names (train.dataset.windows), from scratch or,
+  """Pretraining on the windows config.data names (train.data.dataset.windows), from scratch or,
   with config.init.hf, on from a Hugging Face checkpoint."""
   windows = dataset.windows(config, workdir, resume.resuming, resume.allow_changes)
   baseline = dataset.most_frequent_token(windows.train, specials=windows.specials)

@@ -3,13 +3,13 @@ r"""Fine-tuning for a number per text (regression: STS-B's similarity of a pair,
   python -m train --config=configs/regress.py --workdir runs/sts \
       --config.data.train=train.jsonl --config.data.eval=eval.jsonl [--config.init.hf=bert-dir]
 
-The lines are train.classify's with a number for a label: {"text": …, "text_pair": …,
+The lines are train.tasks.classify's with a number for a label: {"text": …, "text_pair": …,
 "label": 3.8}. The model is the classifier's (the encoder, pooled, dropout, a dense layer) with
 one output; the loss is the squared error, averaged over the batch (transformers'
 *ForSequenceClassification with problem_type="regression"). Evaluation reports the mean
 squared error (the loss), Pearson's and Spearman's correlation of the predictions with the
 labels, and the squared error of always predicting the training labels' mean. The encoder
-starts where train.finetune says.
+starts where train.tasks.finetune says.
 """
 
 from __future__ import annotations
@@ -24,16 +24,18 @@ import numpy as np
 from flax_encoder.classifier import SequenceClassifier
 from flax_encoder.inference import default_buckets, padded_batches
 from flax_encoder.tokenizer import encode_examples
-from train import examples, finetune
-from train.finetune import pooling, type_separator
-from train.supervised import (FineTuned, SupervisedTask, hf_model, line_texts, read_run, run_of,
-                              sequence_classifier)
+from train.data import examples
 from train.task import Definition, Plots, Resume, Setup
+from train.tasks import finetune
+from train.tasks.start import pooling, start_params
+from train.tasks.supervised import (FineTuned, SupervisedTask, hf_model, line_texts, read_run,
+                                    run_of, sequence_classifier)
+from train.tasks.tokenizing import run_tokenizer, type_separator
 
 
 @dataclasses.dataclass(frozen=True)
 class RegressTask(SupervisedTask):
-  """Regression as `train.step` runs it (see `train.step.Task`). A batch holds 'tokens'
+  """Regression as `train.run.step` runs it (see `train.run.step.Task`). A batch holds 'tokens'
   [batch, seq] and 'labels' float32 [batch]; a held-out batch also 'index' [batch], each
   example's place among the held-out ones, and a NaN label pads the last."""
 
@@ -161,7 +163,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                        "source": os.path.join(workdir, "data"),
                        "start": prepared.start.source, "pooling": model.pooling,
                        "family": prepared.start.family},
-               start_params=finetune.start_params(prepared.start, cfg, config, 1,
+               start_params=start_params(prepared.start, cfg, config, 1,
                                                   model.pooling))
 
 
@@ -183,7 +185,8 @@ DEFINITION = Definition(
     summary=summary,
     predictor=Regressor,
     hf_model=lambda workdir, config: hf_model(
-        read_run(workdir, Regressor), lambda run, family: sequence_classifier(run, family, "regression")),
+        read_run(workdir, Regressor),
+        lambda run, family: sequence_classifier(run, family, "regression")),
     check=finetune.check,
-    tokenizer=lambda config, workdir: finetune.run_tokenizer(workdir),
+    tokenizer=lambda config, workdir: run_tokenizer(workdir),
 )

@@ -1,7 +1,7 @@
 """Token ids: the special ids, the byte codec, and the tokenizers that turn text into ids.
 
 The one place these facts live; `train.prepare` (offline), the jitted masking in
-`train.masked_lm`, fine-tuning and the tools that encode a text (`draw_attention`, `predict`)
+`train.tasks.masked_lm`, fine-tuning and the tools that encode a text (`draw_attention`, `predict`)
 all import them from here.
 
 Ids: 0 pad, 1 mask, 2 the separator between documents (and between the two texts of a pair),

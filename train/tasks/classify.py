@@ -5,15 +5,15 @@ r"""Fine-tuning: the encoder and a classification head trained on the user's lab
       [--config.init.run=runs/demo | --config.init.torch_checkpoint=model.pt \
        --config.init.n_heads=8]
 
-The task of the training loop's second kind (`ClassifyTask`, beside `masked_lm.MaskedLMTask`):
-the model is the encoder, a pooling over the real tokens (their mean, or the first token),
-dropout and a dense layer to one logit per class; the loss is cross-entropy; evaluation
-reports accuracy, macro-F1 and the majority-class baseline. The encoder starts from a
-pretraining run's newest verified checkpoint (`config.init.run`: its sizes and tokenizer), from
-a PyTorch checkpoint (`config.init.torch_checkpoint`, sizes read off the weights, and the
-classifier's Linear from `config.init.torch_head` if given), from a Hugging Face directory
-(`config.init.hf`) or from scratch (train.finetune, which `train.regress` and `train.tag`
-share). The examples (train.examples) are prepared once into WORKDIR/data.
+The task of the training loop's second kind (`ClassifyTask`, beside `masked_lm.MaskedLMTask`): the
+model is the encoder, a pooling over the real tokens (their mean, or the first token), dropout and a
+dense layer to one logit per class; the loss is cross-entropy; evaluation reports accuracy, macro-F1
+and the majority-class baseline. The encoder starts from a pretraining run's newest verified
+checkpoint (`config.init.run`: its sizes and tokenizer), from a PyTorch checkpoint
+(`config.init.torch_checkpoint`, sizes read off the weights, and the classifier's Linear from
+`config.init.torch_head` if given), from a Hugging Face directory (`config.init.hf`) or from scratch
+(train.tasks.finetune, which `train.tasks.regress` and `train.tasks.tag` share). The examples
+(train.data.examples) are prepared once into WORKDIR/data.
 """
 
 from __future__ import annotations
@@ -29,18 +29,20 @@ import optax
 from flax_encoder.classifier import macro_f1
 from flax_encoder.classifier import SequenceClassifier as Classifier
 from flax_encoder.text_classifier import TextClassifier
-from train import examples, finetune
+from train.data import examples
 from train.errors import RunError
-from train.finetune import pooling, type_separator
-from train.optim import smoothed_loss_sum
-from train.supervised import (FineTuned, SupervisedTask, hf_model, line_texts, read_run, run_of,
-                              sequence_classifier)
+from train.run.optim import smoothed_loss_sum
 from train.task import Definition, Plots, Resume, Setup
+from train.tasks import finetune
+from train.tasks.start import pooling, start_params
+from train.tasks.supervised import (FineTuned, SupervisedTask, hf_model, line_texts, read_run,
+                                    run_of, sequence_classifier)
+from train.tasks.tokenizing import run_tokenizer, type_separator
 
 
 @dataclasses.dataclass(frozen=True)
 class ClassifyTask(SupervisedTask):
-  """Classification as `train.step` runs it (see `train.step.Task`). A batch holds 'tokens'
+  """Classification as `train.run.step` runs it (see `train.run.step.Task`). A batch holds 'tokens'
   [batch, seq] and 'labels' [batch]; a label of -1 pads the last held-out batch."""
 
   model: Classifier
@@ -96,7 +98,8 @@ class Predictor:
   def model_for(cfg, record: dict, config, meta: dict) -> Classifier:
     """The model of a run whose checkpoint records `record` (its config `config`, its
     examples' dataset.json `meta`)."""
-    # The pooling the run used (finetune.pooling), recorded since config.init.hf could say it.
+    # The pooling the run used (train.tasks.start.pooling), recorded since config.init.hf could
+    # say it.
     pooling = record.get("pooling") or config.task.get("pooling") or "mean"
     return Classifier(cfg, len(record["labels"]), pooling, type_separator(meta))
 
@@ -162,7 +165,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   prepared = finetune.prepare_texts(config, workdir, resume, paths, "class")
   cfg, meta, loaded = prepared.encoder, prepared.meta, prepared.loaded
   labels = meta["labels"]
-  params = finetune.start_params(prepared.start, cfg, config, len(labels), pooling(config),
+  params = start_params(prepared.start, cfg, config, len(labels), pooling(config),
                                  labels)
   counts = np.bincount(np.asarray(loaded["train"]["labels"]), minlength=len(labels))
   model = Classifier(cfg, len(labels), pooling(config), type_separator(meta))
@@ -207,5 +210,5 @@ DEFINITION = Definition(
     predictor=Predictor,
     hf_model=lambda workdir, config: hf_model(read_run(workdir, Predictor), sequence_classifier),
     check=finetune.check,
-    tokenizer=lambda config, workdir: finetune.run_tokenizer(workdir),
+    tokenizer=lambda config, workdir: run_tokenizer(workdir),
 )

@@ -188,7 +188,8 @@ class TrainBatches:
   def set_state(self, state: dict) -> None:
     if set(state) != {"batches"}:
       raise RunError(f"the checkpoint's data position {state} is not a count of batches: it "
-                       f"was written by another version of train.pipeline; train in a new workdir")
+                     f"was written by another version of train.data.pipeline; train in a new "
+                     f"workdir")
     self._start(state["batches"])
 
   def close(self) -> None:

@@ -19,7 +19,7 @@ import ml_collections
 from jax.sharding import Mesh
 
 from flax_encoder import Encoder, EncoderConfig, sharding
-from train.checkpoint import Checkpointer
+from train.run.checkpoint import Checkpointer
 
 
 # A live run keeps its newest `keep_checkpoints` and deletes older ones as it saves, perhaps

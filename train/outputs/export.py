@@ -1,0 +1,142 @@
+"""Exports a run: a weights file for JAX, PyTorch weights, or a jax.export program.
+
+  python -m train.export --workdir runs/demo --out encoder.msgpack
+  python -m train.export --workdir runs/cls --out classifier.msgpack
+  python -m train.export --workdir runs/demo --out encoder.safetensors [--layout torch_nn]
+  python -m train.export --workdir runs/demo --out encoder.jaxexport [--seq-len 64]
+  python -m train.export --workdir runs/bert-cls --layout hf --out bert-cls/
+
+A .msgpack file of a pretraining run holds the encoder's config and parameters; any JAX
+program with the library installed loads it with `flax_encoder.weights.load_weights` (no
+checkout, no orbax). Of a fine-tuning run, it holds what its task exports: for a classifier
+the encoder, the head, the tokenizer and the classes, which
+`flax_encoder.text_classifier.TextClassifier.load` turns into a function from texts to labels;
+for regression and tagging the encoder alone (`--layout hf` writes their heads too). PyTorch
+weights (.safetensors, .pt, .pth, .bin) need the `torch` extra. A .jaxexport file is the
+compiled encoder with its weights (StableHLO for CPU and CUDA), taking int32 ids
+[batch, seq_len]; it runs with `jax.export.deserialize(data).call(tokens)` and no code of this
+package. `--layout hf` writes a directory transformers loads (train.outputs.hf_export).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from flax_encoder.inference import export_encoder
+from flax_encoder.weights import save_weights
+from train import tasks
+from train.errors import RunError
+from train.files import os_errors_of_safetensors, readable_as_umask_allows, stream, written_whole
+from train.run.load import load_config, load_encoder
+from train.run.workdir import out_problem, run_file
+
+_TORCH = (".safetensors", ".pt", ".pth", ".bin")
+SUFFIXES = (".msgpack", ".jaxexport", *_TORCH)
+
+
+class ExportError(Exception):
+  """A request this command cannot carry out: reported as one line."""
+
+
+def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None = None) -> str:
+  """Writes the newest verified checkpoint's encoder to `out`; returns the path.
+
+  For a .jaxexport file, `seq_len` defaults to the run's config.train.seq_len. With layout
+  "hf", `out` is a new directory (train.outputs.hf_export).
+  """
+  if layout == "hf":
+    return _export_hf(workdir, out)
+  if not out.endswith(SUFFIXES):
+    raise ExportError(f"--out must end in {', '.join(SUFFIXES)}, got {out!r}")
+  if out.endswith(_TORCH):
+    try:
+      import torch  # noqa: F401 - the converters need it; the bridge's names load lazily
+      from flax_encoder.pytorch import LAYOUTS
+    except ImportError as e:
+      raise ExportError(f"--out {out}: PyTorch weights need the torch extra "
+                        f"(pip install -e '.[torch]'): {e}") from None
+    if layout not in LAYOUTS:
+      raise ExportError(f"--layout must be one of {LAYOUTS}, got {layout!r}")
+  if not os.path.isdir(workdir):
+    raise ExportError(f"--workdir {workdir}: no such directory")
+  problem = out_problem(out, workdir)
+  if problem:
+    raise ExportError(problem)
+  with written_whole(out) as tmp, os_errors_of_safetensors():  # whatever stops the export
+    _export(workdir, tmp, os.path.splitext(out)[1], layout, seq_len)
+  return out if stream(out) else readable_as_umask_allows(out)
+
+
+def _export_hf(workdir: str, out: str) -> str:
+  from train.outputs import hf_export
+  if not os.path.isdir(workdir):
+    raise ExportError(f"--workdir {workdir}: no such directory")
+  problem = hf_export.check_out(out) or (
+      run_file(workdir, out) and f"--out {out}: inside the run's own {run_file(workdir, out)}")
+  if problem:
+    raise ExportError(problem)
+  try:
+    return hf_export.export_hf(workdir, out)
+  except RunError as e:
+    raise ExportError(str(e)) from None
+
+
+def _export(workdir: str, path: str, suffix: str, layout: str, seq_len: int | None) -> None:
+  """Writes the export `suffix` (one of SUFFIXES) names to `path`."""
+  if suffix == ".msgpack":
+    definition = tasks.definition(load_config(workdir).task.get("name", "masked_lm"))
+    if definition.export is not None:
+      try:
+        definition.export(workdir, path)
+        return
+      except RunError as e:
+        raise ExportError(str(e)) from None
+  cfg, variables = load_encoder(workdir)
+  if suffix == ".msgpack":
+    save_weights(path, cfg, variables)
+  elif suffix == ".jaxexport":
+    export_encoder(cfg, variables, path, seq_len or load_config(workdir).train.seq_len)
+  else:
+    from flax_encoder.pytorch import to_torch_state_dict
+    state = to_torch_state_dict(variables, cfg, layout)
+    if suffix == ".safetensors":
+      import safetensors.torch
+      safetensors.torch.save_file({k: v.contiguous() for k, v in state.items()}, path)
+    else:
+      import torch
+      torch.save(state, path)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m train.export", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workdir", required=True)
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--layout", default="tutorial",
+                      help="PyTorch weights: tutorial (the tutorial port's names) or torch_nn; "
+                           "hf: a Hugging Face directory (--out DIR)")
+  parser.add_argument("--seq-len", type=int, default=None,
+                      help=".jaxexport: input length (default: the run's train.seq_len)")
+  args = parser.parse_args(argv)
+  try:
+    print(export(args.workdir, args.out, args.layout, args.seq_len))
+  except ExportError as e:
+    print(f"export: error: {e}", file=sys.stderr)
+    return 2
+  except FileNotFoundError as e:  # train.run.load: a workdir without a checkpoint to read
+    print(f"export: error: {e}", file=sys.stderr)
+    return 2
+  except OSError as e:
+    print(f"export: error: --out {args.out}: cannot write it ({e.strerror or e})",
+          file=sys.stderr)
+    return 1
+  except ValueError as e:  # what the converters refuse of a model: one line naming it
+    print(f"export: error: --layout {args.layout}: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

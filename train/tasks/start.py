@@ -1,0 +1,209 @@
+"""Where a fine-tuning's encoder starts: a pretraining run's newest verified checkpoint
+(`config.init.run`: its sizes and tokenizer), a PyTorch checkpoint (`config.init.torch_checkpoint`,
+sizes read off the weights), a Hugging Face directory (`config.init.hf`: its family's encoder and
+heads, its tokenizer.json with its own ids and padding), or scratch; and the encoder config and
+starting parameters that follow from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import numpy as np
+
+from flax_encoder import EncoderConfig, families
+from flax_encoder.classifier import HEAD_POOLINGS
+from train.data import dataset
+from train.data.tokens import TokenizerSpec
+from train.errors import RunError
+from train.run import settings
+
+# The encoder's fields a pretrained encoder brings (what it is and how its parameters are
+# stored): a config that gives one must agree with it. The others (dropout, dtype, attention,
+# remat) are the fine-tuning run's own. pad_id is the data's.
+ARCHITECTURE = tuple(name for role in ("architecture", "parameters")
+                     for name in EncoderConfig.fields(role) if name != "pad_id")
+
+
+@dataclasses.dataclass
+class Start:
+  """The encoder's architecture fields, its parameters (or None) and its tokenizer."""
+  fields: dict
+  params: dict | None
+  tokenizer: TokenizerSpec | None  # None: config.data.tokenizer decides
+  source: str
+  head: dict | None = None  # the classifier's parameters, from a PyTorch Linear
+  # A Hugging Face checkpoint's: its ids as they are (offset 0), its padding id, its family,
+  # its pooler's parameters (BERT's) and its prediction head's (ModernBERT's, "head"), or None.
+  hf: dict | None = None
+
+  @property
+  def family(self) -> str | None:
+    """The Hugging Face family it starts from, which the run records; None for any other."""
+    return self.hf["family"] if self.hf else None
+
+
+def _from_run(config) -> Start:
+  from train.run.load import load_config, load_encoder
+  run = config.init.run
+  try:
+    cfg, variables = load_encoder(run)
+    run_config = load_config(run)
+  except (FileNotFoundError, ValueError) as e:
+    raise RunError(f"config.init.run: {run!r}, expected a training run's workdir ({e})") from None
+  if run_config.task.get("name", "masked_lm") != "masked_lm":
+    raise RunError(f"config.init.run: {run!r} is a {run_config.task.name} run, expected a "
+                   f"pretraining (masked_lm) run")
+  fields = {name: getattr(cfg, name) for name in ARCHITECTURE}
+  fields["param_dtype"] = np.dtype(fields["param_dtype"]).name
+  return Start(fields, variables["params"], dataset.run_tokenizer(run_config, run), run)
+
+
+def _from_torch(config) -> Start:
+  from flax_encoder.pytorch import (config_from_torch_state_dict, from_torch_state_dict,
+                                    load_torch_checkpoint)
+  init, path = config.init, config.init.torch_checkpoint
+  try:
+    state = load_torch_checkpoint(path)
+    cfg = config_from_torch_state_dict(state, init.n_heads, prefix=init.prefix)
+    params = from_torch_state_dict(state, cfg, prefix=init.prefix)["params"]
+  except (FileNotFoundError, ValueError, TypeError) as e:
+    raise RunError(f"config.init.torch_checkpoint: {path}: {e}".splitlines()[0]) from None
+  fields = {name: getattr(cfg, name) for name in ARCHITECTURE}
+  fields["param_dtype"] = np.dtype(fields["param_dtype"]).name
+  head, name = None, init.get("torch_head")
+  if name:
+    weight, bias = (state.get(f"{name}.{p}") for p in ("weight", "bias"))
+    if weight is None or bias is None:
+      raise RunError(f"config.init.torch_head: {name!r}, expected the prefix of a "
+                     f"Linear in {path} (its .weight and .bias)")
+    head = {"kernel": np.asarray(weight).T, "bias": np.asarray(bias)}
+  return Start(fields, params, None, path, head)
+
+
+def _from_hf(config) -> Start:
+  path = config.init.hf
+  try:
+    model = families.read_hf(path)
+  except (FileNotFoundError, ValueError, TypeError) as e:
+    raise RunError(f"config.init.hf: {e}".splitlines()[0]) from None
+  cfg, heads = model.config, model.variables.get("heads", {})
+  tokenizer = os.path.join(path, "tokenizer.json")
+  if not os.path.isfile(tokenizer):
+    raise RunError(f"config.init.hf: {path} has no tokenizer.json (the fast tokenizer's file; "
+                   f"transformers writes it with AutoTokenizer.from_pretrained(DIR)"
+                   f".save_pretrained(DIR))")
+  fields = {name: getattr(cfg, name) for name in ARCHITECTURE}
+  fields["param_dtype"] = np.dtype(fields["param_dtype"]).name
+  from_pooler = families.get(model.family).classifier.from_pooler
+  return Start(fields, model.variables["params"],
+               TokenizerSpec("huggingface", os.path.abspath(tokenizer)), os.path.abspath(path),
+               hf={"pad_id": cfg.pad_id, "family": model.family,
+                   "pooler": heads.get("pooler") if from_pooler else None,
+                   # transformers' classifiers that apply a prediction head read the
+                   # masked-LM head's dense and norm as theirs (ModernBERT's)
+                   "head": heads.get("prediction_head")})
+
+
+def start_of(config) -> Start:
+  """Where config.init says the encoder starts from."""
+  if config.init.run:
+    return _from_run(config)
+  if config.init.torch_checkpoint:
+    return _from_torch(config)
+  if config.init.hf:
+    return _from_hf(config)
+  return Start({}, None, None, "scratch")
+
+
+def pooling(config) -> str:
+  """config.task.pooling, or where unset the starting checkpoint's family's (`Family.pooling`:
+  BERT's pooler, RoBERTa's head of its shape, DistilBERT's pre-classifier, ModernBERT's first
+  token or mean through its prediction head, as its classifier_pooling says); the mean from
+  anything else."""
+  if config.task.pooling:
+    return config.task.pooling
+  if not config.init.get("hf"):
+    return "mean"
+  try:
+    hf = families.read_hf_config(config.init.hf)
+  except ValueError as e:
+    raise RunError(f"config.init.hf: {e}") from None
+  return families.of_config(hf).pooling(hf)
+
+
+def ids(config, start: Start) -> tuple[int, int]:
+  """(id offset, padding id) of the examples: a Hugging Face checkpoint's own, or config.data's."""
+  if start.hf is not None:
+    return 0, start.hf["pad_id"]
+  return config.data.id_offset, config.data.pad_id
+
+
+def encoder_config(config, start: Start, vocab_size: int, pad_id: int) -> EncoderConfig:
+  """config.model with the starting encoder's architecture; a field given in both must
+  agree. From scratch, fields left unset take configs/default.py's values."""
+  fields = {k: v for k, v in config.model.to_dict().items() if v is not None}
+  for name, value in start.fields.items():
+    given = fields.get(name)
+    if given is not None and given != value and not (
+        name == "param_dtype" and np.dtype(given) == np.dtype(value)):
+      raise RunError(f"config.model.{name}: {given!r}, but {start.source} has {value!r}; leave "
+                     f"it unset to take the pretrained encoder's")
+    fields[name] = value
+  if not start.fields:
+    from configs import default
+    defaults = default.get_config().model.to_dict()
+    fields = {**{k: v for k, v in defaults.items() if v is not None}, **fields}
+  fields.pop("vocab_size", None)
+  if start.fields and start.fields["vocab_size"] < vocab_size:
+    raise RunError(f"config.data.tokenizer: ids up to {vocab_size - 1}, but {start.source}'s "
+                   f"embedding has {start.fields['vocab_size']} rows")
+  return settings.build_encoder(fields, start.fields.get("vocab_size", vocab_size), pad_id,
+                                config.train.seq_len)
+
+
+def start_params(start: Start, cfg: EncoderConfig, config, outputs: int,
+                 pooled_by: str | None = None, classes: list | None = None,
+                 head: bool = False):
+  """The parameters to start from, or None: the encoder's; BERT's pooler where the head pools
+  with it (`pooled_by`); ModernBERT's prediction head where the model has one (`pooled_by` one
+  of HEAD_POOLINGS, or `head`) and the checkpoint too; the classifier (`outputs` of them: the
+  `classes`' scores, or one number) from a PyTorch Linear."""
+  if start.params is None:
+    return None
+  dtype = np.dtype(cfg.param_dtype)
+  if start.hf is not None and start.hf["pooler"] and pooled_by == "pooler":
+    return {"encoder": start.params,
+            "pooler": jax.tree.map(lambda x: x.astype(dtype), start.hf["pooler"])}
+  if start.hf is not None and start.hf.get("head") and (head or pooled_by in HEAD_POOLINGS):
+    return {"encoder": start.params,
+            "head": jax.tree.map(lambda x: x.astype(dtype), start.hf["head"])}
+  if start.head is None:
+    return {"encoder": start.params}
+  kernel, name = start.head["kernel"], config.init.torch_head
+  if classes is not None and classes != list(range(outputs)):
+    raise RunError(f"config.init.torch_head: {name!r} scores classes "
+                   f"0 … {kernel.shape[1] - 1} in its rows' order; expected the labels to be "
+                   f"those integers, got {classes[:5]}…")
+  if kernel.shape != (cfg.d_model, outputs):
+    what = "the data's classes" if classes is not None else "one number"
+    raise RunError(f"config.init.torch_head: {name!r} is a Linear "
+                   f"{kernel.shape[0]} -> {kernel.shape[1]}, expected {cfg.d_model} -> "
+                   f"{outputs} ({what})")
+  return {"encoder": start.params,
+          "classifier": {"kernel": kernel.astype(dtype), "bias": start.head["bias"].astype(dtype)}}
+
+
+def check_init(init) -> None:
+  """config.init names at most one start, with the fields it needs (RunError naming the field)."""
+  given = [f"config.init.{k}" for k in ("run", "torch_checkpoint", "hf") if init.get(k)]
+  if len(given) > 1:
+    raise RunError(f"{given[1]}: {init.get(given[1].split('.')[-1])!r}, expected unset with "
+                   f"{given[0]}: the encoder starts from one of them")
+  if init.torch_checkpoint and init.n_heads is None:
+    raise RunError("config.init.n_heads: unset, expected the PyTorch encoder's number of heads "
+                   "(the weights' shapes do not show it)")
+  if init.get("torch_head") and not init.torch_checkpoint:
+    raise RunError(f"config.init.torch_head: {init.torch_head!r}, expected it only with "
+                   f"config.init.torch_checkpoint")
