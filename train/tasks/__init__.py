@@ -11,9 +11,8 @@ module here, and the program learns of it from that alone.
 
 from __future__ import annotations
 
-from train.run import settings
-
 from train.errors import RunError
+from train.run import settings
 from train.task import Definition
 from train.tasks import classify, masked_lm, regress, tag
 
