@@ -7,6 +7,8 @@ Three kinds: "bytes" (UTF-8 bytes, 256 ids), "sentencepiece" (a SentencePiece mo
 "huggingface" (a `tokenizers` tokenizer.json). A tokenizer keeps its model's bytes, so that it
 can be saved inside another file (a text classifier's) and rebuilt from there with no file
 of its own. sentencepiece and tokenizers are imported only for their kind (the `text` extra).
+A Hugging Face model directory's tokenizer (its tokenizer.json, or the vocab.txt or vocab.json
+and merges.txt older checkpoints ship) is `flax_encoder.hf_tokenizer.tokenizer_from_directory`.
 
 A text is cut to what an example of seq_len ids can show (`visible`) before it is tokenized,
 so that a line of any length takes bounded memory.
@@ -46,12 +48,20 @@ class Tokenizer:
                        f"for kind {kind!r}")
     self.kind, self.model, self.offset = kind, model, offset
     self._model = None
+    # What the model's file sets that this tokenizer does not do, as words ("padding to 128")
+    self.ignored_settings: list[str] = []
     if kind == "sentencepiece":
       import sentencepiece as spm
       self._model = spm.SentencePieceProcessor(model_proto=model)
     elif kind == "huggingface":
       from tokenizers import Tokenizer as HFTokenizer
       self._model = HFTokenizer.from_str(model.decode("utf-8"))
+      # Examples are laid out and cut here (`example_ids`), so a file's padding and truncation
+      # (sentence-transformers saves both) would add [PAD] ids to each text and cut it twice;
+      # they are switched off on the object only, and `model` keeps the file as it came.
+      self.ignored_settings = _padding_and_truncation(self._model)
+      self._model.no_padding()
+      self._model.no_truncation()
 
   @classmethod
   def from_file(cls, kind: str, path: str | os.PathLike | None, offset: int = 0) -> Tokenizer:
@@ -128,6 +138,18 @@ class Tokenizer:
     if self.kind == "sentencepiece":
       return self._model.id_to_piece(own_id)
     return self._model.id_to_token(own_id)
+
+
+def _padding_and_truncation(model) -> list[str]:
+  """A `tokenizers` Tokenizer's padding and truncation, in words."""
+  settings = []
+  if model.padding is not None:
+    length, multiple = model.padding["length"], model.padding["pad_to_multiple_of"]
+    settings.append(f"padding to {length if length is not None else 'the longest'}"
+                    + (f" (a multiple of {multiple})" if multiple else ""))
+  if model.truncation is not None:
+    settings.append(f"truncation at {model.truncation['max_length']}")
+  return settings
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,255 @@
+"""The tokenizer of a Hugging Face model directory, as a `Tokenizer` of kind "huggingface".
+
+  tokenizer = tokenizer_from_directory("bert-base-uncased")
+
+A directory's tokenizer.json (a fast tokenizer's file) is read as it is. Older checkpoints ship
+the files of transformers' slow tokenizers instead: vocab.txt (BERT's WordPiece) or vocab.json
+and merges.txt (RoBERTa's byte-level BPE), with their options and special tokens in
+tokenizer_config.json and special_tokens_map.json. These are built into a tokenizer.json with
+the `tokenizers` library, as transformers builds its tokenizer from them, so that no
+transformers is needed to read them. A sentence-transformers folder keeps its tokenizer files
+at its top or in its Transformer module's folder (modules.json), and may lower-case the texts
+before they are tokenized (the module's sentence_bert_config.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from flax_encoder.tokenizer import Tokenizer
+
+TRANSFORMER_MODULE = "sentence_transformers.models.Transformer"
+LOOKED_FOR = "tokenizer.json, vocab.txt, or vocab.json and merges.txt"
+SAVE_IT = ("save it with transformers: AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR) "
+           "writes tokenizer.json")
+
+# tokenizer_config.json's tokenizer_class (less "Fast") whose tokenizer is built from vocab.txt
+# as BERT's: "[CLS] a [SEP] b [SEP]", b of token type 1
+WORDPIECE_CLASSES = ("BertTokenizer", "DistilBertTokenizer", "ElectraTokenizer")
+# ... and from vocab.json and merges.txt as RoBERTa's: "<s> a </s></s> b </s>"
+BPE_CLASSES = ("RobertaTokenizer", "LongformerTokenizer", "BartTokenizer")
+
+
+class TokenizerError(ValueError):
+  """A model directory whose tokenizer files this library cannot read."""
+
+
+def tokenizer_from_directory(path: str | os.PathLike, offset: int = 0) -> Tokenizer:
+  """The tokenizer of the model directory `path` (ids + `offset`): its tokenizer.json (its
+  bytes as they are), else one built from its vocab.txt (WordPiece), else from its vocab.json
+  and merges.txt (byte-level BPE); in a sentence-transformers folder, from its top or its
+  Transformer module's folder, whichever holds them first, with a Lowercase normalizer first
+  where the module lower-cases texts. Raises TokenizerError naming the directory or file and
+  what it expected."""
+  path = os.path.normpath(os.fspath(path))
+  if not os.path.isdir(path):
+    raise TokenizerError(f"{path}: not a directory (expected a model directory with its "
+                         f"tokenizer files: {LOOKED_FOR})")
+  module = _transformer_module(path)
+  places = [path] + ([module] if module not in (None, path) else [])
+  for directory in places:
+    if _has(directory, "tokenizer.json"):
+      built = _read_tokenizer_json(os.path.join(directory, "tokenizer.json"))
+    elif _has(directory, "vocab.txt"):
+      built = _wordpiece(directory)
+    elif _has(directory, "vocab.json") and _has(directory, "merges.txt"):
+      built = _byte_level_bpe(directory)
+    else:
+      continue
+    if _lower_cases(module or path):
+      built = _lowercased(built)
+    return Tokenizer("huggingface", built, offset)
+  raise TokenizerError(f"{path}: no tokenizer files (looked for {LOOKED_FOR} in "
+                       f"{' and '.join(places)}); {SAVE_IT}")
+
+
+def _has(directory: str, name: str) -> bool:
+  return os.path.isfile(os.path.join(directory, name))
+
+
+def _read_json(file: str, kind: type = dict) -> dict | list | None:
+  """The JSON object (or list: `kind`) in `file`; None where there is no such file."""
+  try:
+    with open(file, encoding="utf-8") as f:
+      value = json.load(f)
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError) as e:
+    raise TokenizerError(f"{file}: not readable JSON ({str(e).splitlines()[0]})") from None
+  if not isinstance(value, kind):
+    raise TokenizerError(f"{file}: holds a {type(value).__name__}, expected a JSON "
+                         f"{'object' if kind is dict else 'list'}")
+  return value
+
+
+def _transformer_module(path: str) -> str | None:
+  """The folder of a sentence-transformers folder's Transformer module (modules.json); None
+  where `path` is no sentence-transformers folder."""
+  file = os.path.join(path, "modules.json")
+  modules = _read_json(file, list)
+  if modules is None:
+    return None
+  for module in modules:
+    if isinstance(module, dict) and module.get("type") == TRANSFORMER_MODULE:
+      folder = module.get("path")
+      if not isinstance(folder, str) or os.path.isabs(folder) or (
+          os.path.normpath(folder).split(os.sep)[0] == os.pardir):
+        raise TokenizerError(f"{file}: the Transformer module's path={folder!r}, expected a "
+                             f"folder inside {path}")
+      return os.path.normpath(os.path.join(path, folder))
+  return None
+
+
+def _lower_cases(module: str) -> bool:
+  """Whether a sentence-transformers Transformer module lower-cases texts before its
+  tokenizer reads them (do_lower_case in its sentence_bert_config.json)."""
+  file = os.path.join(module, "sentence_bert_config.json")
+  config = _read_json(file) or {}
+  return _flag(config, "do_lower_case", False, file)
+
+
+def _lowercased(built: bytes) -> bytes:
+  """The tokenizer.json `built` that lower-cases texts before anything else reads them."""
+  from tokenizers import Tokenizer as HFTokenizer, normalizers
+  tokenizer = HFTokenizer.from_str(built.decode("utf-8"))
+  steps = [normalizers.Lowercase()] + ([tokenizer.normalizer] if tokenizer.normalizer else [])
+  tokenizer.normalizer = normalizers.Sequence(steps)
+  return tokenizer.to_str().encode("utf-8")
+
+
+def _read_tokenizer_json(file: str) -> bytes:
+  """The bytes of the tokenizer.json `file`, checked to be one `tokenizers` reads."""
+  with open(file, "rb") as f:
+    model = f.read()
+  try:
+    Tokenizer("huggingface", model)
+  except Exception as e:  # noqa: BLE001 - tokenizers raises bare Exceptions
+    said = (str(e).splitlines() or [""])[0]
+    raise TokenizerError(f"{file}: not a tokenizer the `tokenizers` library reads ({said})"
+                         ) from None
+  return model
+
+
+def _flag(options: dict, key: str, default: bool | None, file: str) -> bool | None:
+  value = options.get(key, default)
+  if value is not None and not isinstance(value, bool):
+    raise TokenizerError(f"{file}: {key}={value!r}, expected true or false")
+  return value
+
+
+class _Options:
+  """A directory's tokenizer options: tokenizer_config.json's, with special_tokens_map.json's
+  tokens over them (as transformers reads them), each read with the file it came from; the
+  special tokens found in `vocab`, read from `vocab_file`."""
+
+  def __init__(self, directory: str, classes: tuple[str, ...], files: str, vocab: dict,
+               vocab_file: str):
+    self.vocab, self.vocab_file = vocab, vocab_file
+    self.config_file = os.path.join(directory, "tokenizer_config.json")
+    self.tokens_file = os.path.join(directory, "special_tokens_map.json")
+    self.config = _read_json(self.config_file) or {}
+    self.tokens = _read_json(self.tokens_file) or {}
+    name = self.config.get("tokenizer_class")
+    if name is not None and (not isinstance(name, str)
+                             or name.removesuffix("Fast") not in classes):
+      raise TokenizerError(f"{self.config_file}: tokenizer_class={name!r}, but this library "
+                           f"builds only {', '.join(classes)} from {files}; {SAVE_IT}")
+
+  def flag(self, key: str, default: bool | None) -> bool | None:
+    return _flag(self.config, key, default, self.config_file)
+
+  def special(self, key: str, default: str, required: bool = True):
+    """The special token `key` (cls_token …) as an AddedToken and its id; None where the
+    vocabulary lacks a token that is not `required`."""
+    from tokenizers import AddedToken
+    file = self.tokens_file if key in self.tokens else self.config_file
+    value = {**self.config, **self.tokens}.get(key, default)
+    spec = value if isinstance(value, dict) else {"content": value}
+    content = spec.get("content")
+    if not isinstance(content, str):
+      raise TokenizerError(f"{file}: {key}={value!r}, expected a token (a string)")
+    if content not in self.vocab:
+      if not required:
+        return None
+      raise TokenizerError(f"{self.vocab_file}: no {content!r} (the {key}), expected the special "
+                           f"tokens the model was trained with")
+    flags = {name: _flag(spec, name, False, f"{file}: {key}")
+             for name in ("single_word", "lstrip", "rstrip")}
+    return AddedToken(content, **flags, normalized=False, special=True), self.vocab[content]
+
+
+def _read_vocab_txt(file: str) -> dict[str, int]:
+  """vocab.txt, one token a line, its id its line's number (transformers' load_vocab)."""
+  try:
+    with open(file, encoding="utf-8") as f:
+      return {token.rstrip("\n"): i for i, token in enumerate(f.readlines())}
+  except (OSError, UnicodeDecodeError) as e:
+    raise TokenizerError(f"{file}: not a readable vocabulary ({e})") from None
+
+
+def _wordpiece(directory: str) -> bytes:
+  """BERT's tokenizer from vocab.txt, as transformers' BertTokenizer builds it."""
+  from tokenizers import Tokenizer as HFTokenizer, decoders, models, normalizers
+  from tokenizers import pre_tokenizers, processors
+  vocab_file = os.path.join(directory, "vocab.txt")
+  vocab = _read_vocab_txt(vocab_file)
+  options = _Options(directory, WORDPIECE_CLASSES, "vocab.txt", vocab, vocab_file)
+  (unk, _), cls, sep = (options.special("unk_token", "[UNK]"),
+                        options.special("cls_token", "[CLS]"),
+                        options.special("sep_token", "[SEP]"))
+  others = [options.special("pad_token", "[PAD]", required=False),
+            options.special("mask_token", "[MASK]", required=False)]
+  tokenizer = HFTokenizer(models.WordPiece(vocab, unk_token=unk.content))
+  tokenizer.normalizer = normalizers.BertNormalizer(
+      clean_text=True, handle_chinese_chars=options.flag("tokenize_chinese_chars", True),
+      strip_accents=options.flag("strip_accents", None),
+      lowercase=options.flag("do_lower_case", True))
+  tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  tokenizer.decoder = decoders.WordPiece(prefix="##")
+  c, s = cls[0].content, sep[0].content
+  tokenizer.post_processor = processors.TemplateProcessing(
+      single=f"{c}:0 $A:0 {s}:0", pair=f"{c}:0 $A:0 {s}:0 $B:1 {s}:1",
+      special_tokens=[(c, cls[1]), (s, sep[1])])
+  # so that a special token in a text is read as it (transformers does the same)
+  tokenizer.add_special_tokens([unk, cls[0], sep[0]] + [t for t, _ in filter(None, others)])
+  return tokenizer.to_str().encode("utf-8")
+
+
+def _read_bpe(directory: str) -> tuple[dict, list, str]:
+  """vocab.json and merges.txt, checked to be a BPE's: each merge's parts and result in the
+  vocabulary (`tokenizers` fails on a result outside it with a Rust panic)."""
+  from tokenizers import models
+  vocab_file, merges_file = (os.path.join(directory, n) for n in ("vocab.json", "merges.txt"))
+  try:
+    vocab, merges = models.BPE.read_file(vocab_file, merges_file)
+  except Exception as e:  # noqa: BLE001 - tokenizers raises bare Exceptions
+    raise TokenizerError(f"{directory}: vocab.json and merges.txt are not a byte-level BPE's "
+                         f"({(str(e).splitlines() or [''])[0]})") from None
+  for a, b in merges:
+    if not {a, b, a + b} <= vocab.keys():
+      raise TokenizerError(f"{merges_file}: merges {a!r} and {b!r}, but vocab.json lacks "
+                           f"{[t for t in (a, b, a + b) if t not in vocab]}")
+  return vocab, merges, vocab_file
+
+
+def _byte_level_bpe(directory: str) -> bytes:
+  """RoBERTa's tokenizer from vocab.json and merges.txt, as transformers' RobertaTokenizer
+  builds it (no unknown token: every byte is in the vocabulary)."""
+  from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors
+  vocab, merges, vocab_file = _read_bpe(directory)
+  options = _Options(directory, BPE_CLASSES, "vocab.json and merges.txt", vocab, vocab_file)
+  cls, sep = options.special("cls_token", "<s>"), options.special("sep_token", "</s>")
+  others = [options.special(key, default, required=False) for key, default in [
+      ("bos_token", "<s>"), ("eos_token", "</s>"), ("unk_token", "<unk>"),
+      ("pad_token", "<pad>"), ("mask_token", "<mask>")]]
+  add_prefix_space = options.flag("add_prefix_space", False)
+  tokenizer = HFTokenizer(models.BPE(vocab, merges, continuing_subword_prefix="",
+                                     end_of_word_suffix="", fuse_unk=False))
+  tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+  tokenizer.decoder = decoders.ByteLevel()
+  tokenizer.post_processor = processors.RobertaProcessing(
+      (sep[0].content, sep[1]), (cls[0].content, cls[1]),
+      trim_offsets=options.flag("trim_offsets", True), add_prefix_space=add_prefix_space)
+  tokenizer.add_special_tokens([cls[0], sep[0]] + [t for t, _ in filter(None, others)])
+  return tokenizer.to_str().encode("utf-8")
