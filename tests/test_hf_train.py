@@ -12,8 +12,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from configs import classify as classify_config  # noqa: E402
+from flax_encoder import families  # noqa: E402
 from tests import hf_models, runs  # noqa: E402
-from train.data import examples
+from train.data import examples  # noqa: E402
 from train.errors import RunError  # noqa: E402
 from train.task import Resume  # noqa: E402
 from train.tasks import classify  # noqa: E402
@@ -120,6 +121,11 @@ def test_a_run_trains_predicts_its_eval_and_exports_what_transformers_loads_as_i
   tokenizer = transformers.AutoTokenizer.from_pretrained(out)
   assert tokenizer.model_max_length == 32  # the run's seq_len: what it truncates to
   assert model.config.id2label == {0: "digits", 1: "letters", 2: "symbols"}
+  # The checkpoint's dropout rates, though the run's kernel trained without attention dropout.
+  start, back = (families.config_from_hf(families.read_hf_config(d), attention_impl="reference")
+                 for d in (directory, out))
+  assert (back.dropout, back.attention_dropout) == (start.dropout, start.attention_dropout) == (
+      0.1, 0.1)
   rows = [json.loads(line) for line in open(eval_)][:6]
   batch = tokenizer([r["text"] for r in rows], [r["text_pair"] for r in rows], padding=True,
                     return_token_type_ids=family == "bert",

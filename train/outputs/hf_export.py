@@ -10,12 +10,14 @@ model. Which family's: the one the run recorded (it started from such a director
 one its architecture derives (`flax_encoder.families.of_architecture`: rotary positions
 ModernBERT, an offset RoBERTa, token types BERT, else DistilBERT); `hf_config` says what
 differs where the run's encoder is no model of the family. The export keeps the starting
-directory's entries the family carries (`Family.carried`: ModernBERT's special ids) and its
-tokenizer files.
+directory's entries the family carries (`Family.carried`: ModernBERT's special ids), its
+dropout rates (the model's settings for whoever trains it next, whatever this run trained
+with) and its tokenizer files.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -77,7 +79,8 @@ def export_hf(workdir: str, out: str) -> str:
   try:
     families.hf_config(cfg, family.name)  # says what differs, before anything is converted
     state, entries = model.state(family)
-    contents = families.hf_config(cfg, family.name, **{**_carried(config, family), **entries})
+    contents = families.hf_config(_with_starting_rates(cfg, config), family.name,
+                                  **{**_carried(config, family), **entries})
   except families.HFError as e:
     raise RunError(f"--layout hf: {e}") from None
   with temporary_directory(out) as tmp, os_errors_of_safetensors():
@@ -104,6 +107,19 @@ def _carried(config, family: families.Family) -> dict:
   except ValueError:
     return {}  # the starting directory is gone: transformers' defaults
   return {k: hf[k] for k in family.carried if k in hf}
+
+
+def _with_starting_rates(cfg, config):
+  """`cfg` with the dropout rates of the directory the run started from, read by its family
+  (transformers applies attention dropout whatever this run's kernel did); as it is where the
+  run started elsewhere or the directory is gone."""
+  init = _start(config)
+  try:
+    start = families.config_from_hf(families.read_hf_config(init), attention_impl="reference")
+  except (TypeError, ValueError):  # no start (None), or the directory is gone
+    return cfg
+  return dataclasses.replace(cfg, dropout=start.dropout, attention_dropout=start.attention_dropout,
+                             attention_impl="reference")
 
 
 def _tokenizer(file: str | None, start: str | None, out: str, seq_len: int) -> None:
