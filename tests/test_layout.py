@@ -1,6 +1,7 @@
 """The layers of the project, each importing only those below it: benchmarks -> train -> configs
--> flax_encoder; and the library
-imports no torch (the PyTorch bridge is flax_encoder.pytorch, behind the `torch` extra)."""
+-> flax_encoder; and the library imports no torch (the PyTorch bridge is flax_encoder.pytorch,
+behind the `torch` extra) and reads safetensors files only there and in flax_encoder.families
+(the `hf` extra), on first use."""
 
 import ast
 import os
@@ -42,11 +43,13 @@ def test_imports_point_only_downward():
       assert ours <= allowed[package], f"{os.path.relpath(path, ROOT)} imports {ours}"
 
 
-def test_only_the_pytorch_bridge_imports_torch():
-  bridge = os.path.join(ROOT, "flax_encoder", "pytorch")
+def test_only_the_pytorch_bridge_imports_torch_and_only_the_readers_safetensors():
+  # package -> the folders of flax_encoder whose modules may import it (their extra's)
+  allowed = {"torch": {"pytorch"}, "safetensors": {"pytorch", "families"}}
   for path in _sources("flax_encoder"):
-    if not path.startswith(bridge):
-      assert not _imports(path) & {"torch", "safetensors"}, path
+    folder = os.path.relpath(path, os.path.join(ROOT, "flax_encoder")).split(os.sep)[0]
+    for package in _imports(path) & set(allowed):
+      assert folder in allowed[package], f"{os.path.relpath(path, ROOT)} imports {package}"
 
 
 def test_importing_the_library_imports_no_torch_and_no_program():

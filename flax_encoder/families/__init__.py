@@ -74,6 +74,7 @@ from flax_encoder.families.directory import (  # noqa: E402
     WEIGHT_FILES,
     HFModel,
     load_hf,
+    model_directory,
     read_hf,
     read_hf_config,
     read_hf_weights,
@@ -82,5 +83,5 @@ from flax_encoder.families.tensors import from_hf_state_dict, to_hf_state_dict  
 
 __all__ = ["FAMILIES", "MODEL_TYPES", "WEIGHT_FILES", "Family", "HFError", "HFModel",
            "SequenceClassifier", "config_from_hf", "from_hf_state_dict", "get", "hf_config",
-           "load_hf", "of_architecture", "of_config", "of_directory", "read_hf",
+           "load_hf", "model_directory", "of_architecture", "of_config", "of_directory", "read_hf",
            "read_hf_config", "read_hf_weights", "to_hf_state_dict"]

@@ -6,8 +6,9 @@ flax variables.
 
 Reading checks what a directory holds before building anything from it: config.json's
 model_type is one a family reads; each tensor has the shape config.json gives it; a shard
-index names files of the directory only. model.safetensors is read without torch;
-pytorch_model.bin needs it (torch.load(weights_only=True)).
+index names files of the directory only. model.safetensors is read without torch (the `hf`
+extra); pytorch_model.bin needs it (torch.load(weights_only=True)). A sentence-transformers
+folder (modules.json) reads as its Transformer module's directory (`model_directory`).
 """
 
 from __future__ import annotations
@@ -20,11 +21,22 @@ from flax_encoder import families
 from flax_encoder.config import EncoderConfig
 from flax_encoder.families.config_json import config_from_hf
 from flax_encoder.families.family import HFError
+from flax_encoder.families.safetensors_file import read_safetensors
 from flax_encoder.families.tensors import from_hf_state_dict
 
 # The weights files a directory may hold, in the order transformers prefers them.
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
+# Weights of the frameworks transformers 5 dropped -> (the framework, its package, the flag of
+# from_pretrained that transformers 4 converts them with).
+OTHER_WEIGHTS = {"tf_model.h5": ("TensorFlow", "tensorflow", "from_tf=True"),
+                 "flax_model.msgpack": ("Flax", "flax", "from_flax=True")}
+# The package a weights file needs -> the extra that installs it.
+EXTRAS = {"safetensors": "hf", "torch": "torch"}
+# sentence-transformers' module whose folder is a Hugging Face model directory, by the type
+# modules.json names it with (its 6.0 moved it to sentence_transformers.base.models).
+ST_TRANSFORMERS = ("sentence_transformers.models.Transformer",
+                   "sentence_transformers.base.models.Transformer")
 
 
 class HFModel(NamedTuple):
@@ -34,9 +46,47 @@ class HFModel(NamedTuple):
   variables: dict
 
 
-def read_hf_config(path: str | os.PathLike) -> dict:
-  """config.json of the directory `path`, checked to be a family load_hf takes."""
+def model_directory(path: str | os.PathLike) -> str:
+  """The directory that holds config.json and the weights of `path`: `path` itself, or, where
+  `path` is a sentence-transformers folder (one with modules.json), the folder of its first
+  module, which is its Transformer: `path` itself in newer sentence-transformers, a subfolder
+  such as 0_Transformer in older ones."""
   path = os.fspath(path)
+  file = os.path.join(path, "modules.json")
+  if not os.path.isfile(file):
+    return path
+  try:
+    with open(file, encoding="utf-8") as f:
+      modules = json.load(f)
+  except (OSError, ValueError) as e:
+    raise HFError(f"{file}: not readable JSON ({e})") from None
+  first = modules[0] if isinstance(modules, list) and modules else None
+  if (not isinstance(first, dict) or not isinstance(first.get("path"), str)
+      or "\0" in first["path"]):
+    raise HFError(f"{file}: holds {_excerpt(modules)}, expected a list of modules (objects "
+                  f"of idx, name, path and type), the first the Transformer's")
+  if first.get("type") not in ST_TRANSFORMERS:
+    raise HFError(f"{file}: the first module is of type {first.get('type')!r}, expected "
+                  f"{ST_TRANSFORMERS[0]!r} (the Hugging Face model the others run on)")
+  folder, root = os.path.realpath(os.path.join(path, first["path"])), os.path.realpath(path)
+  if os.path.commonpath([root, folder]) != root:
+    raise HFError(f"{file}: the Transformer's path {first['path']!r} leads out of {path} (to "
+                  f"{folder}), expected a folder of it")
+  if not os.path.isdir(folder):
+    raise HFError(f"{file}: the Transformer's path {first['path']!r} is no folder of {path}")
+  return os.path.join(path, first["path"]) if first["path"] else path
+
+
+def _excerpt(value: Any) -> str:
+  """`value` as an error shows it: its start, on one line."""
+  text = json.dumps(value)
+  return text if len(text) <= 60 else text[:57] + "..."
+
+
+def read_hf_config(path: str | os.PathLike) -> dict:
+  """config.json of the directory `path` (of its Transformer's, where it is a
+  sentence-transformers folder: `model_directory`), checked to be a family load_hf takes."""
+  path = model_directory(path)
   file = os.path.join(path, "config.json")
   if not os.path.isdir(path):
     raise HFError(f"{path}: not a directory (expected a Hugging Face model directory with "
@@ -59,18 +109,24 @@ def read_hf_config(path: str | os.PathLike) -> dict:
 
 def _read_file(file: str) -> dict:
   """The state dict of one weights file: .safetensors without torch, .bin with it."""
-  if file.endswith(".safetensors"):
-    from flax_encoder.pytorch.safetensors_file import read_safetensors
-    return read_safetensors(file)
-  from flax_encoder.pytorch.convert import load_torch_checkpoint
-  return load_torch_checkpoint(file)
+  try:
+    if file.endswith(".safetensors"):
+      return read_safetensors(file)
+    from flax_encoder.pytorch.convert import load_torch_checkpoint
+    return load_torch_checkpoint(file)
+  except ModuleNotFoundError as e:
+    if e.name not in EXTRAS:
+      raise
+    raise HFError(f"{file}: reading it needs {e.name}, which is not installed: pip install "
+                  f"'flax-encoder[{EXTRAS[e.name]}]'") from None
 
 
 def read_hf_weights(path: str | os.PathLike) -> dict:
-  """The state dict (names -> numpy arrays) of the directory `path`: model.safetensors,
-  pytorch_model.bin (read with torch.load(weights_only=True)), or either's shards through
-  their index, each shard a file of the directory (`_shard`)."""
-  path = os.fspath(path)
+  """The state dict (names -> numpy arrays, as the files hold them: float16 stays float16) of
+  the directory `path` (`model_directory`'s): model.safetensors, pytorch_model.bin (read with
+  torch.load(weights_only=True)), or either's shards through their index, each shard a file of
+  the directory (`_shard`)."""
+  path = model_directory(path)
   for name in WEIGHT_FILES:
     file = os.path.join(path, name)
     if not os.path.isfile(file):
@@ -86,6 +142,12 @@ def read_hf_weights(path: str | os.PathLike) -> dict:
     for shard in shards:
       state.update(_read_file(_shard(path, shard, file)))
     return state
+  for name, (framework, package, flag) in OTHER_WEIGHTS.items():
+    if os.path.isfile(os.path.join(path, name)):
+      raise HFError(f"{path}: holds only {name} ({framework} weights, which load_hf does not "
+                    f"read): convert it with transformers 4 (pip install 'transformers<5' "
+                    f"{package}; AutoModel.from_pretrained(DIR, {flag}).save_pretrained(OUT)) "
+                    f"and load OUT")
   raise HFError(f"{path}: no weights (expected one of {', '.join(WEIGHT_FILES)})")
 
 
@@ -112,6 +174,7 @@ def _shard(directory: str, name: Any, index: str) -> str:
 
 def read_hf(path: str | os.PathLike, **settings) -> HFModel:
   """`load_hf`, with the name of the directory's family (which a run records)."""
+  path = model_directory(path)
   hf = read_hf_config(path)
   config = config_from_hf(hf, file=os.path.join(path, "config.json"), **settings)
   state = read_hf_weights(path)
@@ -123,8 +186,8 @@ def read_hf(path: str | os.PathLike, **settings) -> HFModel:
 
 
 def load_hf(path: str | os.PathLike, **settings) -> tuple[EncoderConfig, dict]:
-  """A Hugging Face BERT, RoBERTa, DistilBERT, ModernBERT or ALBERT directory ->
-  (EncoderConfig, variables).
+  """A Hugging Face BERT, RoBERTa, DistilBERT, ModernBERT or ALBERT directory (or a
+  sentence-transformers folder of one: `model_directory`) -> (EncoderConfig, variables).
 
   `Encoder(config).apply(variables, input_ids)` returns transformers' last_hidden_state
   (padding is the model's own pad_token_id; `token_types=` as its token_type_ids, zeros by

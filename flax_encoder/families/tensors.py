@@ -23,6 +23,9 @@ from flax_encoder.families.family import Family, HFError
 # Integer buffers that transformers' BERT-family checkpoints carry beside the weights (the
 # position and token-type ids the embeddings count from): not weights, left out on reading.
 INDEX_BUFFERS = ("position_ids", "token_type_ids")
+# The names of a LayerNorm's parameters in checkpoints converted from TensorFlow (Google's BERT)
+# or saved by transformers 2 and 3, which transformers still renames on loading.
+LEGACY_NORM_NAMES = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
 
 
 def to_numpy(name: str, value: Any) -> np.ndarray:
@@ -99,11 +102,13 @@ def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
                        config: EncoderConfig) -> dict:
   """A transformers state dict (names -> tensors or arrays) of the config.json `hf` ->
   {'params': the encoder's, 'heads': {'pooler': …, 'masked_lm': …} where present}, numpy
-  arrays in config.param_dtype. Each tensor's shape is checked against `config`; weights of
-  the encoder that config.json does not name (a layer past num_hidden_layers, a bias the
-  config has none of) are left out with a warning."""
+  arrays in config.param_dtype (float16 and bfloat16 weights are cast to it). A LayerNorm's
+  legacy names (….LayerNorm.gamma and .beta) read as transformers reads them. Each tensor's
+  shape is checked against `config`; weights of the encoder that config.json does not name (a
+  layer past num_hidden_layers, a bias the config has none of) are left out with a warning."""
   model_type = hf["model_type"]
   family = families.MODEL_TYPES[model_type]
+  state = _current_names(state)
   prefix = _base_prefix(state, model_type, family)
   _check_depth(state, prefix + family.layers, family, config)
   cast = lambda x: np.asarray(to_numpy("", x), dtype=config.param_dtype)
@@ -160,6 +165,22 @@ def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
   if config.scan_layers:
     params = stack_layers(params, config.n_layers)
   return {"params": params, "heads": heads} if heads else {"params": params}
+
+
+def _current_names(state: Mapping) -> Mapping:
+  """`state` with each LayerNorm's legacy parameter names (`LEGACY_NORM_NAMES`) as transformers
+  renames them; HFError where a LayerNorm holds a parameter under both names, either of which
+  could be the one meant."""
+  renamed = {}
+  for key, value in state.items():
+    for old, new in LEGACY_NORM_NAMES.items():
+      if key.endswith(old):
+        current = key[:-len(old)] + new
+        if current in state:
+          raise HFError(f"the weights hold both {key!r} and {current!r}, expected one of them")
+        key = current
+    renamed[key] = value
+  return renamed
 
 
 def _split_qkv(qkv: dict) -> dict:

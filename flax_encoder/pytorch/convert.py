@@ -19,6 +19,7 @@ import torch
 from flax_encoder.config import EncoderConfig
 from flax_encoder.embedding import sinusoidal_positions
 from flax_encoder.encoder import stack_layers, unstack_layers
+from flax_encoder.families.safetensors_file import read_safetensors
 from flax_encoder.families.tensors import INDEX_BUFFERS, to_numpy
 from flax_encoder.pytorch.layouts import (
     DENSE,
@@ -30,7 +31,6 @@ from flax_encoder.pytorch.layouts import (
     expected_shapes,
     find_encoder,
 )
-from flax_encoder.pytorch.safetensors_file import read_safetensors
 
 _QKV = (("w_q", 0), ("w_k", 1), ("w_v", 2))  # order of the packed in_proj rows
 # The tutorial port computes its table in float32 (off by up to ~max_len * 6e-8 from the exact

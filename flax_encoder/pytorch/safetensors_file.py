@@ -1,38 +1,7 @@
-"""A .safetensors file as numpy arrays, read without torch (`read_safetensors`): what
-`load_torch_checkpoint` and `flax_encoder.families.load_hf` return for one. It lives with the
-bridge since safetensors comes with its extra; importing it imports no torch (the package's
-names load lazily)."""
+"""`read_safetensors`, which moved to `flax_encoder.families.safetensors_file` (loading a Hugging
+Face directory needs no part of the PyTorch bridge); this name stays for code that imports it
+from here."""
 
-from __future__ import annotations
+from flax_encoder.families.safetensors_file import read_safetensors
 
-import os
-
-import numpy as np
-
-from flax_encoder.families.tensors import INDEX_BUFFERS
-
-
-def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
-  """names -> numpy arrays of the .safetensors file `path`; bfloat16 (and float8) tensors as
-  float32, exactly. Integer buffers named `INDEX_BUFFERS` are left out; any other tensor that
-  is not floating-point is a ValueError naming it."""
-  import safetensors
-  import safetensors.numpy
-
-  path = os.fspath(path)
-  try:
-    state = safetensors.numpy.load_file(path)
-  except (safetensors.SafetensorError, OSError, RuntimeError) as e:
-    raise ValueError(f"checkpoint {path!r} is not a readable safetensors file (truncated or "
-                     f"corrupt?): {e}") from e
-  weights = {}
-  for name, value in state.items():
-    if np.issubdtype(value.dtype, np.floating):
-      weights[name] = value
-    elif value.dtype.name.startswith(("bfloat", "float")):  # ml_dtypes': numpy has none
-      weights[name] = value.astype(np.float32)
-    elif not name.endswith(INDEX_BUFFERS):
-      # The dtype as torch names it, as the reader of .bin files says it.
-      raise ValueError(f"checkpoint {path!r}: {name!r} holds torch.{value.dtype.name} values, "
-                       f"expected floating-point weights")
-  return weights
+__all__ = ["read_safetensors"]
