@@ -85,6 +85,50 @@ def test_fine_tuning_starts_from_the_checkpoint_with_its_tokenizer_ids_and_poole
                                              tokenizer.sep_token_id)
 
 
+def _vocab_txt_only(directory, to):
+  """`directory` as older checkpoints ship it: vocab.txt (the WordPiece vocabulary by id), no
+  tokenizer.json."""
+  import shutil
+  shutil.copytree(directory, to)
+  fast = json.loads(open(os.path.join(to, "tokenizer.json")).read())
+  os.remove(os.path.join(to, "tokenizer.json"))
+  with open(os.path.join(to, "vocab.txt"), "w") as f:
+    f.writelines(token + "\n" for token, _ in sorted(fast["model"]["vocab"].items(),
+                                                     key=lambda kv: kv[1]))
+  settings = json.loads(open(os.path.join(to, "tokenizer_config.json")).read())
+  with open(os.path.join(to, "tokenizer_config.json"), "w") as f:
+    json.dump({**settings, "tokenizer_class": "BertTokenizer",
+               "do_lower_case": bool(fast["normalizer"].get("lowercase"))}, f)
+  return str(to)
+
+
+def _sentence_transformers(directory, to):
+  """`directory` as older sentence-transformers saved it: the model in 0_Transformer/."""
+  import shutil
+  shutil.copytree(directory, os.path.join(to, "0_Transformer"))
+  with open(os.path.join(to, "modules.json"), "w") as f:
+    json.dump([{"idx": 0, "name": "0", "path": "0_Transformer",
+                "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling",
+                "type": "sentence_transformers.models.Pooling"}], f)
+  return str(to)
+
+
+@pytest.mark.parametrize("layout", [_vocab_txt_only, _sentence_transformers])
+def test_fine_tuning_starts_from_a_checkpoint_as_older_tools_saved_it(layout, pairs, tmp_path):
+  directory = layout(hf_models.write(tmp_path / "bert", "bert"), tmp_path / "published")
+  setup = classify.setup(_config(pairs, directory), str(tmp_path / "run"), Resume())
+  model = os.path.join(directory, "0_Transformer")
+  model = model if os.path.isdir(model) else directory
+  tokenizer = transformers.AutoTokenizer.from_pretrained(model)
+  first = json.loads(open(pairs[0]).readline())
+  want = tokenizer(first["text"], first["text_pair"])["input_ids"]
+  meta = examples.load_examples(str(tmp_path / "run" / "data"))
+  row = np.asarray(meta["train"]["tokens"][0])
+  assert row[:len(want)].tolist() == want
+  assert setup.encoder.vocab_size == tokenizer.vocab_size
+
+
 @pytest.mark.parametrize("family", ["bert", *(pytest.param(f, marks=pytest.mark.slow)
                                               for f in ("roberta", "distilbert"))])
 def test_a_run_trains_predicts_its_eval_and_exports_what_transformers_loads_as_itself(

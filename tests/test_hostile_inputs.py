@@ -387,13 +387,14 @@ def test_a_fine_tuning_tokenizer_that_is_broken_is_one_line_naming_it(wordpiece,
   config = classify.get_config()
   config.data.tokenizer = str(broken)
   with pytest.raises(RunError) as error:
-    tokenizing.tokenizer_of(config, start_of(config), "unused", lambda r: [], "unused")
+    tokenizing.tokenizer_of(config, start_of(config, str(tmp_path)), "unused", lambda r: [],
+                            "unused")
   _one_line(error, f"config.data.tokenizer: '{broken}', expected a readable huggingface",
             "EOF while parsing")
   # A Hugging Face directory's tokenizer.json is named as config.init.hf's.
   config.data.tokenizer = None
   start = Start({}, None, TokenizerSpec("huggingface", str(broken)), str(tmp_path),
-                         hf={"pad_id": 0})
+                hf={"pad_id": 0})
   with pytest.raises(RunError) as error:
     tokenizing.tokenizer_of(config, start, "unused", lambda r: [], "unused")
   _one_line(error, f"config.init.hf: '{broken}', expected a readable huggingface")

@@ -52,6 +52,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -59,7 +60,8 @@ from tqdm import tqdm
 
 from train.data.sources import BUILTIN, PrepareError, Source, documents, expand, plan, shard_of
 from train.data.tokens import (FIRST_TOKEN_ID, PAD_ID, PROJECT_IDS, SEPARATOR_ID, UNKNOWN_WARNING,
-                               SpecialIds, Tokenizer, TokenizerSpec, hf_special_ids)
+                               SpecialIds, Tokenizer, TokenizerSpec, hf_special_ids,
+                               hf_tokenizer_file)
 from train.data.vocabulary import TRAINED, pieces, tokenizer_in
 from train.files import temporary_directory
 
@@ -340,9 +342,10 @@ def _prepare(paths, out, tokenizer, vocab_size, seq_len, eval_fraction, text_fie
   sources = shard_of(sources, shard, num_shards)
   every = held_out_every(eval_fraction)
   with temporary_directory(out) as tmp, contextlib.ExitStack() as stack:
-    framing = _framing(tokenizer)
-    if os.path.isdir(tokenizer):  # a Hugging Face model's: its tokenizer.json
-      tokenizer = os.path.join(tokenizer, "tokenizer.json")
+    framing = Framing()
+    if os.path.isdir(tokenizer):  # a Hugging Face model's: its own ids, template and tokenizer
+      framing, tokenizer = _hf_framing(tokenizer, stack.enter_context(
+          tempfile.TemporaryDirectory(prefix="tokenizer-")))
     spec, tokenizer_file = tokenizer_in(tmp, tokenizer, vocab_size, paths, text_field,
                                          sample_mb, say)
     loaded = spec.load(framing.offset)
@@ -398,16 +401,15 @@ def _prepare(paths, out, tokenizer, vocab_size, seq_len, eval_fraction, text_fie
   return meta
 
 
-def _framing(tokenizer: str) -> Framing:
-  """This project's framing, or for a Hugging Face model directory (`--tokenizer DIR`) the
-  checkpoint's own ids and template."""
-  if not os.path.isdir(tokenizer):
-    return Framing()
+def _hf_framing(directory: str, scratch: str) -> tuple[Framing, str]:
+  """A Hugging Face model directory's (`--tokenizer DIR`) own ids and template, and its
+  tokenizer.json (built in `scratch` where it has only vocabulary files)."""
   try:
-    ids, template = hf_special_ids(tokenizer)
+    file = hf_tokenizer_file(directory, scratch)
+    ids, template = hf_special_ids(directory, file)
   except ValueError as e:
     raise PrepareError(f"--tokenizer {e}") from None
-  return Framing(0, template.start, template.end, ids.pad, ids)
+  return Framing(0, template.start, template.end, ids.pad, ids), file
 
 
 class _Terminated(Exception):

@@ -108,28 +108,56 @@ class SpecialIds:
 PROJECT_IDS = SpecialIds()
 
 
-def hf_special_ids(directory: str) -> tuple[SpecialIds, library.Template]:
+def hf_tokenizer_file(directory: str, scratch: str) -> str:
+  """The tokenizer.json of the Hugging Face or sentence-transformers model `directory`, as
+  `flax_encoder.hf_tokenizer.tokenizer_from_directory` reads it: the directory's own file
+  where that is it, else the one built from its vocabulary files (vocab.txt; vocab.json and
+  merges.txt) or changed for its module (sentence-transformers' lower-casing), written into
+  `scratch` (the same bytes each time, so a resumed run finds its tokenizer unchanged).
+  ValueError (one line, naming the directory or file) where it has none it can read."""
+  from flax_encoder.hf_tokenizer import tokenizer_from_directory
+  built = tokenizer_from_directory(directory).model
+  for folder in (directory, _model_directory(directory)):
+    file = os.path.join(folder, "tokenizer.json")
+    if os.path.isfile(file) and _read(file) == built:
+      return file
+  os.makedirs(scratch, exist_ok=True)
+  file = os.path.join(scratch, "tokenizer.json")
+  if not (os.path.isfile(file) and _read(file) == built):
+    with open(file + ".tmp", "wb") as f:
+      f.write(built)
+    os.replace(file + ".tmp", file)
+  return file
+
+
+def _model_directory(directory: str) -> str:
+  """The folder of the model's own files (a sentence-transformers folder's Transformer)."""
+  from flax_encoder.families import model_directory
+  return model_directory(directory)
+
+
+def _read(file: str) -> bytes:
+  with open(file, "rb") as f:
+    return f.read()
+
+
+def hf_special_ids(directory: str, tokenizer_file: str) -> tuple[SpecialIds, library.Template]:
   """The special ids of the Hugging Face model directory `directory` (config.json's
-  pad_token_id, tokenizer_config.json's mask token, every special token of tokenizer.json)
-  and the template its tokenizer puts around a text; ValueError naming what is missing."""
+  pad_token_id, tokenizer_config.json's mask token, every special token of its tokenizer,
+  `tokenizer_file` as hf_tokenizer_file wrote it) and the template its tokenizer puts around a
+  text; ValueError naming what is missing."""
   from tokenizers import Tokenizer as HFTokenizer
-  file = os.path.join(directory, "tokenizer.json")
-  if not os.path.isfile(file):
-    raise ValueError(f"{directory}: no tokenizer.json (the fast tokenizer's file; "
-                     f"transformers writes it with AutoTokenizer.from_pretrained(DIR)"
-                     f".save_pretrained(DIR))")
-  try:
-    tokenizer = library.Tokenizer.from_file("huggingface", file)
-  except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception: name the file
-    raise ValueError(f"{file}: not a readable tokenizer ({e})") from None
+  file = tokenizer_file
+  tokenizer = library.Tokenizer.from_file("huggingface", file)
   specials = {t.content: i for i, t in
               HFTokenizer.from_str(tokenizer.model.decode()).get_added_tokens_decoder().items()
               if t.special}
   named = {}
   for name in ("tokenizer_config.json", "special_tokens_map.json", "config.json"):
-    path = os.path.join(directory, name)
-    if os.path.isfile(path):
-      named = {**_json_object(path), **named}
+    for folder in dict.fromkeys((directory, _model_directory(directory))):
+      path = os.path.join(folder, name)
+      if os.path.isfile(path):
+        named = {**_json_object(path), **named}
 
   def token(value):  # a token as the files name it: "[MASK]" or {"content": "[MASK]", ...}
     value = value.get("content") if isinstance(value, dict) else value

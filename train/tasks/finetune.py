@@ -76,7 +76,7 @@ def prepare(config, workdir: str, resume: Resume, paths: dict, texts: tokenizing
   """The examples of `paths` ({'train': …, 'eval': …}) in WORKDIR/data, prepared by `build`
   unless they are there already for the same `request` (the task's fields, its label kind …,
   beside the tokenizer, ids and seq_len said here), and the encoder's config."""
-  start = start_of(config)
+  start = start_of(config, workdir)
   tokenizer, tokenizer_file = tokenizing.tokenizer_of(config, start, paths["train"], texts, workdir)
   _, pad_id = ids(config, start)
   template = tokenizing.template_of(tokenizer) if start.hf is not None else None

@@ -22,7 +22,6 @@ from flax_encoder.heads import MaskedLMHead
 from train.data import dataset
 from train.data.tokens import PROJECT_IDS, SpecialIds
 from train.errors import RunError
-from train.files import sha256_file
 from train.run import settings
 from train.run.load import load_encoder, load_params, recorded_encoder_config
 from train.run.optim import smoothed_loss_sum
@@ -275,10 +274,8 @@ def _from_hf(config, path: str, windows: dataset.Windows):
     family, cfg, variables = read_hf(path, **run)
   except (FileNotFoundError, ValueError, TypeError) as e:
     raise RunError(f"config.init.hf: {e}".splitlines()[0]) from None
-  tokenizer = os.path.join(path, "tokenizer.json")
   if windows.specials.first_token != 0 or windows.tokenizer.path is None or not (
-      os.path.isfile(tokenizer) and sha256_file(tokenizer) == sha256_file(
-          windows.tokenizer.path)):
+      _same_tokenizer(path, windows.tokenizer.path)):
     raise RunError(f"config.data.prepared: {windows.source} holds other ids than the "
                    f"checkpoint's; prepare the corpus with its tokenizer and ids: python -m "
                    f"train.prepare --tokenizer {path} ...")
@@ -291,6 +288,18 @@ def _from_hf(config, path: str, windows: dataset.Windows):
   settings.check_seq_len(cfg, config.train.seq_len)
   params = {"encoder": variables["params"], "masked_lm": variables["heads"]["masked_lm"]}
   return cfg, params, family
+
+
+def _same_tokenizer(directory: str, prepared: str) -> bool:
+  """Whether the data were prepared with the tokenizer of the Hugging Face `directory` (its
+  tokenizer.json, or the one its vocabulary files build)."""
+  from flax_encoder.hf_tokenizer import tokenizer_from_directory
+  try:
+    own = tokenizer_from_directory(directory).model
+  except ValueError as e:
+    raise RunError(f"config.init.hf: {e}") from None
+  with open(prepared, "rb") as f:
+    return f.read() == own
 
 
 def hf_model(workdir: str, config) -> HFModel:
@@ -307,8 +316,9 @@ def hf_model(workdir: str, config) -> HFModel:
   return HFModel(cfg, family, lambda family: (
       families.to_hf_state_dict(variables, cfg, family.name, prefix=family.prefix),
       {"architectures": [f"{family.stem}ForMaskedLM"]}),
-      # trained on the checkpoint's own ids (setup checked the prepared data's tokenizer)
-      os.path.join(start, "tokenizer.json"))
+      # trained on the checkpoint's own ids (setup checked the prepared data's tokenizer is
+      # the checkpoint's)
+      dataset.run_tokenizer(config, workdir).path)
 
 
 def trained_with_head(workdir: str) -> tuple[EncoderConfig, dict, str | None]:

@@ -15,7 +15,7 @@ import numpy as np
 from flax_encoder import EncoderConfig, families
 from flax_encoder.classifier import HEAD_POOLINGS
 from train.data import dataset
-from train.data.tokens import TokenizerSpec
+from train.data.tokens import TokenizerSpec, hf_tokenizer_file
 from train.errors import RunError
 from train.run import settings
 
@@ -82,18 +82,16 @@ def _from_torch(config) -> Start:
   return Start(fields, params, None, path, head)
 
 
-def _from_hf(config) -> Start:
+def _from_hf(config, workdir: str) -> Start:
+  """A Hugging Face (or sentence-transformers) directory's encoder, heads and tokenizer: its
+  tokenizer.json, or one built from its vocabulary files into WORKDIR/vocabulary/hf."""
   path = config.init.hf
   try:
     model = families.read_hf(path)
+    tokenizer = hf_tokenizer_file(path, os.path.join(workdir, "vocabulary", "hf"))
   except (FileNotFoundError, ValueError, TypeError) as e:
     raise RunError(f"config.init.hf: {e}".splitlines()[0]) from None
   cfg, heads = model.config, model.variables.get("heads", {})
-  tokenizer = os.path.join(path, "tokenizer.json")
-  if not os.path.isfile(tokenizer):
-    raise RunError(f"config.init.hf: {path} has no tokenizer.json (the fast tokenizer's file; "
-                   f"transformers writes it with AutoTokenizer.from_pretrained(DIR)"
-                   f".save_pretrained(DIR))")
   fields = {name: getattr(cfg, name) for name in ARCHITECTURE}
   fields["param_dtype"] = np.dtype(fields["param_dtype"]).name
   from_pooler = families.get(model.family).classifier.from_pooler
@@ -106,14 +104,14 @@ def _from_hf(config) -> Start:
                    "head": heads.get("prediction_head")})
 
 
-def start_of(config) -> Start:
-  """Where config.init says the encoder starts from."""
+def start_of(config, workdir: str) -> Start:
+  """Where config.init says the encoder starts from (what it brings is kept in `workdir`)."""
   if config.init.run:
     return _from_run(config)
   if config.init.torch_checkpoint:
     return _from_torch(config)
   if config.init.hf:
-    return _from_hf(config)
+    return _from_hf(config, workdir)
   return Start({}, None, None, "scratch")
 
 
