@@ -15,8 +15,8 @@ described in `flax_encoder.pytorch.layouts`. The reference port is
 your own module or against transformers, is `python -m flax_encoder.pytorch.parity`. Hugging
 Face directories are `flax_encoder.families`.
 
-The names below load with their module on first use, so that the bridge's torch-free parts
-(`safetensors_file`, which load_hf reads model.safetensors with) import no torch.
+The names below load with their module on first use, so that importing the package imports no
+torch.
 """
 
 import importlib
