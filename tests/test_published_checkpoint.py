@@ -47,6 +47,16 @@ def test_the_published_minilm_loads_as_saved_and_computes_what_transformers_does
   assert np.abs(ours - theirs)[mask].max() < 1e-5
 
 
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+def test_the_parity_report_passes_on_the_published_minilm_as_saved(minilm, precision, capsys):
+  pytest.importorskip("torch", reason="the parity report runs transformers")
+  pytest.importorskip("transformers")
+  from flax_encoder.pytorch import parity
+  args = ["--hf", minilm, "--seq-len", "32", "--batch", "2"]
+  assert parity.main(args + (["--float64"] if precision == "float64" else [])) == 0
+  assert "PASS: every stage within" in capsys.readouterr().out
+
+
 def test_fine_tuning_starts_from_the_published_minilm(minilm, tmp_path):
   rows = [{"text": text, "label": "long" if len(text) > 25 else "short"} for text in TEXTS * 4]
   data = tmp_path / "texts.jsonl"
@@ -61,3 +71,21 @@ def test_fine_tuning_starts_from_the_published_minilm(minilm, tmp_path):
   assert f"fine-tuning from {minilm}: 2 classes, 16 training" in result.stderr
   records = runs.read_metrics(os.path.join(workdir, "metrics.jsonl"))
   assert [r["step"] for r in records if r["split"] == "eval"][-1] == 2
+  # Back to transformers: its defaults (the exported tokenizer's own truncation and padding)
+  # give predict's probabilities.
+  torch = pytest.importorskip("torch", reason="the exported model is run by transformers")
+  transformers = pytest.importorskip("transformers")
+  from train.outputs.export import main as export
+  from train.outputs.predict import predict
+  out, predictions = str(tmp_path / "exported"), tmp_path / "predictions.jsonl"
+  assert predict(workdir, str(data), str(predictions)).count == len(rows)
+  assert export(["--workdir", workdir, "--layout", "hf", "--out", out]) == 0
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+  with torch.no_grad():
+    logits = model(**tokenizer(TEXTS, padding=True, truncation=True, return_tensors="pt")).logits
+  theirs = torch.softmax(logits, -1).numpy()
+  ours = [json.loads(line)["probabilities"] for line in predictions.read_text().splitlines()]
+  labels = [model.config.id2label[i] for i in range(len(model.config.id2label))]
+  np.testing.assert_allclose([[p[c] for c in labels] for p in ours[:len(TEXTS)]], theirs,
+                             atol=1e-5)
