@@ -80,10 +80,17 @@ def get_config() -> ml_collections.ConfigDict:
   config.init.hf = config_dict.placeholder(str)
 
   # The usual fine-tuning recipe: AdamW, linear warm-up then decay to 0, no label smoothing.
-  config.optim.recipe = "adamw"
-  config.optim.learning_rate = 1e-3
-  config.optim.warmup_steps = 100
+  # Unset, these four are the recipe's for where the encoder starts (printed at the start):
+  # from scratch AdamW at 1e-3 after 100 steps of warm-up; from config.init's pretrained
+  # encoder, which 1e-3 would wreck, at 5e-5 after a warm-up over the first 6% of the steps
+  # (BERT's and RoBERTa's). Either with weight decay 0.01. A value given here wins.
+  for name in ("recipe", "learning_rate", "warmup_steps", "weight_decay"):
+    config.optim[name] = config_dict.placeholder(type(config.optim[name]))
   config.optim.label_smoothing = 0.0
-  config.train.update(num_steps=800, batch_size=32, seq_len=128, log_every=25,
-                      eval_every=200, checkpoint_every=200)
+  # How long: num_steps, or epochs (passes over the training examples, rounded up to whole
+  # steps); one of them, unset both: 800 steps. eval_every and checkpoint_every, unset: once
+  # per epoch with epochs, else every 200 steps; both also at the last step.
+  config.train.update(batch_size=32, seq_len=128, log_every=25)
+  for name in ("num_steps", "eval_every", "checkpoint_every"):
+    config.train[name] = config_dict.placeholder(int)
   return config

@@ -103,7 +103,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.optim = ml_collections.ConfigDict()
   # "paper": Adam with the paper's warm-up then 1/sqrt(step) (lr_scale, warmup_steps);
   # "adamw": AdamW at learning_rate, warm-up then linear decay to 0 at num_steps, weight_decay
-  # on weights but not biases or LayerNorm scales (the usual fine-tuning recipe).
+  # on weights but not biases or LayerNorm scales (the usual fine-tuning recipe). recipe,
+  # warmup_steps, learning_rate and weight_decay unset (configs/classify.py) take the
+  # recipe's for where the encoder starts (train/run/optim.py, resolve).
   config.optim.recipe = "paper"
   config.optim.warmup_steps = 200  # steps of linear warm-up (the paper: 4000 at 100k steps)
   # Peak lr = lr_scale * d_model^-0.5 * warmup^-0.5: 0.5 gives 3.1e-3. Post-LN layers are
@@ -125,14 +127,20 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.train = ml_collections.ConfigDict()
   config.train.num_steps = 1200
+  # Passes over the training rows instead of num_steps (then unset): ceil(epochs * rows /
+  # batch_size) steps, evaluated and saved once per epoch where eval_every and
+  # checkpoint_every are unset (configs/classify.py; a pretraining config sets num_steps).
+  config.train.epochs = config_dict.placeholder(float)
   # 64-byte windows: a masked byte is predicted mostly from its neighbours, and halving the
   # window from 128 nearly doubles the tokens/s (attention's cost grows with its square).
   config.train.batch_size = 64  # windows per step
   config.train.seq_len = 64  # bytes per window
   config.train.seed = 0  # parameters, dropout, data order and masking all follow from it
   config.train.log_every = 25  # steps between train records (and the only host syncs)
-  config.train.eval_every = 200  # steps between evaluations on the held-out split
-  config.train.checkpoint_every = 400  # steps between checkpoints
+  # Steps between evaluations on the held-out split, and between checkpoints; both also at
+  # the last step. Unset: once per epoch with epochs, else every 200 steps.
+  config.train.eval_every = 200
+  config.train.checkpoint_every = 400
   config.train.keep_checkpoints = 3  # newest checkpoints kept
   # Microbatches per step: each update averages the gradients of k microbatches of
   # batch_size / k rows, one after the other on the device, so a batch k times the memory fits.

@@ -85,14 +85,14 @@ def test_fine_tuning_from_a_run_starts_from_its_encoder_bitwise(reference_run, l
                                                                tmp_path):
   from train.run.load import load_encoder
   from train.loop import _with_params
-  from train.run.optim import make_optimizer
+  from train.run.optim import make_optimizer, resolve
   from train.run.step import init_state
   config = classify_config.get_config()
   config.data.train, config.data.eval = labelled
   config.train.update(seq_len=32, batch_size=8)
   config.init.run = reference_run
   setup = classify.setup(config, str(tmp_path), Resume())
-  tx, _ = make_optimizer(config.optim, setup.encoder.d_model, 10)
+  tx, _ = make_optimizer(resolve(config, 10), setup.encoder.d_model, 10)
   state = init_state(setup.task, tx, 0, 32)
   state = _with_params(state, setup.start_params)
   _, expected = load_encoder(reference_run)

@@ -19,10 +19,9 @@ from flax_encoder import sharding
 from train import tasks
 from train.data import pipeline
 from train.errors import RunError
-from train.run import launch, memory, settings, throughput
+from train.run import launch, memory, optim, settings, throughput
 from train.run.checkpoint import Checkpointer
 from train.run.metrics import MetricWriter, read_metrics
-from train.run.optim import make_optimizer, warmup_note
 from train.run.plots import plot_run
 from train.run.step import abstract_state, init_state, make_train_step
 from train.run.workdir import WorkdirLock, check_workdir
@@ -212,10 +211,17 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
                                                 setup.record["dataset"], source)
       Resume.check_shapes(step, meta, setup.record, source)
     task = setup.task
-    note = warmup_note(config.optim, train_config.num_steps)
+    # How long, and the optimizer, follow the run: its training rows and where it starts.
+    length = settings.length(train_config, len(jax.tree.leaves(setup.train)[0]))
+    num_steps = length.num_steps
+    optimizer = optim.resolve(config, num_steps)
+    note = optim.warmup_note(optimizer, num_steps)
     if note and primary:
       print(note, file=sys.stderr)
-    tx, schedule = make_optimizer(config.optim, setup.encoder.d_model, train_config.num_steps)
+    if primary:
+      print(f"{length}; {optim.describe(config, optimizer, setup.encoder.d_model, num_steps)}",
+            file=sys.stderr)
+    tx, schedule = optim.make_optimizer(optimizer, setup.encoder.d_model, num_steps)
     mesh = _mesh(config)
     record = {"config": config.to_json(), **setup.record}
 
@@ -245,7 +251,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     stack.enter_context(nn.logical_axis_rules(sharding.RULES))
     eval_step = jax.jit(task.eval_sums)
     step = int(state.step)
-    bar = stack.enter_context(tqdm(total=train_config.num_steps, initial=step, desc="train",
+    bar = stack.enter_context(tqdm(total=num_steps, initial=step, desc="train",
                                    unit="step", dynamic_ncols=True, disable=not primary))
     flops, peak = throughput.step_flops(train_step), throughput.flops_per_second_peak()
     progress = _Progress(writer, bar, train_config.log_every,
@@ -255,7 +261,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     stop = StopRequest()
     stack.callback(stop.restore)
     exit_code = 0
-    while step < train_config.num_steps:
+    while step < num_steps:
       profiler.before(step + 1)
       waiting = time.perf_counter()
       batch = pipeline.to_devices(next(train_iter), mesh)
@@ -264,14 +270,14 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
       step += 1
       progress.add(step, metrics, task.token_count(batch), waited)
       profiler.after(step, metrics, progress)
-      is_last = step == train_config.num_steps
+      is_last = step == num_steps
       stopping = stop.stopping(step, train_config.log_every, after=metrics)
-      save_now = step % train_config.checkpoint_every == 0 or is_last or stopping
+      save_now = step % length.checkpoint_every == 0 or is_last or stopping
       if step % train_config.log_every == 0 or save_now:
         bad = progress.flush(step, train_iter.shares())
         if bad is not None:
           raise _non_finite("training", *bad, checkpointer, early=bad[0] <= _EARLY_STEPS)
-      if step % train_config.eval_every == 0 or is_last:
+      if step % length.eval_every == 0 or is_last:
         # Its own bar: an evaluation of many batches takes a while (compiling, the first time).
         shown = tqdm(eval_data, desc=f"eval at step {step}", unit="batch", leave=False,
                      dynamic_ncols=True, disable=not primary)
@@ -290,8 +296,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
 
   if exit_code == 0 and primary:
     records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
-    plot_run(records, schedule, train_config.num_steps, os.path.join(workdir, "plots"),
-             definition.plots, config.optim.recipe)
+    plot_run(records, schedule, num_steps, os.path.join(workdir, "plots"), definition.plots,
+             optimizer.recipe)
     final = [r for r in records if r["split"] == "eval"][-1]
     print(f"step {step}: {definition.summary(final)}; plots in "
           f"{os.path.join(workdir, 'plots')}")

@@ -1,14 +1,78 @@
 """The optimizers: the paper's (section 5.3), Adam(0.9, 0.98, 1e-9) with warm-up then
 1/sqrt(step), and the usual fine-tuning recipe, AdamW with linear warm-up then linear decay
-and no weight decay on biases and LayerNorm scales. optax provides every piece."""
+and no weight decay on biases and LayerNorm scales. optax provides every piece.
+
+The config.optim fields a config leaves unset (configs/classify.py leaves `RECIPE_FIELDS`
+unset) take the values of the recipe for where the encoder starts: `resolve` sets them, in
+this one place, from scratch's or a pretrained encoder's (`recipe_for`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 RECIPES = ("paper", "adamw")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """The values config.optim's `RECIPE_FIELDS` take where a config leaves them unset."""
+
+  name: str
+  recipe: str
+  learning_rate: float
+  weight_decay: float
+  warmup: int | float  # steps, or (a float) a share of the run's steps
+
+  def value(self, field: str, num_steps: int | None = None):
+    """Its value of config.optim.`field`: a share of warm-up counted in the steps of a run of
+    `num_steps`, or said as a share where they are not known yet (None: on resume's checks)."""
+    if field != "warmup_steps":
+      return getattr(self, field)
+    if isinstance(self.warmup, int):
+      return self.warmup
+    if num_steps is None:
+      return f"{self.warmup:.0%} of the steps"
+    return max(1, round(self.warmup * num_steps))
+
+
+RECIPE_FIELDS = ("recipe", "learning_rate", "warmup_steps", "weight_decay")
+SCRATCH = Recipe("from-scratch", "adamw", 1e-3, 0.01, 100)
+# A pretrained encoder is fine-tuned far more gently, or 1e-3 wrecks what it learnt: BERT's
+# and RoBERTa's recipe (their papers search 1e-5 … 1e-4; transformers' Trainer defaults to
+# 5e-5), warming up over the run's first 6% (RoBERTa's GLUE runs).
+PRETRAINED = Recipe("pretrained", "adamw", 5e-5, 0.01, 0.06)
+INITS = ("run", "torch_checkpoint", "hf")  # config.init's fields that name a pretrained start
+
+
+def recipe_for(config) -> tuple[Recipe, str]:
+  """The recipe config.optim's unset fields take and why: PRETRAINED where config.init names
+  the encoder's start, else SCRATCH. `config`: a ConfigDict or its dict, as a checkpoint
+  records it."""
+  init = config.get("init") or {}
+  given = next((name for name in INITS if init.get(name)), None)
+  if given:
+    return PRETRAINED, f"config.init.{given} is set"
+  return SCRATCH, "no config.init is set"
+
+
+def unset(config) -> tuple[str, ...]:
+  """The `RECIPE_FIELDS` that `config` (a ConfigDict or its dict) leaves to the recipe."""
+  optim = config.get("optim") or {}
+  return tuple(f for f in RECIPE_FIELDS if f in optim and optim[f] is None)
+
+
+def resolve(config, num_steps: int) -> ml_collections.ConfigDict:
+  """config.optim with the fields it leaves unset set by its recipe (`recipe_for`) for a run
+  of `num_steps`; a value the config gives stays. A new ConfigDict: `config` is not changed."""
+  recipe, _ = recipe_for(config)
+  return ml_collections.ConfigDict({**config.optim.to_dict(),
+                                    **{f: recipe.value(f, num_steps) for f in unset(config)}})
 
 
 def paper_schedule(d_model: int, warmup_steps: int, lr_scale: float = 1.0) -> optax.Schedule:
@@ -59,11 +123,38 @@ def decays(params):
   return jax.tree_util.tree_map_with_path(leaf, params)
 
 
+def describe(config, optim, d_model: int, num_steps: int) -> str:
+  """The line that says the optimizer a run of `num_steps` gets (`optim`: `resolve`'s) and
+  where its values came from (`config`: as given)."""
+  warmup = warmup_steps(optim, num_steps)
+  if optim.recipe == "paper":
+    peak = optim.lr_scale * d_model**-0.5 * warmup**-0.5
+    line = (f"optimizer: paper, Adam({optim.b1:g}, {optim.b2:g}, {optim.eps:g}), warm-up "
+            f"{warmup} steps to a peak learning rate of {peak:.2g}, then 1/sqrt(step)")
+  else:
+    line = (f"optimizer: adamw, peak learning rate {optim.learning_rate:g}, warm-up {warmup} "
+            f"steps ({warmup / num_steps:.0%}), linear decay, weight decay "
+            f"{optim.weight_decay:g}")
+  filled = unset(config)
+  if not filled:
+    return line
+  recipe, why = recipe_for(config)
+  if len(filled) == len(RECIPE_FIELDS):
+    return f"{line} (the {recipe.name} recipe: {why})"
+  given = ", ".join(f"config.optim.{f}" for f in RECIPE_FIELDS if f not in filled)
+  return f"{line} ({given} as given, the rest the {recipe.name} recipe's: {why})"
+
+
 def make_optimizer(optim, d_model: int,
                    num_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """config.optim's recipe, after optional global-norm clipping (optim.clip_norm):
+  """config.optim's recipe (every field set: `resolve`'s where the config leaves some unset),
+  after optional global-norm clipping (optim.clip_norm):
   "paper": Adam with the paper's schedule (lr_scale, warmup_steps); "adamw": AdamW at
   optim.learning_rate with optim.weight_decay, warm-up then linear decay to 0 at num_steps."""
+  left = [f for f in RECIPE_FIELDS if optim.get(f) is None]
+  if left:
+    raise ValueError(f"config.optim.{left[0]} is unset: pass resolve(config, num_steps), "
+                     f"which sets it from the recipe")
   if optim.recipe == "paper":
     schedule = paper_schedule(d_model, optim.warmup_steps, optim.lr_scale)
     tx = optax.adam(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps)

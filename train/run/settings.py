@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+from fractions import Fraction
 
 import ml_collections
 
 from flax_encoder import ConfigError, EncoderConfig
 from train.data.tokens import PAD_ID
 from train.errors import RunError
-from train.run.optim import RECIPES
+from train.run import optim
 from train.task import (CHANGES_RUN, FIXES_STATE, FREE, Definition, Field, choice, integer, number,
                         optional, string)
 
@@ -89,22 +91,24 @@ def _mesh_axis(value):
 
 COMMON: dict[str, Field] = {
     "task.name": Field(string, FIXES_STATE),
-    "train.num_steps": Field(integer(1), FREE),
+    "train.num_steps": Field(optional(integer(1)), FREE),
+    "train.epochs": Field(optional(number(0)), FREE),
     "train.batch_size": Field(integer(1)),
     "train.seq_len": Field(integer(2)),
     "train.seed": Field(integer(0)),
     "train.log_every": Field(integer(1), FREE),
-    "train.eval_every": Field(integer(1), FREE),
-    "train.checkpoint_every": Field(integer(1), FREE),
+    "train.eval_every": Field(optional(integer(1)), FREE),
+    "train.checkpoint_every": Field(optional(integer(1)), FREE),
     "train.keep_checkpoints": Field(integer(1), FREE),
     "train.grad_accum_steps": Field(integer(1), FREE),
     "train.profile_start": Field(integer(1), FREE),
     "train.profile_steps": Field(integer(0), FREE),
     "data.workers": Field(integer(0), FREE),
-    "optim.recipe": Field(choice(RECIPES)),
-    "optim.warmup_steps": Field(integer(1)),
-    "optim.learning_rate": Field(number(0)),
-    "optim.weight_decay": Field(number(0, low_open=False)),
+    # Unset: the recipe's for where the encoder starts (train.run.optim.resolve).
+    "optim.recipe": Field(optional(choice(optim.RECIPES))),
+    "optim.warmup_steps": Field(optional(integer(1))),
+    "optim.learning_rate": Field(optional(number(0))),
+    "optim.weight_decay": Field(optional(number(0, low_open=False))),
     "optim.lr_scale": Field(number(0)),
     "optim.b1": Field(number(0, 1, low_open=False, high_open=True)),
     "optim.b2": Field(number(0, 1, low_open=False, high_open=True)),
@@ -151,6 +155,7 @@ def check(config: ml_collections.ConfigDict, task: Definition) -> None:
     expected = spec.check(flat[field])
     if expected is not None:
       raise RunError(f"config.{field}: {flat[field]!r}, expected {expected}")
+  check_length(config.train)
   if config.train.batch_size % config.train.grad_accum_steps:
     raise RunError(f"config.train.grad_accum_steps: {config.train.grad_accum_steps}, expected a "
                    f"divisor of config.train.batch_size ({config.train.batch_size})")
@@ -173,6 +178,64 @@ def _check_model(config) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# How long a run is and how often it evaluates and saves.
+
+# Where a config leaves config.train.num_steps, eval_every and checkpoint_every unset
+# (configs/classify.py does) and gives no epochs: a fine-tuning's 800 steps, evaluated and
+# saved every 200.
+STEPS = 800
+EVERY = 200
+
+
+@dataclasses.dataclass(frozen=True)
+class Length:
+  """A run's steps, and the steps between its evaluations and checkpoints (it also evaluates
+  and saves at its last); `epochs` passes over `examples` training rows in batches of
+  `batch_size` where it is so given."""
+
+  num_steps: int
+  eval_every: int
+  checkpoint_every: int
+  epochs: float | None = None
+  examples: int | None = None
+  batch_size: int | None = None
+
+  def __str__(self) -> str:
+    counted = (f" ({self.epochs:g} epochs of {self.examples:,} examples in batches of "
+               f"{self.batch_size})" if self.epochs is not None else "")
+    if self.eval_every == self.checkpoint_every:
+      every = f"evaluation and checkpoint every {self.eval_every} steps and at the last"
+    else:
+      every = (f"evaluation every {self.eval_every} steps, checkpoint every "
+               f"{self.checkpoint_every}, both at the last")
+    return f"{self.num_steps} steps{counted}, {every}"
+
+
+def check_length(train) -> None:
+  """RunError where config.train gives the run's length twice: as epochs and as steps."""
+  if train.epochs is not None and train.num_steps is not None:
+    raise RunError(f"config.train.epochs: {train.epochs!r} and config.train.num_steps: "
+                   f"{train.num_steps!r} are both set, expected one of them (the run's length "
+                   f"in passes over the training examples, or in steps)")
+
+
+def length(train, examples: int) -> Length:
+  """config.train's length and cadence, its unset fields following the run: `epochs` passes
+  over the `examples` training rows in steps of batch_size rows (rounded up), evaluating and
+  saving once per epoch; else num_steps (STEPS if unset), every EVERY steps."""
+  check_length(train)
+  epochs = train.epochs
+  if epochs is None:
+    num_steps, every = train.num_steps or STEPS, EVERY
+  else:
+    # Exact: 0.1 * 30 / 3 in floats is 1.0000000000000002, which would round up to 2.
+    num_steps = math.ceil(Fraction(str(epochs)) * examples / train.batch_size)
+    every = math.ceil(examples / train.batch_size)
+  return Length(num_steps, train.eval_every or every, train.checkpoint_every or every,
+                epochs, examples, train.batch_size)
+
+
+# ---------------------------------------------------------------------------------------------
 # What may change when a run resumes.
 
 
@@ -186,10 +249,17 @@ class Change:
     return f"config.{self.field}: {self.current!r} (the checkpoint has {self.recorded!r})"
 
 
+def _as_run(config: dict) -> dict:
+  """flatten(config), the optimizer's fields it leaves unset as its recipe sets them: a run
+  recorded with those values (as every run was before the recipes) resumes with them unset."""
+  recipe, _ = optim.recipe_for(config)
+  return {**flatten(config), **{f"optim.{f}": recipe.value(f) for f in optim.unset(config)}}
+
+
 def changes(recorded_json: str, config: ml_collections.ConfigDict) -> list[Change]:
   """The fields of `config` that differ from the config a checkpoint recorded (as JSON)."""
-  recorded = flatten(json.loads(recorded_json))
-  current = flatten(json.loads(config.to_json()))
+  recorded = _as_run(json.loads(recorded_json))
+  current = _as_run(json.loads(config.to_json()))
   return [Change(field, recorded.get(field), current.get(field))
           for field in sorted(set(recorded) | set(current))
           if recorded.get(field) != current.get(field)]
