@@ -82,6 +82,10 @@ def get_config() -> ml_collections.ConfigDict:
   # --tokenizer DIR ... then --config.data.prepared=...
   config.init = ml_collections.ConfigDict()
   config.init.hf = config_dict.placeholder(str)
+  # A directory without a masked-LM head (a bare BertModel, a sentence-transformers model) is
+  # refused unless this is True: then the head (dense, LayerNorm, output bias; its decoder the
+  # word embeddings) starts afresh.
+  config.init.fresh_head = False
 
   config.task = ml_collections.ConfigDict()
   # The task: "masked_lm" (pretraining); fine-tuning is "classify", "regress" or "tag"

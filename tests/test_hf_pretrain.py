@@ -4,6 +4,7 @@ on the same masked batch, and the run back out as a directory transformers loads
 
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -141,3 +142,23 @@ def test_a_corpus_of_other_ids_is_refused_in_one_line(checkpoint, tmp_path):
   with pytest.raises(RunError, match="holds other ids than the checkpoint's; prepare the "
                                      "corpus with its tokenizer"):
     masked_lm.setup(_config(directory, other), str(tmp_path / "run"), Resume())
+
+
+def test_a_checkpoint_without_a_masked_lm_head_needs_fresh_head_then_trains_a_new_tied_one(
+    checkpoint, tmp_path, capsys):
+  family, directory, prepared = checkpoint
+  bare = hf_models.write(tmp_path / "bare", family, head="base")
+  shutil.copyfile(os.path.join(directory, "tokenizer.json"), os.path.join(bare, "tokenizer.json"))
+  with pytest.raises(RunError) as error:
+    masked_lm.setup(_config(bare, prepared), str(tmp_path / "refused"), Resume())
+  assert "set config.init.fresh_head=True" in str(error.value) and "\n" not in str(error.value)
+  config = _config(bare, prepared)
+  config.init.fresh_head = True
+  setup = masked_lm.setup(config, str(tmp_path / "run"), Resume())
+  assert set(setup.start_params) == {"encoder"}  # the head is the task's own, drawn afresh
+  assert "has no masked-LM head: a new one starts" in capsys.readouterr().err
+  head = setup.task.init(jax.random.PRNGKey(0), 32)["masked_lm"]
+  # BERT's head: its decoder is the word embeddings, so it holds no [d, vocab] matrix of its own
+  assert setup.task.model.bert_head and all(
+      np.shape(leaf) in {(setup.encoder.d_model,), (setup.encoder.d_model,) * 2,
+                         (setup.encoder.vocab_size,)} for leaf in jax.tree.leaves(head))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 
 import flax.linen as nn
 import jax
@@ -279,14 +280,21 @@ def _from_hf(config, path: str, windows: dataset.Windows):
     raise RunError(f"config.data.prepared: {windows.source} holds other ids than the "
                    f"checkpoint's; prepare the corpus with its tokenizer and ids: python -m "
                    f"train.prepare --tokenizer {path} ...")
-  if "masked_lm" not in variables.get("heads", {}):
+  params = {"encoder": variables["params"]}
+  if "masked_lm" in variables.get("heads", {}):
+    params["masked_lm"] = variables["heads"]["masked_lm"]
+  elif config.init.get("fresh_head"):
+    if jax.process_index() == 0:
+      print(f"{path} has no masked-LM head: a new one starts (dense, LayerNorm and output bias "
+            f"drawn afresh; its decoder the word embeddings)", file=sys.stderr)
+  else:
     raise RunError(f"config.init.hf: {path} has no masked-LM head (a *ForMaskedLM or "
-                   f"*ForPreTraining checkpoint has one)")
+                   f"*ForPreTraining checkpoint has one); set config.init.fresh_head=True to "
+                   f"start a new one, tied to its word embeddings")
   if windows.vocab_size > cfg.vocab_size:
     raise RunError(f"config.data.prepared: ids up to {windows.vocab_size - 1}, but {path}'s "
                    f"embedding has {cfg.vocab_size} rows")
   settings.check_seq_len(cfg, config.train.seq_len)
-  params = {"encoder": variables["params"], "masked_lm": variables["heads"]["masked_lm"]}
   return cfg, params, family
 
 
@@ -352,6 +360,7 @@ DEFINITION = Definition(
         "data.eval_fraction": Field(number(0, 1, high_open=True)),
         "data.max_eval_windows": Field(integer(1), FREE),
         "init.hf": Field(optional(string), FIXES_STATE),
+        "init.fresh_head": Field(boolean, FREE),
     },
     setup=setup,
     plots=Plots(loss_title="Masked-token loss", loss_unit="nats / masked token",
