@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import os
 
+from flax_encoder.modules_json import ModulesError, transformer_folder
 from flax_encoder.tokenizer import Tokenizer
 
-TRANSFORMER_MODULE = "sentence_transformers.models.Transformer"
 LOOKED_FOR = "tokenizer.json, vocab.txt, or vocab.json and merges.txt"
 SAVE_IT = ("save it with transformers: AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR) "
            "writes tokenizer.json")
@@ -86,19 +86,11 @@ def _read_json(file: str, kind: type = dict) -> dict | list | None:
 def _transformer_module(path: str) -> str | None:
   """The folder of a sentence-transformers folder's Transformer module (modules.json); None
   where `path` is no sentence-transformers folder."""
-  file = os.path.join(path, "modules.json")
-  modules = _read_json(file, list)
-  if modules is None:
-    return None
-  for module in modules:
-    if isinstance(module, dict) and module.get("type") == TRANSFORMER_MODULE:
-      folder = module.get("path")
-      if not isinstance(folder, str) or os.path.isabs(folder) or (
-          os.path.normpath(folder).split(os.sep)[0] == os.pardir):
-        raise TokenizerError(f"{file}: the Transformer module's path={folder!r}, expected a "
-                             f"folder inside {path}")
-      return os.path.normpath(os.path.join(path, folder))
-  return None
+  try:
+    folder = transformer_folder(path)
+  except ModulesError as e:
+    raise TokenizerError(str(e)) from None
+  return None if folder is None else os.path.normpath(folder)
 
 
 def _lower_cases(module: str) -> bool:

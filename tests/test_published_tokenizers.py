@@ -12,8 +12,8 @@ import pytest
 
 tokenizers = pytest.importorskip("tokenizers", reason="the huggingface tokenizer kind needs it")
 
-from flax_encoder.hf_tokenizer import (  # noqa: E402
-    TRANSFORMER_MODULE, TokenizerError, tokenizer_from_directory)
+from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory  # noqa: E402
+from flax_encoder.modules_json import TRANSFORMERS  # noqa: E402
 from flax_encoder.tokenizer import Template, Tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.library  # the library's own: run on accelerators too
@@ -155,7 +155,7 @@ def test_vocab_json_and_merges_txt_tokenize_as_transformers_roberta_tokenizer(
 
 def _modules(transformer_path: str) -> dict:
   return {"modules.json": [
-      {"idx": 0, "name": "0", "path": transformer_path, "type": TRANSFORMER_MODULE},
+      {"idx": 0, "name": "0", "path": transformer_path, "type": TRANSFORMERS[0]},
       {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]}
 
 
@@ -226,8 +226,8 @@ NO_FILES = ["tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "save_pre
     ({}, NO_FILES),
     ({"vocab.json": {"a": 0}}, NO_FILES),
     ({**_modules("0_Transformer"), "0_Transformer/config.json": {}}, NO_FILES + ["0_Transformer"]),
-    ({**_modules("../elsewhere")}, ["modules.json", "path='../elsewhere'"]),
-    ({"modules.json": {"0": "x"}}, ["modules.json", "expected a JSON list"]),
+    ({**_modules("../elsewhere")}, ["modules.json", "path '../elsewhere' leads out of"]),
+    ({"modules.json": {"0": "x"}}, ["modules.json", "expected a list of modules"]),
     ({"vocab.txt": "[UNK]\n[SEP]\nhello\n"}, ["vocab.txt", "'[CLS]'", "cls_token"]),
     ({"vocab.txt": "\n".join(WORDPIECE), "tokenizer_config.json": {"do_lower_case": "yes"}},
      ["tokenizer_config.json", "do_lower_case='yes'", "true or false"]),

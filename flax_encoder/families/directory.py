@@ -23,6 +23,7 @@ from flax_encoder.families.config_json import config_from_hf
 from flax_encoder.families.family import HFError
 from flax_encoder.families.safetensors_file import read_safetensors
 from flax_encoder.families.tensors import from_hf_state_dict
+from flax_encoder.modules_json import ModulesError, transformer_folder
 
 # The weights files a directory may hold, in the order transformers prefers them.
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -33,10 +34,6 @@ OTHER_WEIGHTS = {"tf_model.h5": ("TensorFlow", "tensorflow", "from_tf=True"),
                  "flax_model.msgpack": ("Flax", "flax", "from_flax=True")}
 # The package a weights file needs -> the extra that installs it.
 EXTRAS = {"safetensors": "hf", "torch": "torch"}
-# sentence-transformers' module whose folder is a Hugging Face model directory, by the type
-# modules.json names it with (its 6.0 moved it to sentence_transformers.base.models).
-ST_TRANSFORMERS = ("sentence_transformers.models.Transformer",
-                   "sentence_transformers.base.models.Transformer")
 
 
 class HFModel(NamedTuple):
@@ -51,36 +48,11 @@ def model_directory(path: str | os.PathLike) -> str:
   `path` is a sentence-transformers folder (one with modules.json), the folder of its first
   module, which is its Transformer: `path` itself in newer sentence-transformers, a subfolder
   such as 0_Transformer in older ones."""
-  path = os.fspath(path)
-  file = os.path.join(path, "modules.json")
-  if not os.path.isfile(file):
-    return path
   try:
-    with open(file, encoding="utf-8") as f:
-      modules = json.load(f)
-  except (OSError, ValueError) as e:
-    raise HFError(f"{file}: not readable JSON ({e})") from None
-  first = modules[0] if isinstance(modules, list) and modules else None
-  if (not isinstance(first, dict) or not isinstance(first.get("path"), str)
-      or "\0" in first["path"]):
-    raise HFError(f"{file}: holds {_excerpt(modules)}, expected a list of modules (objects "
-                  f"of idx, name, path and type), the first the Transformer's")
-  if first.get("type") not in ST_TRANSFORMERS:
-    raise HFError(f"{file}: the first module is of type {first.get('type')!r}, expected "
-                  f"{ST_TRANSFORMERS[0]!r} (the Hugging Face model the others run on)")
-  folder, root = os.path.realpath(os.path.join(path, first["path"])), os.path.realpath(path)
-  if os.path.commonpath([root, folder]) != root:
-    raise HFError(f"{file}: the Transformer's path {first['path']!r} leads out of {path} (to "
-                  f"{folder}), expected a folder of it")
-  if not os.path.isdir(folder):
-    raise HFError(f"{file}: the Transformer's path {first['path']!r} is no folder of {path}")
-  return os.path.join(path, first["path"]) if first["path"] else path
-
-
-def _excerpt(value: Any) -> str:
-  """`value` as an error shows it: its start, on one line."""
-  text = json.dumps(value)
-  return text if len(text) <= 60 else text[:57] + "..."
+    folder = transformer_folder(path)
+  except ModulesError as e:
+    raise HFError(str(e)) from None
+  return os.fspath(path) if folder is None else folder
 
 
 def read_hf_config(path: str | os.PathLike) -> dict:
