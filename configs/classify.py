@@ -42,6 +42,10 @@ def get_config() -> ml_collections.ConfigDict:
   # prediction head (dense, activation, LayerNorm). Unset: the family's from config.init.hf
   # (ModernBERT's as its classifier_pooling says), "mean" otherwise.
   config.task.pooling = config_dict.placeholder(str)
+  # Pack several short examples into each row of seq_len ids (each encoded and pooled as if
+  # alone; at most seq_len // 8 a row): less padding computed. config.train.batch_size then
+  # counts rows, not examples, and tokens/s counts the examples' ids alone.
+  config.task.packed = False
 
   config.data = ml_collections.ConfigDict()
   # JSON lines: {"text": ..., "label": ...}, optionally "text_pair"; labels strings or

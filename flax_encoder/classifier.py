@@ -3,6 +3,7 @@ logit per class.
 
     model = SequenceClassifier(config, num_labels=12)          # pooling="mean" or "first"
     logits = model.apply({"params": params}, tokens)         # int [batch, seq] -> [batch, 12]
+    logits = model.apply({"params": params}, tokens, segment_ids)  # -> [batch, segments, 12]
 
 Its parameters are {"encoder": the Encoder's, "classifier": {"kernel", "bias"}}; dropout
 (config.dropout) sits between the pooling and the dense layer. The poolings of the BERT
@@ -11,6 +12,12 @@ pooler, RoBERTa's classification head), and "pre_classifier", ReLU (DistilBERT's
 ModernBERT's pool the first token ("first_head") or the mean ("mean_head"), then pass it
 through its prediction head ({"head": {"dense": …, "norm": …}}, `heads.PredictionHead`); its
 classifier always has a bias, as transformers' ModernBertForSequenceClassification's.
+
+Packed rows (several short examples in one row, `flax_encoder.packing`): with segment ids
+(1 … k in a row, 0 at padding) each example is encoded as if alone (it attends to its own
+segment, its positions and a pair's token types restart at its first token) and pooled on its
+own (its first token, or the mean of its tokens), to logits [batch, max_segments, classes]: an
+example's logits are those it has alone in a padded row. The parameters are the same either way.
 """
 
 from __future__ import annotations
@@ -25,17 +32,32 @@ from flax_encoder.dense import dense
 from flax_encoder.dropout import Dropout
 from flax_encoder.encoder import Encoder
 from flax_encoder.heads import Pooler, PredictionHead
+from flax_encoder.packing import segment_positions
 
 POOLINGS = ("mean", "first", "pooler", "pre_classifier", "first_head", "mean_head")
 # ModernBERT's: the pooling before its prediction head.
 HEAD_POOLINGS = {"first_head": "first", "mean_head": "mean"}
 _POOLER_ACTIVATION = {"pooler": "tanh", "pre_classifier": "relu"}
+# Ids a packed example takes at least, as the packing counts on: a row of seq_len ids holds
+# seq_len // 8 segments at most (16 in 128), which short texts (tens of ids) never reach.
+SEGMENT_IDS = 8
 
 
-def pair_token_types(tokens: jax.Array, separator: int) -> jax.Array:
+def segments_per_row(seq_len: int) -> int:
+  """The examples a packed row of `seq_len` ids holds at most: its logits' second axis."""
+  return max(1, seq_len // SEGMENT_IDS)
+
+
+def pair_token_types(tokens: jax.Array, separator: int,
+                     segment_ids: jax.Array | None = None) -> jax.Array:
   """BERT's token types of [CLS] a [SEP] b [SEP] rows: 0 up to the first `separator`, 1 after
-  it (padding after a single text gets 1 too: no real token attends to it)."""
-  seen = jnp.cumsum(tokens == separator, axis=1) - (tokens == separator)
+  it (padding after a single text gets 1 too: no real token attends to it). In packed rows
+  (`segment_ids`), the first separator of each segment's own."""
+  is_separator = (tokens == separator).astype(jnp.int32)
+  seen = jnp.cumsum(is_separator, axis=1) - is_separator  # the separators before each token
+  if segment_ids is not None:  # less those before its segment's first token
+    first = jnp.arange(tokens.shape[1]) - segment_positions(segment_ids)
+    seen = seen - jnp.take_along_axis(seen, first, axis=1)
   return (seen > 0).astype(jnp.int32)
 
 
@@ -46,6 +68,21 @@ def pool(hidden: jax.Array, real: jax.Array, pooling: str) -> jax.Array:
     return hidden[:, 0]
   weights = real.astype(hidden.dtype)[..., None]
   return jnp.sum(hidden * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1)
+
+
+def pool_segments(hidden: jax.Array, segment_ids: jax.Array, segments: int,
+                  pooling: str) -> jax.Array:
+  """[batch, seq, d] -> [batch, segments, d]: each segment's (ids 1 … `segments`) first token
+  ("first") or the mean over its tokens ("mean"); a segment a row lacks pools to 0."""
+  member = segment_ids[:, None, :] == jnp.arange(1, segments + 1)[None, :, None]
+  if pooling == "first":
+    first = jnp.argmax(member, axis=-1)  # the first True; 0 where the segment is absent
+    pooled = jnp.take_along_axis(hidden, first[..., None], axis=1)
+    return jnp.where(jnp.any(member, axis=-1)[..., None], pooled, 0).astype(hidden.dtype)
+  weights = member.astype(hidden.dtype)
+  # HIGHEST: as exact as the unpacked sum, which an accelerator's default would round.
+  total = jnp.einsum("bks,bsd->bkd", weights, hidden, precision=jax.lax.Precision.HIGHEST)
+  return total / jnp.maximum(jnp.sum(weights, axis=-1), 1)[..., None]
 
 
 def macro_f1(true_positives, true, predicted) -> float:
@@ -62,29 +99,43 @@ class SequenceClassifier(nn.Module):
   """The encoder, pooled, then dropout and a dense layer to `num_labels` float32 logits.
 
   `type_separator`: for an encoder with token types, the id after whose first occurrence
-  tokens are of type 1 (`pair_token_types`); None: all of type 0."""
+  tokens are of type 1 (`pair_token_types`); None: all of type 0. `max_segments`: the segments
+  a packed row's logits have (`segment_ids` from 1 to it); None: `segments_per_row(seq)`."""
 
   config: EncoderConfig
   num_labels: int
   pooling: str = "mean"
   type_separator: int | None = None
+  max_segments: int | None = None
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
-    """int [batch, seq] -> logits [batch, num_labels], float32."""
+  def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None, *,
+               deterministic: bool = True) -> jax.Array:
+    """int [batch, seq] -> logits [batch, num_labels], float32; with `segment_ids` (int
+    [batch, seq], packed rows) each segment's: [batch, max_segments, num_labels]."""
     if self.pooling not in POOLINGS:
       raise ValueError(f"pooling: {self.pooling!r}, expected one of {POOLINGS}")
     cfg = self.config
-    types = None
+    types = positions = None
     if self.type_separator is not None and cfg.type_vocab_size > 1:
-      types = pair_token_types(tokens, self.type_separator)
-    hidden = Encoder(cfg, name="encoder")(tokens, token_types=types,
-                                          deterministic=deterministic)
+      types = pair_token_types(tokens, self.type_separator, segment_ids)
+    if segment_ids is not None:  # each example as if alone: positions from its first token
+      positions = segment_positions(segment_ids)
+    hidden = Encoder(cfg, name="encoder")(tokens, segment_ids=segment_ids, positions=positions,
+                                          token_types=types, deterministic=deterministic)
     head = self.pooling in HEAD_POOLINGS
-    if self.pooling in _POOLER_ACTIVATION:
-      pooled = Pooler(cfg, _POOLER_ACTIVATION[self.pooling], name="pooler")(hidden)
+    # BERT's pooler and DistilBERT's pre-classifier read the first token.
+    first_or_mean = "first" if self.pooling in _POOLER_ACTIVATION else HEAD_POOLINGS.get(
+        self.pooling, self.pooling)
+    if segment_ids is None:
+      pooled = pool(hidden, tokens != cfg.pad_id, first_or_mean)
     else:
-      pooled = pool(hidden, tokens != cfg.pad_id, HEAD_POOLINGS.get(self.pooling, self.pooling))
+      pooled = pool_segments(hidden, segment_ids,
+                             self.max_segments or segments_per_row(tokens.shape[1]),
+                             first_or_mean)
+    if self.pooling in _POOLER_ACTIVATION:  # a dense layer on each sequence's first token
+      pooler = Pooler(cfg, _POOLER_ACTIVATION[self.pooling], name="pooler")
+      pooled = pooler(pooled.reshape(-1, 1, pooled.shape[-1])).reshape(pooled.shape)
     if head:
       pooled = PredictionHead(cfg, name="head")(pooled)
     pooled = Dropout(cfg.dropout)(pooled, deterministic=deterministic)

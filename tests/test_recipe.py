@@ -176,3 +176,13 @@ def test_a_fine_tuning_from_a_run_for_epochs_follows_the_recipe(reference_run, t
   assert max(rates) == 50
   assert [r["step"] for r in records if r["split"] == "eval"] == [25, 50]
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["25", "50"]
+
+
+def test_a_run_recorded_before_the_packed_and_fresh_head_fields_resumes_without_a_change():
+  for config, added in ((classify_config.get_config(), ("task", "packed")),
+                        (default_config.get_config(), ("init", "fresh_head"))):
+    recorded = json.loads(config.to_json())
+    del recorded[added[0]][added[1]]  # as runs recorded it before the field was added
+    assert settings.changes(json.dumps(recorded), config) == []
+    config[added[0]][added[1]] = True
+    assert [c.field for c in settings.changes(json.dumps(recorded), config)] == [".".join(added)]

@@ -18,6 +18,14 @@ Both write, into a directory:
                            each input's size and SHA-256, as train.prepare records them
   tokenizer.*              the tokenizer's file, beside them
 
+Packed (`prepare_examples(..., max_segments=k)`, for classes: dataset.json's "packed" says so
+and "rows" counts the rows), several short examples share a row of seq_len ids (`pack`):
+
+  {train,eval}.tokens.bin    ids [rows, seq_len]: the examples one after another, then padding
+  {train,eval}.segments.bin  [rows, seq_len]: which of its row's examples an id belongs to
+                             (1 … k), 0 at padding (flax_encoder.packing's segment ids)
+  {train,eval}.labels.bin    int32 [rows, k]: the row's examples' classes in order, then -1
+
 Files of any size are read line by line, twice (the classes first), and written as they go;
 a text is cut to what seq_len ids can show before it is tokenized (`visible`: "cut" counts
 those examples), so that lines of any length take bounded memory. A file whose tokens are
@@ -28,6 +36,7 @@ few lines of its source come from.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import lzma
@@ -196,11 +205,12 @@ def chunked(items: Iterator, size: int, example: Callable) -> Iterator[list]:
 
 @dataclasses.dataclass
 class _Counts:
-  """What a file's examples came to: how many, how many truncated to seq_len ids, cut before
-  that (`visible`), with words left untagged; their text ids, how many of those the
-  tokenizer's unknown token, and the first line that had one (line number, text)."""
+  """What a file's examples came to: how many, in how many rows, how many truncated to seq_len
+  ids, cut before that (`visible`), with words left untagged; their text ids, how many of
+  those the tokenizer's unknown token, and the first line that had one (line number, text)."""
 
   examples: int = 0
+  rows: int = 0
   truncated: int = 0
   cut: int = 0
   untagged: int = 0
@@ -219,39 +229,91 @@ class _Counts:
 
 def prepare_examples(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_file,
                      seq_len: int, fields: dict, pad_id: int, separator_id: int,
-                     template=None, kind: str = "class") -> dict:
+                     template=None, kind: str = "class", max_segments: int | None = None) -> dict:
   """Writes `paths` {'train': …, 'eval': …} as ids and labels into `directory` (see the module
   docstring), under a temporary name renamed at the end; returns its dataset.json. A
   `template` (flax_encoder.tokenizer.Template) lays the texts out in place of the separator.
-  `kind`: the labels are classes ("class") or numbers ("number")."""
+  `kind`: the labels are classes ("class") or numbers ("number"). `max_segments`: the
+  examples (classes) are packed, that many a row at most (`pack`); None: one a row."""
   laid = (*template.start, *template.between, *template.end) if template else (separator_id,)
   _check_ids(tokenizer, pad_id, laid)
   classes = None
   if kind == "class":
     classes = {label: i for i, label in enumerate(read_labels(paths["train"], fields["label"]))}
+  elif max_segments is not None:
+    raise ValueError(f"max_segments: {max_segments}, expected None for {kind!r} labels: only "
+                     f"classes are packed")
   dtype = _ids_dtype(tokenizer)
 
   def encode(source, counts):
     for chunk in chunked(_examples(source, fields, classes), _CHUNK, lambda e: e[1:3]):
       texts = tokenizer.encode_batch([visible(t, seq_len) for _, t, _, _ in chunk])
       pairs = tokenizer.encode_batch([visible(p or "", seq_len) for _, _, p, _ in chunk])
-      rows = np.full((len(chunk), seq_len), pad_id, dtype)
-      for i, (first, second, (number, text, pair, _)) in enumerate(zip(texts, pairs, chunk)):
+      laid = []
+      for first, second, (number, text, pair, _) in zip(texts, pairs, chunk):
         second = second if pair is not None else None
         ids, truncated = example_ids(first, second, seq_len, separator_id, template)
-        rows[i, :len(ids)] = ids
+        laid.append(ids)
         counts.truncated += truncated
         counts.cut += is_cut(text, seq_len) or is_cut(pair, seq_len)
         counts.tokenized(number, text, first, tokenizer.unk_id)
         if pair is not None:
           counts.tokenized(number, pair, second, tokenizer.unk_id)
-      yield rows, np.array([c for *_, c in chunk], np.int32 if classes else np.float32)
+      counts.examples += len(chunk)
+      labels = np.array([c for *_, c in chunk], np.int32 if classes else np.float32)
+      if max_segments is not None:
+        yield pack(laid, labels, seq_len, max_segments, pad_id, dtype)
+        continue
+      rows = np.full((len(chunk), seq_len), pad_id, dtype)
+      for i, ids in enumerate(laid):
+        rows[i, :len(ids)] = ids
+      yield {"tokens": rows, "labels": labels}
 
+  packed = {"packed": {"max_segments": max_segments}} if max_segments is not None else {}
   return _write(paths, directory, tokenizer, tokenizer_file, encode, "a text and a label", {
       "labels": list(classes) if classes else None, "label_kind": recorded_kind(kind),
       "pad_id": pad_id, "separator_id": separator_id,
       "template": template.to_dict() if template else None, "seq_len": seq_len,
-      "dtype": np.dtype(dtype).name, "fields": fields})
+      "dtype": np.dtype(dtype).name, "fields": fields, **packed})
+
+
+def pack(examples: list[np.ndarray], labels: np.ndarray, seq_len: int, max_segments: int,
+         pad_id: int, dtype) -> dict:
+  """Examples' ids (each at most `seq_len`) and classes -> rows of `seq_len` ids that hold
+  several of them: {'tokens': [rows, seq_len] the examples' ids one after another, then
+  `pad_id`; 'segments': [rows, seq_len] 1 … k on the ids of the row's k examples, 0 at
+  padding; 'labels': int32 [rows, max_segments] their classes, then -1}.
+
+  First-fit, in the examples' order: each goes into the first row begun so far that has room
+  for its ids and fewer than `max_segments` examples, else it begins a row. Of next-fit (only
+  the newest row open) it fills the rows better (a short example fills a gap an earlier long
+  one left), so fewer rows and less padding are computed; each row still holds its examples
+  in their order, and the caller packs a bounded chunk at a time (bounded memory). An example
+  of no ids takes a segment with no ids (it pools to 0, as a row of padding does alone)."""
+  n = len(examples)
+  room, count, rows = np.full(n, seq_len), np.zeros(n, np.int64), 0
+  where = np.empty(n, np.int64)
+  for i, ids in enumerate(examples):
+    fits = (room[:rows] >= len(ids)) & (count[:rows] < max_segments)
+    row = int(np.argmax(fits)) if fits.any() else rows
+    rows += row == rows
+    where[i], room[row], count[row] = row, room[row] - len(ids), count[row] + 1
+  tokens = np.full((rows, seq_len), pad_id, dtype)
+  segments = np.zeros((rows, seq_len), segments_dtype(max_segments))
+  packed_labels = np.full((rows, max_segments), -1, np.int32)
+  used, held = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
+  for ids, label, row in zip(examples, labels, where):
+    at, k = used[row], held[row]
+    tokens[row, at:at + len(ids)] = ids
+    segments[row, at:at + len(ids)] = k + 1
+    packed_labels[row, k] = label
+    used[row], held[row] = at + len(ids), k + 1
+  return {"tokens": tokens, "segments": segments, "labels": packed_labels}
+
+
+def segments_dtype(max_segments: int):
+  """The smallest unsigned integer dtype that holds segment ids up to `max_segments`."""
+  return np.min_scalar_type(max_segments)
 
 
 def prepare_tagged(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_file,
@@ -270,6 +332,7 @@ def prepare_tagged(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_
       rows = np.full((len(chunk), seq_len), pad_id, dtype)
       labels = np.full((len(chunk), seq_len), -1, np.int32)
       laid = encode_words(tokenizer, [words for _, words, _ in chunk], seq_len, template)
+      counts.examples += len(chunk)
       for i, ((ids, first), (number, words, indices)) in enumerate(zip(laid, chunk)):
         rows[i, :len(ids)] = ids
         seen = first >= 0
@@ -279,7 +342,7 @@ def prepare_tagged(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_
         counts.cut += is_cut(words, seq_len)
         text_ids = ids[specials[0]:len(ids) - specials[1]]
         counts.tokenized(number, " ".join(words[:20]), text_ids, tokenizer.unk_id)
-      yield rows, labels
+      yield {"tokens": rows, "labels": labels}
 
   return _write(paths, directory, tokenizer, tokenizer_file, encode, "words and their tags", {
       "labels": list(tags), "label_kind": "tag", "pad_id": pad_id,
@@ -325,19 +388,23 @@ def _check_unknown(path: str, counts: _Counts, tokenizer: Tokenizer) -> None:
 
 def _write(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_file, encode,
            wanted: str, meta: dict) -> dict:
-  """Writes each split's chunks, as `encode(source, counts)` yields them (ids, labels) and
-  counts them (_Counts), its tokenizer's file and dataset.json (`meta` and the counts) into
+  """Writes each split's chunks, as `encode(source, counts)` yields them ({'tokens': rows of
+  ids, 'labels': …, and for packed rows 'segments'}, each into {split}.{name}.bin) and counts
+  them (_Counts), its tokenizer's file and dataset.json (`meta` and the counts) into
   `directory`, under a temporary name renamed at the end."""
   counts, inputs = {}, []
   with temporary_directory(directory) as tmp:
     for split, path in paths.items():
       source, counts[split] = sources.Source(path), _Counts()
-      with open(os.path.join(tmp, f"{split}.tokens.bin"), "wb") as ids_file, open(
-          os.path.join(tmp, f"{split}.labels.bin"), "wb") as labels_file:
-        for rows, labels in encode(source, counts[split]):
-          ids_file.write(rows.tobytes())
-          labels_file.write(labels.tobytes())
-          counts[split].examples += len(rows)
+      with contextlib.ExitStack() as files:
+        opened = {}
+        for arrays in encode(source, counts[split]):
+          for name, array in arrays.items():
+            if name not in opened:
+              opened[name] = files.enter_context(
+                  open(os.path.join(tmp, f"{split}.{name}.bin"), "wb"))
+            opened[name].write(array.tobytes())
+          counts[split].rows += len(arrays["tokens"])
       if not counts[split].examples:
         raise RunError(f"{path}: no examples, expected JSON lines with {wanted}")
       _check_unknown(path, counts[split], tokenizer)
@@ -351,6 +418,7 @@ def _write(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_file, en
             "vocab_size": tokenizer.vocab_size, "examples": each("examples"),
             "truncated": each("truncated"), "cut": each("cut"),
             **({"untagged": each("untagged")} if meta["label_kind"] == "tag" else {}),
+            **({"rows": each("rows")} if meta.get("packed") else {}),
             "inputs": inputs}
     with open(os.path.join(tmp, "dataset.json"), "w") as f:
       json.dump(meta, f, indent=1)
@@ -405,7 +473,8 @@ def _tagged(source: sources.Source, fields: dict, tags: dict) -> Iterator[tuple]
 
 def load_examples(directory: str) -> dict:
   """{'train': {'tokens', 'labels'}, 'eval': …} memory-mapped, with 'meta' (dataset.json)
-  and 'identity' (its SHA-256)."""
+  and 'identity' (its SHA-256); packed rows also have 'segment_ids' (see the module
+  docstring)."""
   path = os.path.join(directory, "dataset.json")
   with open(path, "rb") as f:
     raw = f.read()
@@ -415,11 +484,18 @@ def load_examples(directory: str) -> dict:
   dtype, kind, seq_len = np.dtype(meta["dtype"]), label_kind(meta), meta["seq_len"]
   labels_dtype = np.float32 if kind == "number" else np.int32
   loaded = {"meta": meta, "identity": sha256_bytes(raw)}
-  for split, n in meta["examples"].items():
-    tokens = np.memmap(os.path.join(directory, f"{split}.tokens.bin"), dtype, "r",
-                       shape=(n, seq_len))
-    labels = np.memmap(os.path.join(directory, f"{split}.labels.bin"), labels_dtype, "r",
-                       shape=(n, seq_len) if kind == "tag" else (n,))
+  packed = meta.get("packed")
+  for split, n in (meta["rows"] if packed else meta["examples"]).items():
+    read = lambda name, dtype, shape: np.memmap(os.path.join(directory, f"{split}.{name}.bin"),
+                                                dtype, "r", shape=shape)
+    tokens = read("tokens", dtype, (n, seq_len))
+    if packed:
+      segments = packed["max_segments"]
+      loaded[split] = {"tokens": tokens,
+                       "segment_ids": read("segments", segments_dtype(segments), (n, seq_len)),
+                       "labels": read("labels", labels_dtype, (n, segments))}
+      continue
+    labels = read("labels", labels_dtype, (n, seq_len) if kind == "tag" else (n,))
     loaded[split] = {"tokens": tokens, "labels": labels}
   return loaded
 

@@ -256,10 +256,16 @@ def _as_run(config: dict) -> dict:
   return {**flatten(config), **{f"optim.{f}": recipe.value(f) for f in optim.unset(config)}}
 
 
+# Fields added after runs were recorded, with the value that gives those runs' behaviour: a
+# recorded config without one resumes as if it held it.
+ADDED = {"task.packed": False, "init.fresh_head": False}
+
+
 def changes(recorded_json: str, config: ml_collections.ConfigDict) -> list[Change]:
   """The fields of `config` that differ from the config a checkpoint recorded (as JSON)."""
-  recorded = _as_run(json.loads(recorded_json))
   current = _as_run(json.loads(config.to_json()))
+  recorded = {**{f: v for f, v in ADDED.items() if f in current},
+              **_as_run(json.loads(recorded_json))}
   return [Change(field, recorded.get(field), current.get(field))
           for field in sorted(set(recorded) | set(current))
           if recorded.get(field) != current.get(field)]

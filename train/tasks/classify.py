@@ -8,12 +8,15 @@ r"""Fine-tuning: the encoder and a classification head trained on the user's lab
 The task of the training loop's second kind (`ClassifyTask`, beside `masked_lm.MaskedLMTask`): the
 model is the encoder, a pooling over the real tokens (their mean, or the first token), dropout and a
 dense layer to one logit per class; the loss is cross-entropy; evaluation reports accuracy, macro-F1
-and the majority-class baseline. The encoder starts from a pretraining run's newest verified
-checkpoint (`config.init.run`: its sizes and tokenizer), from a PyTorch checkpoint
-(`config.init.torch_checkpoint`, sizes read off the weights, and the classifier's Linear from
-`config.init.torch_head` if given), from a Hugging Face directory (`config.init.hf`) or from scratch
-(train.tasks.finetune, which `train.tasks.regress` and `train.tasks.tag` share). The examples
-(train.data.examples) are prepared once into WORKDIR/data.
+and the majority-class baseline. With config.task.packed, several short examples share a row
+(prepared so once, train.data.examples.pack), each encoded and pooled as if alone: losses and
+metrics are per example as unpacked, and config.train.batch_size counts rows. The encoder
+starts from a pretraining run's newest verified checkpoint (`config.init.run`: its sizes and
+tokenizer), from a PyTorch checkpoint (`config.init.torch_checkpoint`, sizes read off the
+weights, and the classifier's Linear from `config.init.torch_head` if given), from a Hugging
+Face directory (`config.init.hf`) or from scratch (train.tasks.finetune, which
+`train.tasks.regress` and `train.tasks.tag` share). The examples (train.data.examples) are
+prepared once into WORKDIR/data.
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ from train.tasks.tokenizing import run_tokenizer, type_separator
 @dataclasses.dataclass(frozen=True)
 class ClassifyTask(SupervisedTask):
   """Classification as `train.run.step` runs it (see `train.run.step.Task`). A batch holds 'tokens'
-  [batch, seq] and 'labels' [batch]; a label of -1 pads the last held-out batch."""
+  [batch, seq] and 'labels' [batch]; a label of -1 pads the last held-out batch. Packed, it
+  also holds 'segment_ids' [batch, seq], and 'labels' [batch, max_segments] are its rows'
+  examples' (-1 where a row has fewer): every sum is over the examples, as unpacked."""
 
   model: Classifier
   label_smoothing: float
@@ -53,12 +58,11 @@ class ClassifyTask(SupervisedTask):
     return jnp.sum(batch["labels"] >= 0)
 
   def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
-    return smoothed_loss_sum(self.outputs(params, batch, dropout_rng), batch["labels"],
-                             batch["labels"] >= 0, self.label_smoothing)
+    logits, labels = self._examples(self.outputs(params, batch, dropout_rng), batch)
+    return smoothed_loss_sum(logits, labels, labels >= 0, self.label_smoothing)
 
   def eval_sums(self, params, batch: dict) -> dict:
-    logits = self.outputs(params, batch)
-    labels = batch["labels"]
+    logits, labels = self._examples(self.outputs(params, batch), batch)
     valid = labels >= 0
     predicted = jnp.argmax(logits, -1)
     true_1hot = jax.nn.one_hot(labels, self.model.num_labels) * valid[:, None]
@@ -68,6 +72,12 @@ class ClassifyTask(SupervisedTask):
             "baseline_correct": jnp.sum((labels == self.baseline_label) & valid),
             "count": jnp.sum(valid), "true_positives": jnp.sum(true_1hot * predicted_1hot, 0),
             "true": jnp.sum(true_1hot, 0), "predicted": jnp.sum(predicted_1hot, 0)}
+
+  @staticmethod
+  def _examples(logits: jax.Array, batch: dict) -> tuple[jax.Array, jax.Array]:
+    """Logits [examples, classes] and labels [examples]: of packed rows, every segment's
+    (those no example fills labelled -1)."""
+    return logits.reshape(-1, logits.shape[-1]), batch["labels"].reshape(-1)
 
   @staticmethod
   def eval_metrics(sums: dict) -> dict:
@@ -167,12 +177,21 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   labels = meta["labels"]
   params = start_params(prepared.start, cfg, config, len(labels), pooling(config),
                                  labels)
-  counts = np.bincount(np.asarray(loaded["train"]["labels"]), minlength=len(labels))
-  model = Classifier(cfg, len(labels), pooling(config), type_separator(meta))
+  train_labels = np.asarray(loaded["train"]["labels"]).ravel()
+  counts = np.bincount(train_labels[train_labels >= 0], minlength=len(labels))
+  packed = meta.get("packed")
+  model = Classifier(cfg, len(labels), pooling(config), type_separator(meta),
+                     packed and packed["max_segments"])
   task = ClassifyTask(model, config.optim.label_smoothing, int(np.argmax(counts)))
-  finetune.say_prepared(prepared, f"{len(labels)} classes", config.train.seq_len)
+  note = ""
+  if packed:
+    rows = meta["rows"]["train"]
+    note = (f"; packed {rows} rows ({meta['examples']['train'] / rows:.2f} examples a row, "
+            f"config.train.batch_size counts rows)")
+  finetune.say_prepared(prepared, f"{len(labels)} classes", config.train.seq_len, note)
   return Setup(task=task, encoder=cfg, train=loaded["train"], eval=loaded["eval"],
-               eval_fill={"tokens": prepared.pad_id, "labels": -1},
+               eval_fill={"tokens": prepared.pad_id, "labels": -1,
+                          **({"segment_ids": 0} if packed else {})},
                record={"encoder": cfg.record(), "dataset": loaded["identity"],
                        "source": os.path.join(workdir, "data"), "labels": labels,
                        "start": prepared.start.source, "pooling": model.pooling,

@@ -17,10 +17,10 @@ import jax
 
 from flax_encoder import EncoderConfig
 from flax_encoder import tokenizer as tokenizer_lib
-from flax_encoder.classifier import POOLINGS
+from flax_encoder.classifier import POOLINGS, segments_per_row
 from train.data import dataset, examples
 from train.errors import RunError
-from train.task import Field, Resume, choice, integer, optional, string
+from train.task import Field, Resume, boolean, choice, integer, optional, string
 from train.tasks import tokenizing
 from train.tasks.start import Start, check_init, encoder_config, ids, start_of
 
@@ -38,6 +38,9 @@ FIELDS = {
     "init.n_heads": Field(optional(integer(1))),
     "init.prefix": Field(lambda value: None if isinstance(value, str) else "a string"),
     "init.hf": Field(optional(string)),
+    # Several short examples a row (classify only: `packed_rows`); a change prepares the
+    # examples again and changes what a step holds, so resuming with it needs --allow_changes.
+    "task.packed": Field(boolean),
 }
 # The fields of the tasks that label a text or a pair of texts (classify, regress).
 TEXT_FIELDS = {
@@ -104,17 +107,30 @@ def prepare_texts(config, workdir: str, resume: Resume, paths: dict,
   fields = {"text": config.data.text_field, "pair": config.data.pair_field,
             "label": config.data.label_field}
 
+  packed = packed_rows(config)
+
   def build(directory, tokenizer, tokenizer_file, pad_id, template):
     return examples.prepare_examples(paths, directory, tokenizer, tokenizer_file,
                                      config.train.seq_len, fields, pad_id,
-                                     config.data.separator_id, template, label_kind)
+                                     config.data.separator_id, template, label_kind,
+                                     packed and packed["max_segments"])
 
   return prepare(
       config, workdir, resume, paths, lambda record: [record.get(f) for f in
                                                       (fields["text"], fields["pair"])],
       build, {"fields": fields, "separator_id": config.data.separator_id,
               # unrecorded (None) for classes, as in the data directories prepared before
-              "label_kind": examples.recorded_kind(label_kind)})
+              "label_kind": examples.recorded_kind(label_kind),
+              # unrecorded (None) unpacked, likewise
+              "packed": packed})
+
+
+def packed_rows(config) -> dict | None:
+  """What dataset.json records of packed examples (config.task.packed): the most a row of
+  config.train.seq_len ids holds; None unpacked."""
+  if not config.task.get("packed"):
+    return None
+  return {"max_segments": segments_per_row(config.train.seq_len)}
 
 
 def say_prepared(prepared: Prepared, what: str, seq_len: int, note: str = "") -> None:
@@ -140,6 +156,9 @@ def say_prepared(prepared: Prepared, what: str, seq_len: int, note: str = "") ->
 def check(config) -> None:
   """The cross-field checks of a fine-tuning config (RunError naming the field)."""
   check_init(config.init)
+  if config.task.get("packed") and config.task.name != "classify":
+    raise RunError(f"config.task.packed: True, expected False for the {config.task.name} task: "
+                   f"only classify packs its examples")
   given = config.data.tokenizer
   if (given is not None and given not in ("bytes", *tokenizing.TRAINED)
       and not os.path.isfile(given)):
