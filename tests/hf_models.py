@@ -62,3 +62,32 @@ def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
   auto.from_config(config).save_pretrained(path)
   transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **special).save_pretrained(path)
   return str(path)
+
+
+PAIR_CLASSES = {"digits": "0123456789", "letters": "abcdefghij", "symbols": "+-*/=<>!?%"}
+
+
+def labelled_pairs(directory, train: int, eval_: int, words: tuple[int, int]) -> tuple[str, str]:
+  """(train.jsonl, eval.jsonl) in `directory` of `train` and `eval_` text pairs whose label
+  says what the pair's second text is made of (PAIR_CLASSES); each text `words` (low, high)
+  words of 1 to 3 characters, drawn with seed 0."""
+  import json
+
+  import numpy as np
+  rng = np.random.default_rng(0)
+
+  def text(chars):
+    return " ".join("".join(rng.choice(list(chars), rng.integers(1, 4)))
+                    for _ in range(rng.integers(*words)))
+
+  def write(name, n):
+    rows = []
+    for i in range(n):
+      label = list(PAIR_CLASSES)[i % 3]
+      rows.append({"text": text("abcdefghij0123456789"), "text_pair": text(PAIR_CLASSES[label]),
+                   "label": label})
+    path = directory / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+  return write("train.jsonl", train), write("eval.jsonl", eval_)

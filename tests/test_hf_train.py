@@ -19,31 +19,11 @@ from train.errors import RunError  # noqa: E402
 from train.task import Resume  # noqa: E402
 from train.tasks import classify  # noqa: E402
 
-CLASSES = {"digits": "0123456789", "letters": "abcdefghij", "symbols": "+-*/=<>!?%"}
-
-
-def _write(path, rows):
-  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-  return str(path)
-
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
   """(train.jsonl, eval.jsonl) of text pairs: the label says what the pair's text is made of."""
-  directory = tmp_path_factory.mktemp("pairs")
-  rng = np.random.default_rng(0)
-
-  def rows(n):
-    out = []
-    for i in range(n):
-      label = list(CLASSES)[i % 3]
-      words = lambda chars: " ".join(
-          "".join(rng.choice(list(chars), rng.integers(1, 4))) for _ in range(rng.integers(2, 6)))
-      out.append({"text": words("abcdefghij0123456789"), "text_pair": words(CLASSES[label]),
-                  "label": label})
-    return out
-
-  return _write(directory / "train.jsonl", rows(96)), _write(directory / "eval.jsonl", rows(24))
+  return hf_models.labelled_pairs(tmp_path_factory.mktemp("pairs"), 96, 24, (2, 6))
 
 
 @pytest.fixture(scope="module", params=["bert", "roberta", "distilbert", "modernbert"])
