@@ -220,6 +220,14 @@ def train_step(tiny: bool, variant=None) -> dict:
   cfg = _paper_cfg(tiny, dtype="bfloat16", attention_impl=_best_attention())
   device = jax.devices()[0].device_kind
   on_gpu = jax.default_backend() == "gpu"
+  sizes = ((8, 32), (16, 16)) if tiny else ((64, 512), (256, 128))
+  # The JAX step timed before torch is imported too: on an H200 it ran at a fifth of
+  # torch.compile's speed beside torch, while a model 4x larger alone (part big) ran at 168
+  # TFLOP/s. Both rows tell whether sharing the process with torch is what costs.
+  alone = {}
+  for batch, seq in sizes:
+    alone[batch, seq] = interleaved({"jax": jax_side(cfg, batch, seq, steps_masked=1)[1]},
+                                    reps=3 if tiny else 10, warmup=2)["jax"]
   peak = matmul_peak("bfloat16", sizes=(256,) if tiny else (8192,), reps=3)
   measured = max(r["flops_per_s"] for r in peak if r["impl"] == "jax")
   nominal = device_peak(device)
@@ -227,7 +235,7 @@ def train_step(tiny: bool, variant=None) -> dict:
   notes = [f"{device}; attention {cfg.attention_impl}; bfloat16 matmul measured "
            + ", ".join(f"{r['impl']} {r['flops_per_s'] / 1e12:.1f} TFLOP/s" for r in peak)
            + (f"; datasheet dense bf16 peak {nominal / 1e12:.0f} TFLOP/s" if nominal else "")]
-  for batch, seq in ((8, 32), (16, 16)) if tiny else ((64, 512), (256, 128)):
+  for batch, seq in sizes:
     _, jax_train, params, host_batches = jax_side(cfg, batch, seq)
     runners = {"jax": jax_train}
     # Tiny runs compare with PyTorch eager: inductor alone takes minutes to compile a step on
@@ -241,6 +249,7 @@ def train_step(tiny: bool, variant=None) -> dict:
       except Exception as e:  # noqa: BLE001 - torch.compile's failures are many and varied
         notes.append(f"{other} at {batch}x{seq} failed: {type(e).__name__}: {str(e)[:200]}")
     seconds = interleaved(runners, reps=3 if tiny else 10, warmup=2)
+    seconds["jax, before torch was imported"] = alone[batch, seq]
     flops = flops_per_token(cfg, seq, train=True, predicted=predictions(seq) / seq) * batch * seq
     rows += [_speed_row(batch, seq, impl, seconds, flops, measured, nominal, other)
              for impl in seconds]

@@ -41,7 +41,8 @@ def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   parity = parts[("parity", None)]["rows"]
   assert parity[-1]["stage"] == "output" and all(r["passes"] for r in parity)
   steps = parts[("train_step", None)]["rows"]
-  assert {r["impl"] for r in steps} == {"jax", "torch"}  # torch.compile where there is a GPU
+  # torch.compile where there is a GPU; the JAX step is timed before torch is imported too
+  assert {r["impl"] for r in steps} == {"jax", "torch", "jax, before torch was imported"}
   assert all(r["tokens/s"] > 0 for r in steps)
   bert = parts[("bert", None)]
   flax, transformers = bert["rows"]
