@@ -1,6 +1,6 @@
-"""Multi-head attention (paper section 3.2.2): the projections, rotary positions, and the
-attention implementation `config.attention_impl` names, run as its entry in `kernels.KERNELS`
-says it can."""
+"""Multi-head attention (paper section 3.2.2): the projections, rotary positions, a bias on
+the scores (relative positions), and the attention implementation `config.attention_impl`
+names, run as its entry in `kernels.KERNELS` says it can."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, query: jax.Array, key: jax.Array | None = None,
                value: jax.Array | None = None, mask: jax.Array | None = None, *,
                deterministic: bool = True, positions: jax.Array | None = None,
-               is_global: bool | jax.Array = True) -> jax.Array:
+               is_global: bool | jax.Array = True, bias: jax.Array | None = None) -> jax.Array:
     """Attends from `query` to `key`/`value` (self-attention when they are omitted).
 
     Args:
@@ -52,6 +52,8 @@ class MultiHeadAttention(nn.Module):
         default 0 … seq - 1).
       is_global: False: a layer of config.local_attention's window (a Python bool, or a traced
         one under nn.scan), with config.local_rope_theta.
+      bias: float [batch or 1, heads, q, k], added to the scores before the softmax (the
+        Encoder's `RelativePositionBias`); only with a kernel of `takes_bias`.
 
     Returns:
       [batch, q, d_model].
@@ -59,6 +61,10 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     kernel = KERNELS[cfg.attention_impl]
     kernel.warn_if_deprecated()
+    if bias is not None and not kernel.takes_bias:
+      takes = " or ".join(repr(k.name) for k in KERNELS.values() if k.takes_bias)
+      raise ValueError(f"attention_impl={kernel.name!r} takes no bias on the scores: use "
+                       f"attention_impl={takes}")
     key = query if key is None else key
     value = key if value is None else value
     batch, q_len, _ = query.shape
@@ -70,11 +76,11 @@ class MultiHeadAttention(nn.Module):
       q, k = self._rotary(q, k, positions, is_global)
     if kernel.takes_segment_ids:
       context = self._by_segment_ids(kernel, q, k, v, mask, is_global)
-    elif _is_ids(mask) and kernel.windowed_locals:
+    elif _is_ids(mask) and kernel.windowed_locals and bias is None:  # windows take no bias
       context = self._by_ids(kernel, q, k, v, mask, is_global)
     else:
       mask = ids_mask(mask) if _is_ids(mask) else mask
-      context = self._by_mask(kernel, q, k, v, mask, deterministic, is_global)
+      context = self._by_mask(kernel, q, k, v, mask, deterministic, is_global, bias)
     # [batch, q, heads, head_dim] -> [batch, q, d_model]
     context = context.reshape(batch, q_len, cfg.d_model)
     return dense(cfg, cfg.d_model, ("joined_kv", "embed"), "w_o")(context)
@@ -102,8 +108,9 @@ class MultiHeadAttention(nn.Module):
       local = lambda: kernel.function(q, k, v, ids_mask(ids) & local_window(seq, seq, width))
     return self._per_layer(is_global, whole, local)
 
-  def _by_mask(self, kernel: Kernel, q, k, v, mask, deterministic, is_global):
+  def _by_mask(self, kernel: Kernel, q, k, v, mask, deterministic, is_global, bias):
     cfg = self.config
+    scores = {"bias": bias} if bias is not None else {}
     window = self._per_layer(
         is_global, lambda: None,
         lambda: local_window(q.shape[1], k.shape[1], cfg.local_attention),
@@ -111,10 +118,11 @@ class MultiHeadAttention(nn.Module):
     if window is not None:
       mask = window if mask is None else mask & window
     if not kernel.has_dropout:
-      return kernel.function(q, k, v, mask)
+      return kernel.function(q, k, v, mask, **scores)
     rate = 0.0 if deterministic else cfg.attention_dropout
     rng = self.make_rng("dropout") if rate > 0 else None
-    context, weights = kernel.function(q, k, v, mask, dropout_rate=rate, dropout_rng=rng)
+    context, weights = kernel.function(q, k, v, mask, dropout_rate=rate, dropout_rng=rng,
+                                       **scores)
     self.sow("intermediates", "attention_weights", weights)
     return context
 

@@ -85,6 +85,10 @@ class EncoderConfig:
   position_embedding: str = _field("sinusoidal", "architecture")
   position_offset: int = _field(0, "architecture")
   type_vocab_size: int = _field(0, "architecture")  # > 0: token-type (segment A/B) embeddings
+  # MPNet's: > 0, a learned score per head for each of this many buckets of relative position
+  # (T5's, both directions, log-spaced to a distance of 128), computed once from the positions
+  # and added to every layer's attention scores. Only kernels that take a bias run it.
+  relative_attention_buckets: int = _field(0, "architecture")
   embedding_scale: bool = _field(True, "architecture")  # embeddings * sqrt(d_model) (paper)
   embedding_norm: bool = _field(False, "architecture")  # LayerNorm on the embeddings' sum (BERT)
   # ALBERT's switches. embedding_size > 0: the tables are that wide, and a dense layer
@@ -131,10 +135,16 @@ class EncoderConfig:
     if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, (int, np.integer)) or not (
         0 <= self.pad_id < self.vocab_size):
       raise ConfigError("pad_id", self.pad_id, f"an id in [0, vocab_size={self.vocab_size})")
-    for name in ("position_offset", "type_vocab_size", "local_attention", "embedding_size"):
+    for name in ("position_offset", "type_vocab_size", "local_attention", "embedding_size",
+                 "relative_attention_buckets"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ConfigError(name, value, "an integer >= 0")
+    buckets = self.relative_attention_buckets
+    if buckets and (buckets % 2 or not 4 <= buckets <= 510):
+      raise ConfigError("relative_attention_buckets", buckets,
+                        "0 or an even number from 4 to 510 (T5's buckets: a quarter of them one "
+                        "distance each, below the distance 128 where the rest end)")
     if self.embedding_width % 2 and self.position_embedding == "sinusoidal":
       width = "embedding_size" if self.embedding_size else "d_model"
       raise ConfigError(width, getattr(self, width),
@@ -203,6 +213,11 @@ class EncoderConfig:
       raise ConfigError("attention_impl", kernel.name,
                         f"{kernel.alternatives(lambda other: other.takes_window)} with "
                         f"local_attention: {kernel.title} takes no window")
+    if self.relative_attention_buckets and not kernel.takes_bias:
+      raise ConfigError("attention_impl", kernel.name,
+                        f"{kernel.alternatives(lambda other: other.takes_bias)} with "
+                        f"relative_attention_buckets={self.relative_attention_buckets}: "
+                        f"{kernel.title} takes no bias on the attention scores")
     if not kernel.has_dropout and self.attention_dropout > 0:
       with_dropout = " or ".join(repr(k.name) for k in KERNELS.values() if k.has_dropout)
       raise ConfigError(
@@ -312,6 +327,15 @@ class EncoderConfig:
     whose 12 layers are one layer's parameters applied 12 times; GELU's tanh form, no
     dropout."""
     fields = dict(embedding_size=128, shared_layers=True, activation="gelu_tanh", dropout=0.0)
+    return cls.bert(vocab_size, **{**fields, **overrides})
+
+  @classmethod
+  def mpnet(cls, vocab_size: int, **overrides) -> EncoderConfig:
+    """MPNet-base (all-mpnet-base-v2's architecture): BERT-base without token types, whose
+    positions start after padding id 1 (pad_id 1, position_offset 2, as RoBERTa's), with a
+    relative position bias of 32 buckets shared by its layers, LayerNorm eps 1e-5."""
+    fields = dict(pad_id=1, position_offset=2, type_vocab_size=0, relative_attention_buckets=32,
+                  layer_norm_eps=1e-5)
     return cls.bert(vocab_size, **{**fields, **overrides})
 
   @classmethod

@@ -1,5 +1,6 @@
 """The encoder stack: embedding (* sqrt(d_model)) + positions (+ token types), (LayerNorm),
-dropout, (a projection to d_model), N layers (or one layer N times), (final LayerNorm)."""
+dropout, (a projection to d_model), (a bias on the scores by relative position), N layers (or
+one layer N times), (final LayerNorm)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 from flax_encoder.config import EncoderConfig
 from flax_encoder.dense import dense
 from flax_encoder.dropout import Dropout
-from flax_encoder.embedding import PositionalEncoding
+from flax_encoder.embedding import PositionalEncoding, RelativePositionBias
 from flax_encoder.inputs import (check_packing, check_token_shape, check_token_types,
                                  check_token_values)
 from flax_encoder.kernels import KERNELS
@@ -43,15 +44,16 @@ def _layer_class(cfg: EncoderConfig):
                   static_argnums=tuple(_PARAMETERS.index(name) for name in static))
 
 
-def _scan_body(layer: nn.Module, x, is_global, mask, deterministic, positions):
-  return layer(x, mask, deterministic, positions, is_global), None
+def _scan_body(layer: nn.Module, x, is_global, mask, deterministic, positions, bias):
+  return layer(x, mask, deterministic, positions, is_global, bias), None
 
 
 class Encoder(nn.Module):
   """The Transformer encoder of "Attention Is All You Need", as the PyTorch tutorial port has it,
   or, by EncoderConfig's switches, as BERT, RoBERTa and DistilBERT have it (learned positions,
   token types, a LayerNorm on the embeddings, no final LayerNorm), ALBERT (narrower embeddings
-  projected to d_model, one layer's parameters at every depth) or ModernBERT.
+  projected to d_model, one layer's parameters at every depth), MPNet (a bias on every layer's
+  scores by relative position) or ModernBERT.
 
   Attributes:
     config: sizes and options.
@@ -84,7 +86,9 @@ class Encoder(nn.Module):
       positions: int [batch, seq], each token's position in its sequence, in [0, max_len);
         defaults to 0 … seq - 1 (with a position_offset, the count of real tokens before it,
         as transformers' RoBERTa has it). For packed rows,
-        `packing.segment_positions(segment_ids)`.
+        `packing.segment_positions(segment_ids)`. The relative position bias
+        (relative_attention_buckets) is of their differences, by default of the tokens'
+        indices (as transformers' MPNet has it, padding or not).
       token_types: int [batch, seq] in [0, type_vocab_size) (BERT's segment A = 0, B = 1);
         defaults to zeros. Only for a config with type_vocab_size > 0.
       deterministic: no dropout when True; otherwise dropout draws from the 'dropout' rng.
@@ -145,6 +149,7 @@ class Encoder(nn.Module):
     if cfg.embedding_size:  # [batch, seq, embedding_size] -> [batch, seq, d_model]
       x = dense(cfg, cfg.d_model, ("embed_factor", "embed"), "embedding_projection")(x)
     x = nn.with_logical_constraint(x, ACTIVATION_AXES)
+    bias = _relative_bias(cfg, positions, seq)
 
     layer = _layer_class(cfg)
     if cfg.shared_layers:
@@ -152,18 +157,18 @@ class Encoder(nn.Module):
       # own ("layers_{i}", without parameters), whose output reads as that depth's.
       shared = layer(cfg, name="shared_layer")
       for i, is_global in enumerate(cfg.global_layers):
-        x = Depth(shared, name=f"layers_{i}")(x, mask, deterministic, rotary, is_global)
+        x = Depth(shared, name=f"layers_{i}")(x, mask, deterministic, rotary, is_global, bias)
     elif cfg.scan_layers:
       scan = nn.scan(_scan_body, variable_axes={"params": 0, "intermediates": 0},
                      split_rngs={"params": True, "dropout": True},
-                     in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                     in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                      length=cfg.n_layers, metadata_params={nn.PARTITION_NAME: "layers"})
       x, _ = scan(layer(cfg, name="layers"), x, jnp.asarray(cfg.global_layers), mask,
-                  deterministic, rotary)
+                  deterministic, rotary, bias)
     else:
       for i, is_global in enumerate(cfg.global_layers):
         x = layer(cfg, first=i == 0, name=f"layers_{i}")(x, mask, deterministic, rotary,
-                                                           is_global)
+                                                           is_global, bias)
 
     if cfg.final_norm:
       x = layer_norm(cfg, "norm")(x)
@@ -187,6 +192,17 @@ def _table(cfg: EncoderConfig, rows: int, name: str) -> nn.Embed:
   return nn.Embed(rows, cfg.embedding_width, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                   embedding_init=nn.with_logical_partitioning(
                       nn.initializers.normal(stddev=0.02), (None, "embed")), name=name)
+
+
+def _relative_bias(cfg: EncoderConfig, positions: jax.Array | None, seq: int):
+  """[batch or 1, heads, seq, seq]: the bias every layer adds to its scores, from the
+  positions' differences (MPNet's "relative_attention_bias"); None without one."""
+  if not cfg.relative_attention_buckets:
+    return None
+  if positions is None:
+    positions = jnp.arange(seq)[None]
+  return RelativePositionBias(cfg.relative_attention_buckets, cfg.n_heads, cfg.dtype,
+                              cfg.param_dtype, name="relative_attention_bias")(positions)
 
 
 def _position_rows(cfg: EncoderConfig, tokens: jax.Array, positions: jax.Array | None):

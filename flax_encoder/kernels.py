@@ -42,7 +42,8 @@ class Kernel:
     function: computes it, on q, k, v [batch, seq, heads, head_dim]. With `takes_segment_ids`:
       (q, k, v, segment_ids, *, window=0, interpret=False) -> out; with `has_dropout` (the
       reference, whose weights MultiHeadAttention sows): (q, k, v, mask, *, dropout_rate,
-      dropout_rng) -> (out, weights); otherwise (q, k, v, mask) -> out.
+      dropout_rng) -> (out, weights); otherwise (q, k, v, mask) -> out. With `takes_bias`,
+      also a keyword `bias`.
     backend: the one `jax.default_backend()` it runs on; None: any.
     pallas: a Pallas kernel, which also runs on any backend within `interpret_kernels()`.
     takes_segment_ids: attends by segment ids (int [batch, seq], 0 = padding) in place of a
@@ -51,6 +52,8 @@ class Kernel:
       `windowed.windowed_attention` (no [seq, seq] array), its global ones by the mask of them.
     takes_window: runs the local layers of config.local_attention; False: refused with them.
     has_dropout: dropout on the attention weights (config.attention_dropout).
+    takes_bias: adds a float `bias` [batch or 1, heads, q, k] to the scores before the softmax
+      (config.relative_attention_buckets: MPNet's relative positions); False: refused with it.
     dtypes: the compute dtypes it takes; None: any.
     block: its tiles: sequence lengths must be a multiple of this; None: any length.
     short_powers_of_two: also lengths that are a power of two below `block`.
@@ -67,6 +70,7 @@ class Kernel:
   windowed_locals: bool = False
   takes_window: bool = True
   has_dropout: bool = False
+  takes_bias: bool = False
   dtypes: tuple[str, ...] | None = None
   block: int | None = None
   short_powers_of_two: bool = False
@@ -141,9 +145,10 @@ def interpret_kernels():
 
 
 def fused_attention(query: jax.Array, key: jax.Array, value: jax.Array,
-                    mask: jax.Array | None, implementation: str) -> jax.Array:
-  """softmax(q k^T / sqrt(d) masked) v through `jax.nn.dot_product_attention`: "xla", or
-  "cudnn" (cuDNN's fused flash attention, NVIDIA GPUs, bfloat16/float16). Shapes as in
+                    mask: jax.Array | None, implementation: str,
+                    bias: jax.Array | None = None) -> jax.Array:
+  """softmax(q k^T / sqrt(d) + bias masked) v through `jax.nn.dot_product_attention`: "xla",
+  or "cudnn" (cuDNN's fused flash attention, NVIDIA GPUs, bfloat16/float16). Shapes as in
   `scaled_dot_product_attention`; returns the output only (no weights, no dropout)."""
   if implementation in KERNELS:
     KERNELS[implementation].check_backend()
@@ -152,16 +157,18 @@ def fused_attention(query: jax.Array, key: jax.Array, value: jax.Array,
     mask = jnp.broadcast_to(mask, (batch, heads, q_len, key.shape[1]))
   # JAX's own name for its XLA path, whose softmax is float32 whatever the inputs.
   if implementation == "xla" and query.dtype == jnp.float64:
-    return _xla_in_float64(query, key, value, mask)
-  return jax.nn.dot_product_attention(query, key, value, mask=mask,
+    return _xla_in_float64(query, key, value, mask, bias)
+  return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask,
                                       implementation=implementation)
 
 
-def _xla_in_float64(query, key, value, mask):
+def _xla_in_float64(query, key, value, mask, bias):
   """What `jax.nn.dot_product_attention(implementation="xla")` computes, in float64 throughout:
   it takes the softmax in float32 whatever its inputs are, which makes a float64 model ~1e-7
   off its own float64 reference. Masked scores get the same large negative number."""
   logits = jnp.einsum("bqhd,bkhd->bhqk", query, key) / np.sqrt(query.shape[-1])
+  if bias is not None:
+    logits = logits + bias
   if mask is not None:
     logits = jnp.where(mask, logits, -0.7 * jnp.finfo(logits.dtype).max)
   return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1), value)
@@ -230,11 +237,13 @@ _PALLAS_BLOCK = 128
 
 KERNELS: dict[str, Kernel] = {kernel.name: kernel for kernel in (
     Kernel("reference", "the reference einsum attention", scaled_dot_product_attention,
-           has_dropout=True),
+           has_dropout=True, takes_bias=True),
     Kernel("xla", "XLA's attention", functools.partial(fused_attention, implementation="xla"),
-           windowed_locals=True),
+           windowed_locals=True, takes_bias=True),
     # cuDNN's own sliding window is one-sided (or causal) only: its local layers go by
-    # windowed_attention, or by a mask.
+    # windowed_attention, or by a mask. It takes no bias here: jax.nn.dot_product_attention
+    # passes one to cuDNN, but a bias broadcast over the batch and its gradient are untested
+    # on a GPU, so a model with one (MPNet's) runs by "xla".
     Kernel("cudnn", "cuDNN flash attention",
            functools.partial(fused_attention, implementation="cudnn"), backend="gpu",
            windowed_locals=True, dtypes=("bfloat16", "float16"), fallback="xla"),

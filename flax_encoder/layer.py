@@ -33,12 +33,14 @@ class EncoderLayer(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, mask: jax.Array | None = None,
                deterministic: bool = True, positions: jax.Array | None = None,
-               is_global: bool | jax.Array = True) -> jax.Array:
-    """[batch, seq, d_model] -> [batch, seq, d_model]; `mask`, `positions` (rotary) and
-    `is_global` (False: the local window) as in MultiHeadAttention."""
+               is_global: bool | jax.Array = True, bias: jax.Array | None = None) -> jax.Array:
+    """[batch, seq, d_model] -> [batch, seq, d_model]; `mask`, `positions` (rotary),
+    `is_global` (False: the local window) and `bias` (on the scores) as in
+    MultiHeadAttention."""
     cfg = self.config
     attend = lambda h: MultiHeadAttention(cfg, name="self_attn")(
-        h, mask=mask, deterministic=deterministic, positions=positions, is_global=is_global)
+        h, mask=mask, deterministic=deterministic, positions=positions, is_global=is_global,
+        bias=bias)
     feed_forward = lambda h: PositionwiseFeedForward(cfg, name="feed_forward")(
         h, deterministic=deterministic)
     dropout = lambda h: Dropout(cfg.dropout)(h, deterministic=deterministic)

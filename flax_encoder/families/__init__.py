@@ -1,7 +1,7 @@
 """Hugging Face model families: one module each, and the registry of them.
 
     from flax_encoder import families
-    config, variables = families.load_hf("bert-dir")  # bert, roberta, distilbert, modernbert …
+    config, variables = families.load_hf("bert-dir")  # bert, roberta, distilbert, mpnet …
     family, config, variables = families.read_hf("bert-dir")  # and the family's name
     families.get(family).classifier   # what its *ForSequenceClassification pools by, and how
 
@@ -11,6 +11,7 @@
   distilbert  distilbert                       distilbert.py
   modernbert  modernbert                       modernbert.py
   albert      albert                           albert.py
+  mpnet       mpnet                            mpnet.py
 
 Each module holds one `Family` (family.py): its preset, config.json both ways, its tensor
 names both ways, its heads, its fine-tuning defaults and its parity stages. The generic
@@ -25,19 +26,19 @@ import os
 from collections.abc import Mapping
 
 from flax_encoder.config import EncoderConfig
-from flax_encoder.families import albert, bert, distilbert, modernbert, roberta
+from flax_encoder.families import albert, bert, distilbert, modernbert, mpnet, roberta
 from flax_encoder.families.family import Family, HFError, SequenceClassifier
 
 # name -> family, in the order errors list them
 FAMILIES: dict[str, Family] = {f.name: f for f in (bert.FAMILY, roberta.FAMILY,
                                                      distilbert.FAMILY, modernbert.FAMILY,
-                                                     albert.FAMILY)}
+                                                     albert.FAMILY, mpnet.FAMILY)}
 # model_type (config.json's) -> family
 MODEL_TYPES: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 
 def get(name: str) -> Family:
-  """The family `name` ('bert', 'roberta', 'distilbert', 'modernbert', 'albert')."""
+  """The family `name` ('bert', 'roberta', 'distilbert', 'modernbert', 'albert', 'mpnet')."""
   family = FAMILIES.get(name)
   if family is None:
     raise HFError(f"family {name!r}: expected one of {tuple(FAMILIES)}")
@@ -56,13 +57,15 @@ def of_directory(path: str | os.PathLike) -> Family:
 
 def of_architecture(config: EncoderConfig) -> Family:
   """The family a model trained from scratch exports as, which it has no record of: rotary
-  positions are ModernBERT's; shared layers ALBERT's; learned positions RoBERTa's with a
-  position offset, else BERT's with token types, else DistilBERT's. `hf_config` then says what
-  else differs."""
+  positions are ModernBERT's; shared layers ALBERT's; a relative position bias MPNet's;
+  learned positions RoBERTa's with a position offset, else BERT's with token types, else
+  DistilBERT's. `hf_config` then says what else differs."""
   if config.position_embedding == "rotary":
     return modernbert.FAMILY
   if config.shared_layers:
     return albert.FAMILY
+  if config.relative_attention_buckets:
+    return mpnet.FAMILY
   if config.position_offset:
     return roberta.FAMILY
   return bert.FAMILY if config.type_vocab_size else distilbert.FAMILY

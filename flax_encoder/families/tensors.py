@@ -45,7 +45,8 @@ def to_numpy(name: str, value: Any) -> np.ndarray:
 def _kind(path: tuple) -> str:
   """How a module's weights map: 'table' (weight), 'norm' (weight, bias -> scale, bias),
   'dense' (weight [out, in] -> kernel [in, out], bias) or 'vector' (a bare parameter)."""
-  if path[-1] in ("embedding", "position_embedding", "token_type_embedding"):
+  if path[-1] in ("embedding", "position_embedding", "token_type_embedding",
+                  "relative_attention_bias"):
     return "table"
   if path[-1].startswith("norm") or path[-1] == "embedding_norm":
     return "norm"
@@ -57,6 +58,8 @@ def _expected_shape(config: EncoderConfig, path: tuple, what: str) -> tuple[int,
   in the state dict (torch.nn.Linear's weight [out, in]), for its "weight" or "bias"."""
   d, e, kind, name = config.d_model, config.embedding_width, _kind(path), path[-1]
   if kind == "table":
+    if name == "relative_attention_bias":  # a score per bucket and head (MPNet's)
+      return (config.relative_attention_buckets, config.n_heads)
     rows = {"embedding": config.vocab_size, "token_type_embedding": config.type_vocab_size,
             "position_embedding": config.max_len + config.position_offset}[name]
     return (rows, e)
