@@ -41,6 +41,9 @@ def get_config() -> ml_collections.ConfigDict:
   # layer's parameters shared by every layer.
   model.embedding_size = 0
   model.shared_layers = False
+  # MPNet's switch: a learned bias on every layer's attention scores by relative position, in
+  # this many buckets (T5's; MPNet's 32; 0: none). attention_impl "reference" and "xla" take it.
+  model.relative_attention_buckets = 0
   # ModernBERT's switches (flax_encoder.EncoderConfig): "rotary" positions of two bases, local
   # attention of a window in all but every n-th layer, GeGLU, no biases, no attention norm in
   # layer 0 (with norm_position "pre").
@@ -144,6 +147,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Steps between evaluations on the held-out split, and between checkpoints; both also at
   # the last step. Unset: once per epoch with epochs, else every 200 steps.
   config.train.eval_every = 200
+  config.train.eval_at_start = False  # also evaluate the starting parameters, at step 0
   config.train.checkpoint_every = 400
   config.train.keep_checkpoints = 3  # newest checkpoints kept
   # Microbatches per step: each update averages the gradients of k microbatches of

@@ -261,6 +261,19 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     stop = StopRequest()
     stack.callback(stop.restore)
     exit_code = 0
+
+    def evaluate_at(step):
+      # Its own bar: an evaluation of many batches takes a while (compiling, the first time).
+      shown = tqdm(eval_data, desc=f"eval at step {step}", unit="batch", leave=False,
+                   dynamic_ncols=True, disable=not primary)
+      eval_metrics = task.eval_metrics(evaluate(eval_step, state.params, shown))
+      if not np.isfinite(eval_metrics["loss"]):
+        raise _non_finite("eval", step, eval_metrics["loss"], checkpointer, early=False)
+      if writer:
+        writer.write(step, "eval", eval_metrics)
+
+    if resume is None and train_config.eval_at_start:  # the figures training starts from
+      evaluate_at(step)
     while step < num_steps:
       profiler.before(step + 1)
       waiting = time.perf_counter()
@@ -278,14 +291,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
         if bad is not None:
           raise _non_finite("training", *bad, checkpointer, early=bad[0] <= _EARLY_STEPS)
       if step % length.eval_every == 0 or is_last:
-        # Its own bar: an evaluation of many batches takes a while (compiling, the first time).
-        shown = tqdm(eval_data, desc=f"eval at step {step}", unit="batch", leave=False,
-                     dynamic_ncols=True, disable=not primary)
-        eval_metrics = task.eval_metrics(evaluate(eval_step, state.params, shown))
-        if not np.isfinite(eval_metrics["loss"]):
-          raise _non_finite("eval", step, eval_metrics["loss"], checkpointer, early=False)
-        if writer:
-          writer.write(step, "eval", eval_metrics)
+        evaluate_at(step)
       if save_now:
         checkpointer.save(step, state, train_iter, record)
       if stopping:

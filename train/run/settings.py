@@ -23,8 +23,8 @@ from flax_encoder import ConfigError, EncoderConfig
 from train.data.tokens import PAD_ID
 from train.errors import RunError
 from train.run import optim
-from train.task import (CHANGES_RUN, FIXES_STATE, FREE, Definition, Field, choice, integer, number,
-                        optional, string)
+from train.task import (CHANGES_RUN, FIXES_STATE, FREE, Definition, Field, boolean, choice,
+                        integer, number, optional, string)
 
 
 def encoder_config(model: ml_collections.ConfigDict, vocab_size: int, source: str,
@@ -98,6 +98,7 @@ COMMON: dict[str, Field] = {
     "train.seed": Field(integer(0)),
     "train.log_every": Field(integer(1), FREE),
     "train.eval_every": Field(optional(integer(1)), FREE),
+    "train.eval_at_start": Field(boolean, FREE),
     "train.checkpoint_every": Field(optional(integer(1)), FREE),
     "train.keep_checkpoints": Field(integer(1), FREE),
     "train.grad_accum_steps": Field(integer(1), FREE),
@@ -258,7 +259,8 @@ def _as_run(config: dict) -> dict:
 
 # Fields added after runs were recorded, with the value that gives those runs' behaviour: a
 # recorded config without one resumes as if it held it.
-ADDED = {"task.packed": False, "init.fresh_head": False}
+ADDED = {"task.packed": False, "init.fresh_head": False,
+         "train.eval_at_start": False}
 
 
 def changes(recorded_json: str, config: ml_collections.ConfigDict) -> list[Change]:

@@ -4,6 +4,7 @@
   classify   fine-tuning: a label for each text or pair of texts (train.tasks.classify)
   regress    fine-tuning: a number for each text or pair of texts (train.tasks.regress)
   tag        fine-tuning: a tag for each word of a text (train.tasks.tag)
+  contrastive fine-tuning: sentence embeddings from pairs of texts (train.tasks.contrastive)
 
 Each task's module defines its `DEFINITION` (`train.task.Definition`); a new task adds its
 module here, and the program learns of it from that alone.
@@ -14,10 +15,11 @@ from __future__ import annotations
 from train.errors import RunError
 from train.run import settings
 from train.task import Definition
-from train.tasks import classify, masked_lm, regress, tag
+from train.tasks import classify, contrastive, masked_lm, regress, tag
 
 DEFINITIONS: dict[str, Definition] = {
-    module.DEFINITION.name: module.DEFINITION for module in (masked_lm, classify, regress, tag)}
+    module.DEFINITION.name: module.DEFINITION
+    for module in (masked_lm, classify, regress, tag, contrastive)}
 
 
 def definition(name) -> Definition:

@@ -1,0 +1,312 @@
+"""Contrastive fine-tuning (train.tasks.contrastive): the ranking loss and its options against
+numpy's formulas, GradCache's gradient against the plain one, the ranking metrics, the
+held-out embeddings put together over batches, a run from a Hugging Face directory that
+ranks the held-out pairs better than where it started, and one line for each bad input."""
+
+import json
+import os
+import re
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import embed as embed_config
+from flax_encoder import EncoderConfig
+from tests import runs
+from train.data import pipeline
+from train.errors import RunError
+from train.loop import evaluate
+from train.task import Resume
+from train.tasks import contrastive
+from train.tasks.contrastive import ContrastiveTask, RankingLoss, SentenceEmbedder
+
+
+def _unit(x):
+  return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _ce_sum(scores):
+  """numpy: the cross-entropy of row i of `scores` against column i, summed over rows."""
+  peak = scores.max(1, keepdims=True)
+  log_z = peak[:, 0] + np.log(np.exp(scores - peak).sum(1))
+  return float(np.sum(log_z - np.diagonal(scores)))
+
+
+A = np.array([[1.0, 0.0, 0.5, 0.0], [0.2, 1.0, 0.0, 0.3]], np.float32)
+P = np.array([[0.9, 0.1, 0.4, 0.2], [0.0, 0.8, 0.3, 0.1]], np.float32)
+N = np.array([[0.8, 0.3, 0.6, 0.0], [0.1, 0.9, 0.2, 0.5]], np.float32)
+
+
+def test_the_loss_is_the_cross_entropy_of_scaled_cosines_with_hard_negatives_as_columns():
+  s_ap = 20 * _unit(A) @ _unit(P).T
+  s_an = 20 * _unit(A) @ _unit(N).T
+  plain, hard = RankingLoss()(A, P), RankingLoss()(A, P, N)
+  assert float(plain) == pytest.approx(_ce_sum(s_ap), rel=1e-5)
+  assert float(hard) == pytest.approx(_ce_sum(np.concatenate([s_ap, s_an], 1)), rel=1e-5)
+  assert float(hard) > float(plain) + 1  # the negatives are close to the anchors: harder
+  # A line without a negative adds no column: only anchor 0's negative counts.
+  masked = RankingLoss()(A, P, N, np.array([1, 0], np.uint8))
+  assert float(masked) == pytest.approx(_ce_sum(np.concatenate([s_ap, s_an[:, :1]], 1)),
+                                        rel=1e-5)
+  # The scale is the inverse temperature.
+  assert float(RankingLoss(scale=5.0)(A, P)) == pytest.approx(_ce_sum(s_ap / 4), rel=1e-5)
+
+
+def test_symmetric_averages_with_the_positives_ranked_among_the_anchors():
+  s_ap = 20 * _unit(A) @ _unit(P).T
+  s_an = 20 * _unit(A) @ _unit(N).T
+  forward = _ce_sum(np.concatenate([s_ap, s_an], 1))
+  backward = _ce_sum(s_ap.T)  # the negatives are no candidates for a positive
+  assert float(RankingLoss(symmetric=True)(A, P, N)) == pytest.approx(
+      (forward + backward) / 2, rel=1e-5)
+
+
+def test_matryoshka_sums_the_loss_of_each_renormalised_prefix():
+  loss = RankingLoss(dims=(4, 2))(A, P)
+  prefix = lambda d: 20 * _unit(A[:, :d]) @ _unit(P[:, :d]).T
+  assert float(loss) == pytest.approx(_ce_sum(prefix(4)) + _ce_sum(prefix(2)), rel=1e-5)
+  assert float(RankingLoss(dims=(2,))(A, P)) == pytest.approx(_ce_sum(prefix(2)), rel=1e-5)
+
+
+def test_ranking_metrics_of_a_hand_made_similarity_matrix():
+  similarity = np.eye(12)
+  similarity[1, [5, 7]] = 2  # two above the relevant one: rank 3
+  similarity[2] = 5
+  similarity[2, 2] = 1  # every other above: rank 12, outside the top 10
+  similarity[3, 4] = 1  # a tie ranks above: rank 2
+  ranks = np.array([1, 3, 12, 2] + [1] * 8)
+  metrics = contrastive.ranking_metrics(similarity)
+  in_top = ranks <= 10
+  assert metrics["mrr_at_10"] == pytest.approx((1 + 1 / 3 + 0 + 1 / 2 + 8) / 12)
+  assert metrics["ndcg_at_10"] == pytest.approx((1 + 1 / 2 + 0 + 1 / np.log2(3) + 8) / 12)
+  assert metrics["recall_at_1"] == pytest.approx(9 / 12)
+  assert metrics["recall_at_10"] == pytest.approx(in_top.mean()) == pytest.approx(11 / 12)
+  # A model that scores everything alike ranks every relevant one last.
+  flat = contrastive.ranking_metrics(np.zeros((12, 12)))
+  assert flat["recall_at_10"] == 0 and flat["mrr_at_10"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The task on a tiny encoder.
+
+TINY = EncoderConfig(vocab_size=40, d_model=32, n_heads=4, d_ff=48, n_layers=2, max_len=16,
+                     dropout=0.0)
+
+
+def _task(**kwargs) -> ContrastiveTask:
+  return ContrastiveTask(SentenceEmbedder(TINY, kwargs.pop("pooling", "mean")),
+                         kwargs.pop("loss", RankingLoss()), **kwargs)
+
+
+def _params(task):
+  return nn.unbox(task.init(jax.random.PRNGKey(0), 12))
+
+
+def _tokens(rng, rows, seq=12):
+  """Random ids 1 … 39, each row padded (0) after a random length of 3 to seq."""
+  ids = rng.integers(1, 40, (rows, seq))
+  lengths = rng.integers(3, seq + 1, rows)
+  return np.where(np.arange(seq)[None] < lengths[:, None], ids, 0).astype(np.int32)
+
+
+@pytest.mark.parametrize("mini_batch", [2, 4])
+def test_gradcache_gives_the_plain_loss_and_gradient(mini_batch):
+  rng = np.random.default_rng(0)
+  batch = {"anchor": _tokens(rng, 8), "positive": _tokens(rng, 8), "negative": _tokens(rng, 8),
+           "has_negative": np.array([1, 1, 0, 1, 0, 1, 1, 1], np.uint8)}
+  loss = RankingLoss(symmetric=True, dims=(32, 8))
+  plain, cached = _task(loss=loss, eval_pairs=2), _task(loss=loss, eval_pairs=2,
+                                                        mini_batch=mini_batch)
+  params, key = _params(plain), jax.random.PRNGKey(1)
+  grad = lambda task: jax.jit(jax.value_and_grad(task.loss_sum))(params, batch, key)
+  (plain_loss, plain_grads), (cached_loss, cached_grads) = grad(plain), grad(cached)
+  assert float(cached_loss) == pytest.approx(float(plain_loss), rel=1e-6)
+  assert _norm(plain_grads) > 1e-2  # a gradient to compare
+  chex.assert_trees_all_close(cached_grads, plain_grads, atol=1e-5, rtol=1e-5)
+
+
+def _norm(tree) -> float:
+  return float(jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree.leaves(tree))))
+
+
+def test_the_held_out_embeddings_are_put_together_over_padded_batches():
+  rng = np.random.default_rng(1)
+  rows = {"anchor": _tokens(rng, 5), "positive": _tokens(rng, 5),
+          "index": np.arange(5, dtype=np.int32)}
+  task = _task(eval_pairs=5)
+  params = _params(task)
+  batches = pipeline.eval_batches(rows, 2, {"anchor": 0, "positive": 0, "index": -1})
+  assert len(batches) == 3 and batches[-1]["index"].tolist() == [4, -1]
+  sums = evaluate(jax.jit(task.eval_sums), params, batches)
+  assert sums["count"] == 5
+  for name in ("anchor", "positive"):
+    np.testing.assert_allclose(sums[name + "s"], task.embed(params, rows[name]), atol=1e-6)
+  metrics = task.eval_metrics(sums)
+  similarity = _unit(sums["anchors"]) @ _unit(sums["positives"]).T
+  assert metrics["mrr_at_10"] == pytest.approx(
+      contrastive.ranking_metrics(similarity)["mrr_at_10"])
+  assert metrics["loss"] == pytest.approx(_ce_sum(20 * similarity) / 5, rel=1e-6)
+  assert metrics["random_mrr_at_10"] == pytest.approx((1 + 1 / 2 + 1 / 3 + 1 / 4 + 1 / 5) / 5)
+
+
+def test_cls_pooling_takes_the_first_token_and_mean_pooling_leaves_padding_out():
+  rng = np.random.default_rng(2)
+  tokens = _tokens(rng, 3)
+  mean, cls = _task(eval_pairs=2), _task(eval_pairs=2, pooling="cls")
+  params = _params(mean)
+  alone = [mean.embed(params, tokens[i:i + 1, :int((tokens[i] > 0).sum())]) for i in range(3)]
+  np.testing.assert_allclose(mean.embed(params, tokens), np.concatenate(alone), atol=1e-5)
+  assert not np.allclose(cls.embed(params, tokens), mean.embed(params, tokens))
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs from a tiny Hugging Face BERT.
+
+# The wordpiece vocabulary of tests/hf_models holds these as whole words: a pair shares its
+# topic, among distractors (digits and symbols) drawn for each text.
+TOPICS = (list("abcdefghijklmnopqrstuvwxyz") +
+          "the ab br do ef fo ij ju la ov qu abcd brow dog efgh fox jump lazy over quic brown "
+          "jumps quick".split())
+DISTRACTORS = list("0123456789!%*+-/<=>?")
+
+
+def _text(rng, topic, words=6):
+  text = list(rng.choice(DISTRACTORS, words))
+  text.insert(int(rng.integers(0, words + 1)), topic)
+  return " ".join(text)
+
+
+def _write_pairs(path, topics, rng, negatives=False):
+  """Pairs of `topics`; with `negatives`, every other line adds a text of the next topic."""
+  with open(path, "w") as f:
+    for i, topic in enumerate(topics):
+      line = {"anchor": _text(rng, topic), "positive": _text(rng, topic)}
+      if negatives and i % 2:
+        line["negative"] = _text(rng, TOPICS[(TOPICS.index(topic) + 1) % len(TOPICS)])
+      f.write(json.dumps(line) + "\n")
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  from tests import hf_models
+  return hf_models.write(tmp_path_factory.mktemp("bert"), "bert")
+
+
+@pytest.fixture(scope="module")
+def topic_pairs(tmp_path_factory):
+  """(train.jsonl, eval.jsonl): 320 training pairs of random topics, every other one with a
+  hard negative, and 40 held out of distinct topics."""
+  directory, rng = tmp_path_factory.mktemp("pairs"), np.random.default_rng(0)
+  train = _write_pairs(directory / "train.jsonl", rng.choice(TOPICS, 320), rng, negatives=True)
+  eval_ = _write_pairs(directory / "eval.jsonl", rng.choice(TOPICS, 40, replace=False), rng)
+  return train, eval_
+
+
+RUN = {"train.seq_len": 16, "train.batch_size": 16, "train.num_steps": 80,
+       "train.eval_every": 40, "train.checkpoint_every": 80, "train.log_every": 10,
+       "optim.learning_rate": 5e-3, "optim.warmup_steps": 4}
+
+
+def _config(pairs, hf_dir, **fields):
+  config = embed_config.get_config()
+  config.data.train, config.data.eval = pairs
+  config.init.hf = hf_dir
+  for name, value in {**RUN, **fields}.items():
+    section, field = name.split(".")
+    config[section][field] = value
+  return config
+
+
+def _overrides(config_fields: dict) -> list[str]:
+  return [f"--config.{name}={value}" for name, value in config_fields.items()]
+
+
+def test_fine_tuning_ranks_the_held_out_pairs_better_than_the_start(topic_pairs, hf_dir,
+                                                                    tmp_path):
+  # GradCache, hard negatives and Matryoshka prefixes, as a run of the program.
+  workdir = str(tmp_path / "run")
+  result = runs.train(workdir, *_overrides({
+      "data.train": topic_pairs[0], "data.eval": topic_pairs[1], "init.hf": hf_dir, **RUN,
+      "task.cached": True, "task.mini_batch": 8, "task.matryoshka_dims": "32,16"}),
+      config=os.path.join(runs.ROOT, "configs", "embed.py"))
+  assert "320 training and 40 held-out" in result.stderr
+  assert "pairs (with hard negatives)" in result.stderr
+  records = runs.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  # The start's figures, evaluated at step 0 (configs/embed.py: train.eval_at_start).
+  start, *_, final = [r for r in records if r["split"] == "eval"]
+  assert start["step"] == 0
+  print(f"MRR@10 {start['mrr_at_10']:.3f} -> {final['mrr_at_10']:.3f}, recall@1 "
+        f"{start['recall_at_1']:.3f} -> {final['recall_at_1']:.3f}")
+  assert final["step"] == 80
+  assert final["mrr_at_10"] > start["mrr_at_10"] + 0.3
+  assert final["mrr_at_10_dim_16"] > start["mrr_at_10"]
+  assert final["loss"] < start["loss"]
+  assert final["random_mrr_at_10"] == pytest.approx(sum(1 / r for r in range(1, 11)) / 40)
+  assert result.stdout.strip().startswith("step 80: eval MRR@10")
+
+  # An exporter reads the encoder where classify's is, and the embedding's settings.
+  from train.run.load import load_params, recorded_encoder_config
+  init_for = lambda meta: lambda: SentenceEmbedder(recorded_encoder_config(meta)).init(
+      jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
+  params, meta = load_params(workdir, init_for)
+  assert set(params) == {"encoder"}
+  assert {k: meta[k] for k in ("pooling", "normalize", "matryoshka_dims", "similarity",
+                               "family")} == {
+      "pooling": "mean", "normalize": True, "matryoshka_dims": [32, 16],
+      "similarity": "cosine", "family": "bert"}
+
+
+BAD_LINES = [
+    ({"anchor": "a b", "text": "c d"}, "'positive': no such field, expected a non-empty string"),
+    ({"anchor": 7, "positive": "c d"}, "'anchor': got 7, expected a non-empty string"),
+    ({"anchor": "a", "positive": "b", "negative": ["c"]},
+     "'negative': got ['c'], expected a non-empty string"),
+    ({"anchor": "  ", "positive": "b"}, "'anchor': got '  ', expected a non-empty string"),
+]
+
+
+@pytest.mark.parametrize("line,said", BAD_LINES)
+def test_a_bad_line_is_one_line_naming_file_line_and_field(line, said, hf_dir, tmp_path):
+  good = json.dumps({"anchor": "a 1 2", "positive": "a 3 4"})
+  train = tmp_path / "train.jsonl"
+  train.write_text(good + "\n" + good + "\n" + json.dumps(line) + "\n")
+  with pytest.raises(RunError) as error:
+    contrastive.setup(_config((str(train), str(train)), hf_dir), str(tmp_path / "w"), Resume())
+  assert str(error.value) == f"{train}:3: {said}"
+
+
+def test_the_program_says_a_bad_line_in_one_line(hf_dir, tmp_path):
+  train = tmp_path / "train.jsonl"
+  train.write_text(json.dumps({"anchor": "a b", "positive": "c d"}) + "\n{\"anchor\": \"x\"}\n")
+  result = runs.train(str(tmp_path / "w"), f"--config.data.train={train}",
+                      f"--config.data.eval={train}", f"--config.init.hf={hf_dir}",
+                      config=os.path.join(runs.ROOT, "configs", "embed.py"), check=False)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"error: {train}:2: 'positive': no such field, expected a non-empty string")
+
+
+@pytest.mark.parametrize("fields,said", [
+    ({"train.grad_accum_steps": 2}, "config.train.grad_accum_steps: 2, expected 1"),
+    ({"task.cached": True, "task.mini_batch": 5},
+     "config.task.mini_batch: 5, expected a divisor of config.train.batch_size (16)"),
+    ({"task.matryoshka_dims": "32,x"}, "config.task.matryoshka_dims: '32,x', expected a string"),
+    ({"task.matryoshka_dims": "64,16"},
+     "config.task.matryoshka_dims: '64,16', expected sizes of at most the encoder's d_model "
+     "(32)"),
+    ({"task.pooling": "max"}, "config.task.pooling: 'max', expected one of ('mean', 'cls')"),
+    ({"train.batch_size": 1}, "config.train.batch_size: 1, expected at least 2"),
+])
+def test_a_bad_setting_is_one_line_naming_the_field(fields, said, topic_pairs, hf_dir, tmp_path):
+  from train import tasks
+  config = _config(topic_pairs, hf_dir, **fields)
+  with pytest.raises(RunError, match="^" + re.escape(said)):
+    tasks.checked(config)
+    contrastive.setup(config, str(tmp_path), Resume())

@@ -1,0 +1,510 @@
+r"""Contrastive fine-tuning of sentence embeddings: anchors pulled to their positives and away
+from every other text of the batch (sentence-transformers' MultipleNegativesRankingLoss).
+
+  python -m train --config=configs/embed.py --workdir runs/embed \
+      --config.data.train=pairs.jsonl --config.data.eval=held_out.jsonl \
+      --config.init.hf=all-MiniLM-L6-v2    # a Hugging Face or sentence-transformers directory
+
+Each line is {"anchor": str, "positive": str} and may add "negative": str (a hard negative).
+The model is the encoder, then the mean over the real tokens (config.task.pooling="mean") or
+the first token ("cls"); its parameters are {"encoder": …} alone, so a checkpoint's encoder is
+read as classify's is. For a batch of B lines the loss is the cross-entropy of anchor i over
+scale * cos(anchor i, positive j) for every j, target j = i; hard negatives add their B
+columns (B x 2B); `symmetric` averages it with positive i over the anchors; with
+`matryoshka_dims` it is summed over the embeddings' first d components (sentence-transformers'
+MatryoshkaLoss, weights 1). With `cached` (GradCache, Gao et al. 2021) the batch is embedded
+`mini_batch` texts at a time without keeping activations, then back-propagated a mini-batch at
+a time: the gradient of the whole batch's loss in the memory of one mini-batch.
+
+Evaluation ranks each held-out anchor against every held-out positive (the first
+config.data.eval_pairs lines), not only those of its batch: MRR@10, nDCG@10, recall@1 and
+@10, and the loss over the whole set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterator
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flax_encoder import EncoderConfig
+from flax_encoder.classifier import pool
+from flax_encoder.encoder import Encoder
+from flax_encoder.tokenizer import example_ids, is_cut, visible
+from train.data import dataset, examples, sources
+from train.errors import RunError
+from train.files import sha256_bytes
+from train.task import FREE, Definition, Field, Plots, Resume, Setup, boolean, choice, integer
+from train.task import number, string
+from train.tasks import finetune, tokenizing
+from train.tasks.start import encoder_config, ids, start_of, start_params
+
+POOLINGS = ("mean", "cls")
+FORMAT = "flax-encoder pairs 1"
+TEXTS = ("anchor", "positive", "negative")
+TOP = 10  # the cut-off of MRR, nDCG and the second recall
+
+
+# ---------------------------------------------------------------------------------------------
+# The model and the loss.
+
+
+class SentenceEmbedder(nn.Module):
+  """The encoder, pooled over the real tokens (their mean, or the first token), float32."""
+
+  config: EncoderConfig
+  pooling: str = "mean"
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
+    """int [batch, seq] -> [batch, d_model]."""
+    hidden = Encoder(self.config, name="encoder")(tokens, deterministic=deterministic)
+    pooled = pool(hidden, tokens != self.config.pad_id,
+                  "first" if self.pooling == "cls" else "mean")
+    return pooled.astype(jnp.float32)
+
+
+def unit(x):
+  """Rows scaled to length 1 (a row of zeros stays 0), as torch's F.normalize(eps=1e-12)."""
+  # The max keeps a zero row's gradient 0 where a norm's square root would give NaN.
+  return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, -1, keepdims=True), 1e-24))
+
+
+@dataclasses.dataclass(frozen=True)
+class RankingLoss:
+  """MultipleNegativesRankingLoss over cosine similarities times `scale`; `symmetric` averages
+  it with the positives' over the anchors; `dims`: summed over those prefixes of the
+  embeddings (Matryoshka), () the whole embedding alone."""
+
+  scale: float = 20.0
+  symmetric: bool = False
+  dims: tuple[int, ...] = ()
+
+  def __call__(self, anchors, positives, negatives=None, has_negative=None) -> jax.Array:
+    """The loss summed over the B anchors of [B, d] embeddings; `negatives` [B, d] add their
+    columns where `has_negative` [B] (default all) is true."""
+    total = 0.0
+    for d in self.dims or (None,):
+      cut = lambda x: None if x is None else x[:, :d]
+      total = total + self._one(cut(anchors), cut(positives), cut(negatives), has_negative)
+    return total
+
+  def _one(self, anchors, positives, negatives, has_negative) -> jax.Array:
+    anchors, positives = unit(anchors), unit(positives)
+    scores = self.scale * anchors @ positives.T  # [anchor, positive]
+    candidates = scores
+    if negatives is not None:
+      hard = self.scale * anchors @ unit(negatives).T  # [anchor, negative]
+      if has_negative is not None:  # a line without one adds no column
+        hard = jnp.where(jnp.asarray(has_negative, bool)[None, :], hard, -jnp.inf)
+      candidates = jnp.concatenate([scores, hard], axis=1)
+    forward = _cross_entropy_sum(candidates, jnp.diagonal(scores))
+    if not self.symmetric:
+      return forward
+    # sentence-transformers' symmetric loss: a positive is ranked among the anchors alone.
+    return (forward + _cross_entropy_sum(scores.T, jnp.diagonal(scores))) / 2
+
+
+def _cross_entropy_sum(scores, target_scores) -> jax.Array:
+  """The cross-entropy of each row of `scores` against its `target_scores` entry, summed."""
+  return jnp.sum(jax.nn.logsumexp(scores, axis=1) - target_scores)
+
+
+def _chunks(x, k: int):
+  """[k * m, ...] -> [k, m, ...], chunk c holding rows c, c + k, …: a device's contiguous
+  block of the batch holds rows of every chunk, so splitting needs no communication."""
+  return jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1)
+
+
+def _unchunk(x):
+  """The inverse of `_chunks`."""
+  return jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:])
+
+
+Embed = Callable[[object, jax.Array, jax.Array], jax.Array]  # (params, tokens, rng) -> [n, d]
+
+
+def cached(embed: Embed, mini_batch: int) -> Embed:
+  """`embed` over all rows, `mini_batch` rows at a time, keeping no activations: GradCache.
+
+  The step differentiates the loss with jax.value_and_grad, which would keep every row's
+  activations; a custom VJP instead runs the encoder forward chunk by chunk without them
+  (the loss then takes its gradient w.r.t. the embeddings, [rows, d], cheaply), and its
+  backward runs each chunk again under jax.vjp with that chunk's embedding gradient, summing
+  the parameter gradients in a scan. Chunk c draws its dropout from fold_in(rng, c) in both
+  passes, so they agree; without dropout the gradient is the uncached one."""
+
+  def run_chunk(params, c, chunk, rng):
+    return embed(params, chunk, jax.random.fold_in(rng, c))
+
+  @jax.custom_vjp
+  def embed_all(params, tokens, rng):
+    k = tokens.shape[0] // mini_batch
+    chunked = (jnp.arange(k), _chunks(tokens, k))
+    return _unchunk(jax.lax.map(lambda c: run_chunk(params, *c, rng), chunked))
+
+  def forward(params, tokens, rng):
+    return embed_all(params, tokens, rng), (params, tokens, rng)
+
+  def backward(saved, grad_embeddings):
+    params, tokens, rng = saved
+    k = tokens.shape[0] // mini_batch
+
+    def add(total, inputs):
+      c, chunk, grad_chunk = inputs
+      _, vjp = jax.vjp(lambda p: run_chunk(p, c, chunk, rng), params)
+      return jax.tree.map(lambda t, g: t + g.astype(jnp.float32), total, vjp(grad_chunk)[0]), None
+
+    zero = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)  # bf16 sums drift
+    total, _ = jax.lax.scan(add, zero, (jnp.arange(k), _chunks(tokens, k),
+                                        _chunks(grad_embeddings, k)))
+    return jax.tree.map(lambda t, p: t.astype(p.dtype), total, params), None, None
+
+  embed_all.defvjp(forward, backward)
+  return embed_all
+
+
+# ---------------------------------------------------------------------------------------------
+# Ranking the held-out pairs.
+
+
+def ranking_metrics(similarity: np.ndarray) -> dict:
+  """MRR@10, nDCG@10, recall@1 and recall@10 of anchor i ranking the candidates by
+  `similarity` [anchors, candidates], candidate i the one relevant. A candidate scored as
+  high as the relevant one ranks above it: a model that scores everything alike is last."""
+  similarity = np.asarray(similarity, np.float64)
+  relevant = np.diagonal(similarity)[:, None]
+  rank = np.maximum(np.sum(similarity >= relevant, axis=1), 1)
+  top = rank <= TOP
+  return {"mrr_at_10": float(np.mean(np.where(top, 1 / rank, 0))),
+          # one relevant candidate: the ideal DCG is 1
+          "ndcg_at_10": float(np.mean(np.where(top, 1 / np.log2(rank + 1), 0))),
+          "recall_at_1": float(np.mean(rank == 1)), "recall_at_10": float(np.mean(top))}
+
+
+def _unit_np(x: np.ndarray) -> np.ndarray:
+  return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# The task as the step runs it.
+
+
+@dataclasses.dataclass(frozen=True)
+class ContrastiveTask:
+  """Contrastive training as `train.run.step` runs it (`train.task.Task`). A training batch
+  holds 'anchor' and 'positive' [batch, seq] ids, and 'negative' [batch, seq] with
+  'has_negative' [batch] where the training file has hard negatives. A held-out batch holds
+  'anchor', 'positive' and 'index' [batch], the pair's row among the `eval_pairs` (-1 pads
+  the last batch)."""
+
+  model: SentenceEmbedder
+  loss: RankingLoss
+  eval_pairs: int
+  mini_batch: int | None = None  # GradCache's, None: the batch at once
+
+  def init(self, rng: jax.Array, seq_len: int):
+    return self.model.init(rng, jnp.ones((1, seq_len), jnp.int32))["params"]
+
+  def batch(self, rows: dict, key: jax.Array) -> dict:
+    return rows  # nothing drawn
+
+  def embed(self, params, tokens: jax.Array, dropout_rng: jax.Array | None = None):
+    if dropout_rng is None:
+      return self.model.apply({"params": params}, tokens)
+    return self.model.apply({"params": params}, tokens, deterministic=False,
+                            rngs={"dropout": dropout_rng})
+
+  def loss_count(self, batch: dict) -> jax.Array:
+    return jnp.asarray(batch["anchor"].shape[0], jnp.float32)
+
+  def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
+    texts = [batch[name] for name in TEXTS if name in batch]
+    tokens = jnp.concatenate(texts)  # one pass over anchors, positives (and negatives)
+    embed = cached(self.embed, self.mini_batch) if self.mini_batch else self.embed
+    embeddings = jnp.split(embed(params, tokens, dropout_rng), len(texts))
+    return self.loss(*embeddings, batch.get("has_negative"))
+
+  def eval_sums(self, params, batch: dict) -> dict:
+    """Each pair's embeddings at its row of [eval_pairs, d] arrays (zeros elsewhere): the
+    loop adds up the batches' sums, which puts every held-out embedding in place, so that
+    eval_metrics can rank each anchor against all the positives."""
+    index = batch["index"]
+    valid = index >= 0
+    rows = jnp.where(valid, index, self.eval_pairs)  # past the end: dropped
+
+    def place(tokens):
+      embeddings = self.embed(params, tokens)
+      empty = jnp.zeros((self.eval_pairs, embeddings.shape[-1]), embeddings.dtype)
+      return empty.at[rows].add(embeddings, mode="drop")
+
+    return {"anchors": place(batch["anchor"]), "positives": place(batch["positive"]),
+            "count": jnp.sum(valid)}
+
+  def eval_metrics(self, sums: dict) -> dict:
+    """The ranking metrics of every held-out anchor against every held-out positive, the
+    loss over them all (a softmax over every positive, without hard negatives), MRR@10 of
+    each Matryoshka prefix, and MRR@10 of a random ranking (the baseline)."""
+    anchors, positives = np.asarray(sums["anchors"]), np.asarray(sums["positives"])
+    similarity = _unit_np(anchors) @ _unit_np(positives).T
+    scores = self.loss.scale * similarity
+    peak = scores.max(axis=1, keepdims=True)
+    log_z = peak[:, 0] + np.log(np.sum(np.exp(scores - peak), axis=1))
+    n = len(similarity)
+    metrics = {"loss": float(np.mean(log_z - np.diagonal(scores))),
+               **ranking_metrics(similarity),
+               "random_mrr_at_10": float(sum(1 / r for r in range(1, min(TOP, n) + 1)) / n)}
+    for d in self.loss.dims:
+      if d < anchors.shape[1]:
+        prefix = _unit_np(anchors[:, :d]) @ _unit_np(positives[:, :d]).T
+        metrics[f"mrr_at_10_dim_{d}"] = ranking_metrics(prefix)["mrr_at_10"]
+    return metrics
+
+  @staticmethod
+  def token_count(rows: dict) -> int:
+    return int(sum(rows[name].size for name in TEXTS if name in rows))
+
+
+# ---------------------------------------------------------------------------------------------
+# The pairs, prepared once into WORKDIR/data.
+#
+#   {train,eval}.tokens.bin        the anchors' ids [n, seq_len], padded
+#   {train,eval}.positive.bin      the positives'
+#   train.negative.bin             the hard negatives' (all padding where a line has none) and
+#   train.has_negative.bin         uint8 [n], where the training file has any
+#   dataset.json                   what examples.prepare_examples records, format FORMAT
+
+
+def _text(record: dict, field: str, where: str, required: bool) -> str | None:
+  value = record.get(field)
+  if value is None and not required:
+    return None
+  if not isinstance(value, str) or not value.strip():
+    got = "no such field" if field not in record else f"got {value!r}"[:60]
+    raise RunError(f"{where}: {field!r}: {got}, expected a non-empty string")
+  return value
+
+
+def _pairs(source, fields: dict) -> Iterator[tuple]:
+  """(line number, anchor, positive, negative or None) of each line, checked."""
+  for number, record in examples._records(source):
+    where = f"{source.path}:{number}"
+    yield (number, *(_text(record, fields[name], where, name != "negative") for name in TEXTS))
+
+
+def _has_negatives(path: str, fields: dict) -> bool:
+  """Whether any line of `path` has a hard negative (every line checked)."""
+  found = False
+  for *_, negative in _pairs(sources.Source(path), fields):
+    found = found or negative is not None
+  return found
+
+
+def prepare_pairs(paths: dict, directory: str, tokenizer, tokenizer_file, seq_len: int,
+                  fields: dict, pad_id: int, template=None) -> dict:
+  """Writes the pairs of `paths` {'train': …, 'eval': …} into `directory` (the layout above),
+  each text laid out as the starting tokenizer lays out one text (`template`) and cut to
+  `seq_len` ids; returns its dataset.json."""
+  examples._check_ids(tokenizer, pad_id, (*template.start, *template.end) if template else ())
+  dtype = examples._ids_dtype(tokenizer)
+  negatives = {"train": _has_negatives(paths["train"], fields), "eval": False}
+
+  def laid(ids):
+    return example_ids(ids, None, seq_len, pad_id, template)
+
+  splits = iter(paths)  # examples._write encodes the splits in this order
+
+  def encode(source, counts):
+    with_negatives = negatives[next(splits)]
+    for chunk in examples.chunked(_pairs(source, fields), examples._CHUNK, lambda e: e[1:]):
+      columns = {name: [line[1 + i] for line in chunk] for i, name in enumerate(TEXTS)}
+      arrays = {}
+      for name in TEXTS[:2] + (TEXTS[2:] if with_negatives else ()):
+        texts = columns[name]
+        encoded = tokenizer.encode_batch([visible(t or "", seq_len) for t in texts])
+        rows = np.full((len(chunk), seq_len), pad_id, dtype)
+        for i, (text, ids, line) in enumerate(zip(texts, encoded, chunk)):
+          if text is None:
+            continue
+          row, truncated = laid(ids)
+          rows[i, :len(row)] = row
+          counts.truncated += truncated
+          counts.cut += is_cut(text, seq_len)
+          counts.tokenized(line[0], text, ids, tokenizer.unk_id)
+        arrays["tokens" if name == "anchor" else name] = rows
+      if with_negatives:
+        arrays["has_negative"] = np.array([n is not None for n in columns["negative"]], np.uint8)
+      counts.examples += len(chunk)
+      yield arrays
+
+  return examples._write(paths, directory, tokenizer, tokenizer_file, encode,
+                         "an anchor and a positive", {
+                             "format": FORMAT, "label_kind": "pairs", "negatives": negatives,
+                             "pad_id": pad_id, "seq_len": seq_len, "fields": fields,
+                             "template": template.to_dict() if template else None,
+                             "dtype": np.dtype(dtype).name})
+
+
+def read_meta(directory: str) -> dict:
+  """The dataset.json of prepared pairs."""
+  return dataset.read_meta(directory, FORMAT)
+
+
+def load_pairs(directory: str) -> dict:
+  """{'train': rows, 'eval': rows} memory-mapped (the layout above), 'meta' (dataset.json)
+  and 'identity' (its SHA-256)."""
+  path = os.path.join(directory, "dataset.json")
+  with open(path, "rb") as f:
+    raw = f.read()
+  meta = read_meta(directory)
+  dtype, seq_len = np.dtype(meta["dtype"]), meta["seq_len"]
+  loaded = {"meta": meta, "identity": sha256_bytes(raw)}
+  for split, n in meta["examples"].items():
+    read = lambda name, dtype, shape: np.memmap(os.path.join(directory, f"{split}.{name}.bin"),
+                                                dtype, "r", shape=shape)
+    rows = {"anchor": read("tokens", dtype, (n, seq_len)),
+            "positive": read("positive", dtype, (n, seq_len))}
+    if meta["negatives"][split]:
+      rows["negative"] = read("negative", dtype, (n, seq_len))
+      rows["has_negative"] = read("has_negative", np.uint8, (n,))
+    loaded[split] = rows
+  return loaded
+
+
+def _prepare(config, workdir: str, resume: Resume, paths: dict) -> finetune.Prepared:
+  """The pairs of `paths` in WORKDIR/data, prepared unless they are there already for the same
+  request, and the encoder's config (as finetune.prepare, with the pairs' loader)."""
+  fields = {name: config.data[f"{name}_field"] for name in TEXTS}
+  start = start_of(config, workdir)
+  tokenizer, tokenizer_file = tokenizing.tokenizer_of(
+      config, start, paths["train"], lambda record: [record.get(f) for f in fields.values()],
+      workdir)
+  _, pad_id = ids(config, start)
+  template = tokenizing.template_of(tokenizer) if start.hf is not None else None
+  directory = os.path.join(workdir, "data")
+  request = {"format": FORMAT, "fields": fields, "seq_len": config.train.seq_len,
+             "tokenizer": {"kind": tokenizer.spec.kind, "file": tokenizer_file,
+                           "offset": tokenizer.offset},
+             "vocab_size": tokenizer.vocab_size, "pad_id": pad_id,
+             "template": template.to_dict() if template else None}
+  same_request = lambda meta: (all(meta.get(k) == v for k, v in request.items()) and
+                               [i["path"] for i in meta["inputs"]] == list(paths.values()) and
+                               tokenizing.same_tokenizer_file(directory, tokenizer_file, tokenizer))
+  dataset.prepare_once(directory, same_request,
+                       lambda d: prepare_pairs(paths, d, tokenizer, tokenizer_file,
+                                               config.train.seq_len, fields, pad_id, template),
+                       resume.resuming, resume.allow_changes, "config.data")
+  loaded = load_pairs(directory)
+  cfg = encoder_config(config, start, loaded["meta"]["vocab_size"], pad_id)
+  return finetune.Prepared(start, loaded, cfg, pad_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the loop needs.
+
+
+def matryoshka_dims(value: str) -> tuple[int, ...] | None:
+  """config.task.matryoshka_dims ("384,256,128", "" for none) as integers; None if it is not
+  such a list."""
+  if not isinstance(value, str):
+    return None
+  parts = [p.strip() for p in value.split(",") if p.strip()]
+  if not all(p.isdigit() and int(p) > 0 for p in parts) or len(set(parts)) < len(parts):
+    return None
+  return tuple(int(p) for p in parts)
+
+
+def setup(config, workdir: str, resume: Resume) -> Setup:
+  """Contrastive fine-tuning on config.data.train, ranked on config.data.eval."""
+  paths = {"train": config.data.train, "eval": config.data.eval}
+  prepared = _prepare(config, workdir, resume, paths)
+  cfg, loaded = prepared.encoder, prepared.loaded
+  dims = matryoshka_dims(config.task.matryoshka_dims)
+  if any(d > cfg.d_model for d in dims):
+    raise RunError(f"config.task.matryoshka_dims: {config.task.matryoshka_dims!r}, expected "
+                   f"sizes of at most the encoder's d_model ({cfg.d_model})")
+  held_out = {k: v[:config.data.eval_pairs] for k, v in loaded["eval"].items()
+              if k in ("anchor", "positive")}
+  count = len(held_out["anchor"])
+  held_out["index"] = np.arange(count, dtype=np.int32)
+  model = SentenceEmbedder(cfg, config.task.pooling)
+  task = ContrastiveTask(model, RankingLoss(float(config.task.scale), config.task.symmetric,
+                                            dims),
+                         count, config.task.mini_batch if config.task.cached else None)
+  negatives = "with hard negatives" if "negative" in loaded["train"] else "no hard negatives"
+  ranked = (f", the first {count} of them ranked" if count < loaded["meta"]["examples"]["eval"]
+            else "")
+  finetune.say_prepared(prepared, f"pairs ({negatives})", config.train.seq_len, ranked)
+  return Setup(task=task, encoder=cfg, train=loaded["train"], eval=held_out,
+               eval_fill={"anchor": prepared.pad_id, "positive": prepared.pad_id, "index": -1},
+               record={"encoder": cfg.record(), "dataset": loaded["identity"],
+                       "source": os.path.join(workdir, "data"),
+                       "start": prepared.start.source, "family": prepared.start.family,
+                       # what an exporter writes as sentence-transformers' modules
+                       "pooling": model.pooling, "normalize": config.task.normalize,
+                       "matryoshka_dims": list(dims), "similarity": "cosine",
+                       "scale": float(config.task.scale)},
+               start_params=start_params(prepared.start, cfg, config, 0))
+
+
+def check(config) -> None:
+  """The cross-field checks of a contrastive config (RunError naming the field)."""
+  finetune.check(config)
+  train, task = config.train, config.task
+  if train.batch_size < 2:
+    raise RunError(f"config.train.batch_size: {train.batch_size}, expected at least 2: the "
+                   f"other pairs of a batch are each anchor's negatives")
+  if train.grad_accum_steps != 1:
+    raise RunError(f"config.train.grad_accum_steps: {train.grad_accum_steps}, expected 1: "
+                   f"microbatches would rank each anchor among its microbatch's pairs alone; "
+                   f"set config.task.cached=True (GradCache) for a large batch in little memory")
+  if task.cached and train.batch_size % task.mini_batch:
+    raise RunError(f"config.task.mini_batch: {task.mini_batch}, expected a divisor of "
+                   f"config.train.batch_size ({train.batch_size}) with config.task.cached")
+
+
+def summary(metrics: dict) -> str:
+  return (f"eval MRR@10 {metrics['mrr_at_10']:.3f} (random ranking "
+          f"{metrics['random_mrr_at_10']:.3f}), nDCG@10 {metrics['ndcg_at_10']:.3f}, recall@1 "
+          f"{metrics['recall_at_1']:.3f}, recall@10 {metrics['recall_at_10']:.3f}, eval loss "
+          f"{metrics['loss']:.3f}")
+
+
+def _dims_field(value):
+  return None if matryoshka_dims(value) is not None else (
+      "a string of distinct positive integers separated by commas ('384,256,128'), or ''")
+
+
+DEFINITION = Definition(
+    name="contrastive",
+    fields={**{k: v for k, v in finetune.FIELDS.items() if k != "task.packed"},
+            "data.anchor_field": Field(string),
+            "data.positive_field": Field(string),
+            "data.negative_field": Field(string),
+            "data.eval_pairs": Field(integer(2), FREE),  # evaluation only
+            "task.pooling": Field(choice(POOLINGS)),
+            "task.normalize": Field(boolean),
+            "task.scale": Field(number(0)),
+            "task.symmetric": Field(boolean),
+            "task.matryoshka_dims": Field(_dims_field),
+            # the same gradient (dropout aside) in less memory, as grad_accum_steps
+            "task.cached": Field(boolean, FREE),
+            "task.mini_batch": Field(integer(1), FREE)},
+    setup=setup,
+    plots=Plots(loss_title="Contrastive loss (in-batch negatives)", loss_unit="nats / anchor",
+                train_loss="train (the batch's candidates)",
+                eval_loss="eval (all held-out positives)",
+                metrics={"mrr_at_10": "MRR@10", "ndcg_at_10": "nDCG@10",
+                         "recall_at_1": "recall@1", "recall_at_10": "recall@10"},
+                baseline=("random_mrr_at_10", "baseline: MRR@10 of a random ranking"),
+                accuracy_title="Held-out retrieval: each anchor among all positives"),
+    summary=summary,
+    check=check,
+    tokenizer=lambda config, workdir: tokenizing.run_tokenizer(
+        workdir, read_meta(os.path.join(workdir, "data"))),
+)
