@@ -12,10 +12,11 @@ import json
 import os
 from typing import Any
 
-# The Transformer module's type as modules.json names it (sentence-transformers 6.0 moved it
-# to sentence_transformers.base.models).
+# The Transformer module's type as modules.json names it: where its class lives, which
+# sentence-transformers 6 moved (6.2 writes sentence_transformers.base.modules.transformer).
 TRANSFORMERS = ("sentence_transformers.models.Transformer",
-                "sentence_transformers.base.models.Transformer")
+                "sentence_transformers.base.models.Transformer",
+                "sentence_transformers.base.modules.transformer.Transformer")
 
 
 class ModulesError(ValueError):

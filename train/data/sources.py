@@ -322,6 +322,11 @@ class Source:
       while raw.read(_READ_BYTES):  # what follows the compressed stream, if anything
         pass
 
+  def lines(self) -> Iterator[tuple[int, str]]:
+    """(line number, text with its line end) of each line of a UTF-8 text file, blank ones
+    too: one text a line, as `train.embed` reads a .txt."""
+    return self._lines()
+
   def _lines(self) -> Iterator[tuple[int, str]]:
     """(line number, text) of a UTF-8 file."""
     offset = 0

@@ -1,0 +1,656 @@
+"""Sentence embeddings of a sentence-transformers folder, in JAX, many short texts to a row.
+
+    encoder = SentenceEncoder.load("all-MiniLM-L6-v2")
+    vectors = encoder(["A man is eating food.", "Two dogs play."])  # float32 [2, 384]
+    vectors = encoder(texts, prompt_name="query")  # a prompt of config_sentence_transformers.json
+
+The vectors are `SentenceTransformer(folder).encode(texts)`'s. The folder's modules
+(modules.json) run in order: the Transformer (`load_hf`; its tokenizer, each text cut to
+max_seq_length ids as sentence-transformers cuts it), Pooling (1_Pooling/config.json: any of
+its modes, several concatenated in the order it lists them), then Dense and Normalize modules.
+A prompt is put before each text and tokenized with it; with the pooling's include_prompt off,
+the prompt's ids (less the special id after it) are left out of the pooling.
+
+sentence-transformers sorts the texts by length and pads each batch to its longest. Here each
+text is its own segment of a packed row (`flax_encoder.packing`: it attends only to itself, its
+positions count from its first id), many to a row, pooled on its own: a text's vector is the
+one it has alone. Rows are of a few lengths (`row_lengths`) and calls of a few row counts, so
+that a stream of calls compiles a bounded number of times (`SentenceEncoder.shapes`). The next
+chunk of texts is tokenized while the device encodes the one before.
+
+In a jitted function of one's own, `embed` (or `encoder.apply`) maps packed rows to vectors:
+
+    rows = encoder.pack(encoder.tokenize(texts), length=128)
+    vectors = jax.jit(encoder.apply)(encoder.params, rows.tokens, rows.segment_ids,
+                                     rows.positions)  # [rows, segments, dim]; rows.where
+
+Shapes: r = rows, s = ids of a row, k = segments of a row, d = widths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flax_encoder.config import EncoderConfig
+from flax_encoder.encoder import Encoder
+from flax_encoder.families import HFError, read_hf, read_hf_weights
+from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
+from flax_encoder.modules_json import TRANSFORMERS, ModulesError, transformer_folder
+from flax_encoder.tokenizer import Template, Tokenizer, encode_examples
+
+# modules.json's type of each module this reads -> its kind. sentence-transformers names a
+# module by where its class lives: sentence_transformers.models.* up to 5, base.modules and
+# sentence_transformer.modules from 6.
+MODULE_KINDS = {
+    **dict.fromkeys(TRANSFORMERS + ("sentence_transformers.base.modules.transformer.Transformer",),
+                    "Transformer"),
+    "sentence_transformers.models.Pooling": "Pooling",
+    "sentence_transformers.sentence_transformer.modules.pooling.Pooling": "Pooling",
+    "sentence_transformers.models.Dense": "Dense",
+    "sentence_transformers.base.modules.dense.Dense": "Dense",
+    "sentence_transformers.models.Normalize": "Normalize",
+    "sentence_transformers.base.modules.normalize.Normalize": "Normalize",
+}
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+# Pooling's config.json before sentence-transformers 6: a flag per mode, concatenated in this
+# order whichever order the file lists them in.
+POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
+                 "pooling_mode_mean_tokens": "mean",
+                 "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                 "pooling_mode_weightedmean_tokens": "weightedmean",
+                 "pooling_mode_lasttoken": "lasttoken"}
+# Dense's activation_function (the torch.nn class, by its last name) -> the function.
+ACTIVATIONS = {"Tanh": jnp.tanh, "Identity": lambda x: x, "ReLU": jax.nn.relu,
+               "GELU": functools.partial(jax.nn.gelu, approximate=False),
+               "Sigmoid": jax.nn.sigmoid, "SiLU": jax.nn.silu}
+SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
+# The Transformer's config file, by the name sentence-transformers gave it per family.
+TRANSFORMER_CONFIGS = tuple(f"sentence_{name}_config.json" for name in (
+    "bert", "roberta", "distilbert", "camembert", "albert", "xlm-roberta", "xlnet"))
+# Ids a packed text takes at least ([CLS] x [SEP] is 3): a row of s ids holds s // 4 texts.
+SEGMENT_IDS = 4
+ROW_LENGTHS = (128, 256, 512)
+BATCH_TOKENS = 4096  # ids a call encodes: 32 rows of 128, 16 of 256, 8 of 512
+CHUNK_TEXTS = 2048  # texts tokenized and packed together, while the device runs the chunk before
+
+
+class EmbeddingError(ValueError):
+  """A sentence-transformers folder, or an argument, that SentenceEncoder cannot take."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The modules after the Transformer
+
+
+@dataclasses.dataclass(frozen=True)
+class Pooling:
+  """Pooling's modes, concatenated in this order, and whether a prompt's ids are pooled."""
+  modes: tuple[str, ...] = ("mean",)
+  include_prompt: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Dense:
+  """A Dense module: activation(x W + b) [+ x, or x R where the widths differ]."""
+  in_features: int
+  out_features: int
+  bias: bool = True
+  activation: str = "Tanh"
+  residual: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Normalize:
+  """x / max(|x|, 1e-12), as torch's F.normalize."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SentenceModel:
+  """What a folder's modules compute, apart from their weights: the encoder's config, the
+  pooling, then the Dense and Normalize steps in order."""
+  config: EncoderConfig
+  pooling: Pooling
+  steps: tuple[Dense | Normalize, ...] = ()
+
+  @property
+  def dim(self) -> int:
+    dim = len(self.pooling.modes) * self.config.d_model
+    for step in self.steps:
+      dim = step.out_features if isinstance(step, Dense) else dim
+    return dim
+
+
+def segments_per_row(length: int) -> int:
+  """The texts a packed row of `length` ids holds at most: `embed`'s second axis."""
+  return max(1, length // SEGMENT_IDS)
+
+
+def embed(model: SentenceModel, params: dict, tokens: jax.Array, segment_ids: jax.Array,
+          positions: jax.Array, pool_from: jax.Array | int = 0,
+          segments: int | None = None) -> jax.Array:
+  """Packed rows -> each segment's sentence embedding, a pure function to jit.
+
+  Args:
+    model, params: a folder's, as `SentenceEncoder` holds them (`.model`, `.params`).
+    tokens: int [r, s], each segment its ids ([CLS] … [SEP]) then padding.
+    segment_ids: int [r, s], 1 … `segments` for the texts of a row, 0 at padding.
+    positions: int [r, s], each id's position in its text (0 at its first).
+    pool_from: ids at positions below it are left out of the pooling (a prompt's, where the
+      pooling excludes it); 0 pools every id.
+    segments: the segments of a row (default `segments_per_row(s)`).
+
+  Returns:
+    float32 [r, segments, dim]: segment j + 1 of row i at [i, j]; zeros where a row has no
+    segment j + 1.
+  """
+  rows, length = tokens.shape
+  segments = segments or segments_per_row(length)
+  hidden = Encoder(model.config).apply({"params": params["encoder"]}, tokens,
+                                       segment_ids=segment_ids, positions=positions)
+  pooled, present = pool(model.pooling.modes, hidden, segment_ids, positions, segments,
+                         pool_from)
+  x = pooled
+  for i, step in enumerate(model.steps):
+    x = dense(step, params[f"dense_{i}"], x) if isinstance(step, Dense) else normalize(x)
+  return jnp.where(present[:, None], x, 0).reshape(rows, segments, -1)
+
+
+def pool(modes: Sequence[str], hidden: jax.Array, segment_ids: jax.Array, positions: jax.Array,
+         segments: int, pool_from: jax.Array | int = 0) -> tuple[jax.Array, jax.Array]:
+  """[r, s, d] -> ([r * segments, len(modes) * d] float32, bool [r * segments]: whether the row
+  has that segment), each segment pooled as sentence-transformers pools a text alone.
+
+  A segment whose ids are all left out (`pool_from`) pools as sentence-transformers' text
+  whose mask is all zeros: mean 0, max -inf, cls its first id, lasttoken 0."""
+  rows, length, width = hidden.shape
+  slots = rows * segments  # segment j + 1 of row i is slot i * segments + j
+  x = hidden.astype(jnp.float32).reshape(rows * length, width)
+  real = (segment_ids > 0) & (segment_ids <= segments)
+  slot = jnp.where(real, jnp.arange(rows)[:, None] * segments + segment_ids - 1, slots)
+  pooled = (real & (positions >= pool_from)).reshape(-1)
+  slot, index = slot.reshape(-1), jnp.arange(rows * length)
+  # the ids a segment does not pool go to one slot past the rest, dropped after
+  pooled_slot = jnp.where(pooled, slot, slots)
+
+  def over(values, reduce, where=pooled_slot):
+    return reduce(values, where, num_segments=slots + 1)[:slots]
+
+  count = over(pooled.astype(jnp.float32), jax.ops.segment_sum)[:, None]
+  present = over(jnp.ones(rows * length), jax.ops.segment_sum, slot) > 0
+  out = []
+  for mode in modes:
+    if mode in ("mean", "mean_sqrt_len_tokens"):
+      total = over(x, jax.ops.segment_sum)
+      denominator = jnp.maximum(count, 1e-9)
+      out.append(total / (denominator if mode == "mean" else jnp.sqrt(denominator)))
+    elif mode == "weightedmean":  # weights 1, 2, … from each text's first id
+      weights = (positions.reshape(-1, 1) + 1).astype(jnp.float32)
+      total = over(x * weights, jax.ops.segment_sum)
+      out.append(total / jnp.maximum(over(weights, jax.ops.segment_sum), 1e-9))
+    elif mode == "max":
+      out.append(over(x, jax.ops.segment_max))
+    elif mode == "cls":  # its first pooled id; its first id where it pools none
+      first = over(index, jax.ops.segment_min)
+      first = jnp.where(count[:, 0] > 0, first, over(index, jax.ops.segment_min, slot))
+      out.append(x[jnp.clip(first, 0, rows * length - 1)])
+    elif mode == "lasttoken":  # its last pooled id; zeros where it pools none
+      last = over(index, jax.ops.segment_max)
+      out.append(jnp.where(count > 0, x[jnp.clip(last, 0, rows * length - 1)], 0))
+    else:
+      raise ValueError(f"pooling mode {mode!r}, expected one of {POOLING_MODES}")
+  return jnp.concatenate(out, axis=-1), present
+
+
+def dense(step: Dense, params: dict, x: jax.Array) -> jax.Array:
+  """[n, in_features] -> [n, out_features]: a Dense module's Linear, activation, residual."""
+  y = x @ params["kernel"]
+  if step.bias:
+    y = y + params["bias"]
+  y = ACTIVATIONS[step.activation](y)
+  if step.residual:
+    y = y + (x @ params["residual"] if "residual" in params else x)
+  return y
+
+
+def normalize(x: jax.Array) -> jax.Array:
+  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# Packing
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedRows:
+  """Texts packed into rows of one length: `embed`'s inputs (int32 [rows, length] each) and
+  where each text lies in its output: text t is [where[t, 0], where[t, 1]]."""
+  tokens: np.ndarray
+  segment_ids: np.ndarray
+  positions: np.ndarray
+  where: np.ndarray
+
+
+def assign_rows(lengths: Sequence[int], row_lengths: Sequence[int],
+                max_segments: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+  """First-fit decreasing: texts of `lengths` ids, longest first, each into the first open row
+  with room for it and a free segment, else into a new row of the shortest of `row_lengths`
+  that holds it (`max_segments[i]` texts at most in a row of `row_lengths[i]`). Returns
+  (each text's row, each row's index in `row_lengths`)."""
+  lengths = np.asarray(lengths, np.int64)
+  room = np.zeros(len(lengths), np.int64)  # rows' free ids; there are at most a row per text
+  free = np.zeros(len(lengths), np.int64)  # rows' free segments
+  kind = np.zeros(len(lengths), np.int64)
+  row_of = np.zeros(len(lengths), np.int64)
+  rows = 0
+  for t in np.argsort(-lengths, kind="stable"):
+    n = lengths[t]
+    fits = np.flatnonzero((room[:rows] >= n) & (free[:rows] > 0))
+    if len(fits):
+      row = fits[0]
+    else:
+      row, rows = rows, rows + 1
+      kind[row] = next(i for i, size in enumerate(row_lengths) if n <= size)
+      room[row], free[row] = row_lengths[kind[row]], max_segments[kind[row]]
+    row_of[t] = row
+    room[row] -= n
+    free[row] -= 1
+  return row_of, kind[:rows]
+
+
+def fill_rows(ids: Sequence[np.ndarray], texts: Sequence[int], row_of: np.ndarray,
+              rows: Sequence[int], length: int, pad_id: int) -> PackedRows:
+  """The rows `rows` (indices of `assign_rows`' rows) of `length` ids, holding the `texts` (of
+  `ids`) whose row (`row_of`) is among them, in their order; `where` in the order of `texts`."""
+  at = {row: i for i, row in enumerate(rows)}
+  tokens = np.full((len(rows), length), pad_id, np.int32)
+  segment_ids = np.zeros((len(rows), length), np.int32)
+  positions = np.zeros((len(rows), length), np.int32)
+  used = np.zeros(len(rows), np.int64)
+  count = np.zeros(len(rows), np.int64)
+  where = np.zeros((len(texts), 2), np.int64)
+  for j, t in enumerate(texts):
+    i, n = at[row_of[t]], len(ids[t])
+    start = used[i]
+    tokens[i, start:start + n] = ids[t]
+    segment_ids[i, start:start + n] = count[i] + 1
+    positions[i, start:start + n] = np.arange(n)
+    where[j] = i, count[i]
+    used[i] += n
+    count[i] += 1
+  return PackedRows(tokens, segment_ids, positions, where)
+
+
+def call_rows(rows: int, per_call: int) -> list[int]:
+  """The row counts of the calls that encode `rows` rows: `per_call` each, the rest in one
+  call of the next power of two, so that calls take log2(per_call) + 1 shapes at most."""
+  full, rest = divmod(rows, per_call)
+  return [per_call] * full + ([min(per_call, 1 << (rest - 1).bit_length())] if rest else [])
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a folder
+
+
+def _read_json(file: str, required: bool = True) -> dict | list | None:
+  try:
+    with open(file, encoding="utf-8") as f:
+      return json.load(f)
+  except FileNotFoundError:
+    if not required:
+      return None
+    raise EmbeddingError(f"{file}: no such file") from None
+  except (OSError, ValueError) as e:
+    raise EmbeddingError(f"{file}: not readable JSON ({str(e).splitlines()[0]})") from None
+
+
+def _object(file: str, required: bool = True) -> dict | None:
+  value = _read_json(file, required)
+  if value is not None and not isinstance(value, dict):
+    raise EmbeddingError(f"{file}: holds a {type(value).__name__}, expected a JSON object")
+  return value
+
+
+def read_modules(path: str) -> list[tuple[str, str]]:
+  """(kind, folder) of each module of modules.json after the Transformer."""
+  file = os.path.join(path, "modules.json")
+  modules = _read_json(file)
+  if not isinstance(modules, list) or not all(
+      isinstance(m, dict) and isinstance(m.get("path"), str) for m in modules):
+    raise EmbeddingError(f"{file}: expected a list of modules (objects with a path and a type)")
+  kinds = []
+  for i, module in enumerate(modules):
+    kind = MODULE_KINDS.get(module.get("type"))
+    if kind is None:
+      raise EmbeddingError(f"{file}: module {i} is of type {module.get('type')!r}, which "
+                           f"SentenceEncoder does not compute; it computes "
+                           f"{', '.join(sorted(set(MODULE_KINDS.values())))}")
+    if (kind == "Transformer") != (i == 0):
+      raise EmbeddingError(f"{file}: module {i} is a {kind}, expected the Transformer first "
+                           f"and only there")
+    kinds.append((kind, os.path.join(path, module["path"])))
+  if len(kinds) < 2 or kinds[1][0] != "Pooling":
+    raise EmbeddingError(f"{file}: expected a Pooling module after the Transformer (it gives "
+                         f"one vector a text), found {[k for k, _ in kinds[1:2]] or 'none'}")
+  if any(kind == "Pooling" for kind, _ in kinds[2:]):
+    raise EmbeddingError(f"{file}: more than one Pooling module")
+  return kinds[1:]
+
+
+def read_pooling(folder: str, width: int) -> Pooling:
+  """Pooling's config.json: pooling_mode (a mode or a list of them; sentence-transformers 6) or
+  the pooling_mode_* flags (earlier), include_prompt; its width checked to be `width`."""
+  file = os.path.join(folder, "config.json")
+  config = _object(file)
+  bad = lambda key, expected: EmbeddingError(
+      f"{file}: {key}={config.get(key)!r}, expected {expected}")
+  dim = config.get("embedding_dimension", config.get("word_embedding_dimension", width))
+  if dim != width:
+    key = "embedding_dimension" if "embedding_dimension" in config else "word_embedding_dimension"
+    raise bad(key, f"the Transformer's hidden size {width}")
+  if "pooling_mode" in config:
+    modes = config["pooling_mode"]
+    modes = [modes] if isinstance(modes, str) else modes
+    if not isinstance(modes, list) or not modes or not all(m in POOLING_MODES for m in modes):
+      raise bad("pooling_mode", f"one of {POOLING_MODES} or a list of them")
+  else:
+    for key in POOLING_FLAGS:
+      if not isinstance(config.get(key, False), bool):
+        raise bad(key, "true or false")
+    # sentence-transformers 6 pools the mean where the file sets no flag
+    modes = [mode for key, mode in POOLING_FLAGS.items() if config.get(key)] or ["mean"]
+  if not isinstance(config.get("include_prompt", True), bool):
+    raise bad("include_prompt", "true or false")
+  return Pooling(tuple(modes), config.get("include_prompt", True))
+
+
+def read_dense(folder: str, width: int) -> tuple[Dense, dict]:
+  """A Dense module's config.json and weights (model.safetensors, or pytorch_model.bin as
+  `read_hf_weights` reads it), checked against the `width` before it."""
+  file = os.path.join(folder, "config.json")
+  config = _object(file)
+  bad = lambda key, expected: EmbeddingError(
+      f"{file}: {key}={config.get(key)!r}, expected {expected}")
+  for key in ("in_features", "out_features"):
+    if isinstance(config.get(key), bool) or not isinstance(config.get(key), int) or (
+        config[key] < 1):
+      raise bad(key, "an integer >= 1")
+  if config["in_features"] != width:
+    raise bad("in_features", f"the width of the module before it, {width}")
+  for key in ("bias", "use_residual"):
+    if not isinstance(config.get(key, key == "bias"), bool):
+      raise bad(key, "true or false")
+  for key in ("module_input_name", "module_output_name"):
+    if config.get(key, "sentence_embedding") not in ("sentence_embedding", None):
+      raise bad(key, "'sentence_embedding' (SentenceEncoder runs Dense on the pooled vector)")
+  activation = config.get("activation_function", "torch.nn.modules.activation.Tanh")
+  name = activation.rsplit(".", 1)[-1] if isinstance(activation, str) else None
+  if not (isinstance(activation, str) and activation.startswith("torch.") and name in ACTIVATIONS):
+    raise bad("activation_function", f"one of torch.nn's {', '.join(ACTIVATIONS)}")
+  step = Dense(config["in_features"], config["out_features"], config.get("bias", True), name,
+               config.get("use_residual", False))
+  try:
+    state = read_hf_weights(folder)
+  except HFError as e:
+    raise EmbeddingError(f"{folder}: the Dense module's weights: {e}") from None
+  shapes = {"linear.weight": (step.out_features, step.in_features)}
+  if step.bias:
+    shapes["linear.bias"] = (step.out_features,)
+  if step.residual and step.in_features != step.out_features:
+    shapes["residual.weight"] = (step.out_features, step.in_features)
+  for key, shape in shapes.items():
+    if key not in state or tuple(state[key].shape) != shape:
+      got = f"shape {tuple(state[key].shape)}" if key in state else "missing"
+      raise EmbeddingError(f"{folder}: the Dense module's {key} is {got}, expected {shape} "
+                           f"(config.json's in_features and out_features)")
+  params = {"kernel": np.asarray(state["linear.weight"], np.float32).T}
+  if step.bias:
+    params["bias"] = np.asarray(state["linear.bias"], np.float32)
+  if "residual.weight" in shapes:
+    params["residual"] = np.asarray(state["residual.weight"], np.float32).T
+  return step, params
+
+
+def read_normalize(folder: str) -> Normalize:
+  """A Normalize module (its folder may be absent: it has nothing to save)."""
+  file = os.path.join(folder, "config.json")
+  config = _object(file, required=False) or {}
+  for key in ("module_input_name", "module_output_name"):
+    if config.get(key, "sentence_embedding") not in ("sentence_embedding", None):
+      raise EmbeddingError(f"{file}: {key}={config[key]!r}, expected 'sentence_embedding' "
+                           f"(SentenceEncoder normalizes the pooled vector)")
+  return Normalize()
+
+
+def read_settings(path: str) -> tuple[dict[str, str], str | None, str]:
+  """config_sentence_transformers.json's prompts, default_prompt_name and similarity_fn_name
+  (cosine where it names none, as sentence-transformers defaults)."""
+  file = os.path.join(path, "config_sentence_transformers.json")
+  config = _object(file, required=False) or {}
+  prompts = config.get("prompts") or {}
+  if not isinstance(prompts, dict) or not all(
+      isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+    raise EmbeddingError(f"{file}: prompts={prompts!r}, expected an object of names to texts")
+  default = config.get("default_prompt_name")
+  if default is not None and default not in prompts:
+    raise EmbeddingError(f"{file}: default_prompt_name={default!r}, expected one of the "
+                         f"prompts' names {sorted(prompts)} or null")
+  similarity = config.get("similarity_fn_name") or "cosine"
+  if similarity not in SIMILARITIES:
+    raise EmbeddingError(f"{file}: similarity_fn_name={similarity!r}, expected one of "
+                         f"{SIMILARITIES}")
+  return dict(prompts), default, similarity
+
+
+def read_max_seq_length(path: str, module: str, max_len: int) -> int:
+  """The ids a text is cut to: the Transformer's sentence_*_config.json max_seq_length, else
+  its tokenizer's model_max_length (where sentence-transformers 6 saves it), at most the
+  encoder's `max_len` (the positions it has), as sentence-transformers caps the tokenizer's."""
+  for name in TRANSFORMER_CONFIGS:
+    file = os.path.join(module, name)
+    config = _object(file, required=False)
+    if config is not None:
+      break
+  value = (config or {}).get("max_seq_length")
+  if value is None:
+    for folder in dict.fromkeys((path, module)):
+      file = os.path.join(folder, "tokenizer_config.json")
+      value = (_object(file, required=False) or {}).get("model_max_length")
+      if value is not None:
+        break
+  if value is None:
+    return max_len
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 3:
+    raise EmbeddingError(f"{file}: max_seq_length={value!r}, expected an integer >= 3")
+  return int(min(value, max_len))
+
+
+# ---------------------------------------------------------------------------------------------
+# The encoder
+
+
+class SentenceEncoder:
+  """A sentence-transformers folder's texts -> vectors function (`load`); called on texts it
+  returns `SentenceTransformer(folder).encode(texts)`'s float32 [n, dim]."""
+
+  def __init__(self, model: SentenceModel, params: dict, tokenizer: Tokenizer,
+               max_seq_length: int, prompts: dict[str, str] | None = None,
+               default_prompt_name: str | None = None, similarity: str = "cosine",
+               row_lengths: Sequence[int] | None = None, max_segments: int | None = None):
+    self.model, self.tokenizer = model, tokenizer
+    self.params = jax.device_put(params)
+    self.max_seq_length = max_seq_length
+    self.prompts, self.default_prompt_name = dict(prompts or {}), default_prompt_name
+    self.similarity = similarity
+    self.template = tokenizer.template() or Template()
+    if row_lengths is None:
+      row_lengths = [n for n in ROW_LENGTHS if n < max_seq_length] + [max_seq_length]
+    self.row_lengths = tuple(sorted(set(row_lengths)))
+    if not self.row_lengths or self.row_lengths[0] < 1 or self.row_lengths[-1] < max_seq_length:
+      raise EmbeddingError(f"row_lengths={row_lengths!r}, expected lengths >= 1, the longest "
+                           f"at least max_seq_length={max_seq_length}")
+    # max_segments=1: a text a row, padded (what packing saves, measured)
+    self.max_segments = tuple(max_segments or segments_per_row(n) for n in self.row_lengths)
+    self.shapes: set[tuple[int, int]] = set()  # the (rows, length) shapes called so far
+
+  @classmethod
+  def load(cls, path: str | os.PathLike, dtype="float32", attention_impl: str | None = None,
+           **options) -> SentenceEncoder:
+    """The sentence-transformers folder `path`, computed in `dtype` (vectors are float32
+    either way) by `attention_impl` (load_hf's default where None). `options`: row_lengths,
+    max_segments (SentenceEncoder's). Raises EmbeddingError (or load_hf's HFError, the
+    tokenizer's TokenizerError) in one line naming the file."""
+    path = os.fspath(path)
+    try:
+      module = transformer_folder(path)
+    except ModulesError as e:
+      raise EmbeddingError(str(e)) from None
+    if module is None:
+      raise EmbeddingError(f"{path}: no modules.json (expected a sentence-transformers folder; "
+                           f"a Hugging Face model directory is flax_encoder.families.load_hf's)")
+    modules = read_modules(path)
+    settings = {"dtype": dtype} | ({"attention_impl": attention_impl} if attention_impl else {})
+    hf = read_hf(path, **settings)
+    config, params = hf.config, {"encoder": hf.variables["params"]}
+    pooling, steps, width = None, [], config.d_model
+    for kind, folder in modules:
+      if kind == "Pooling":
+        pooling = read_pooling(folder, width)
+        width *= len(pooling.modes)
+      elif kind == "Dense":
+        step, params[f"dense_{len(steps)}"] = read_dense(folder, width)
+        steps.append(step)
+        width = step.out_features
+      else:
+        steps.append(read_normalize(folder))
+    tokenizer = tokenizer_from_directory(path)
+    prompts, default, similarity = read_settings(path)
+    return cls(SentenceModel(config, pooling, tuple(steps)), params, tokenizer,
+               read_max_seq_length(path, module, config.max_len), prompts, default,
+               similarity, **options)
+
+  @property
+  def dim(self) -> int:
+    return self.model.dim
+
+  def apply(self, params: dict, tokens, segment_ids, positions, pool_from=0,
+            segments: int | None = None) -> jax.Array:
+    """`embed` with this encoder's model: packed rows -> float32 [r, segments, dim]."""
+    return embed(self.model, params, tokens, segment_ids, positions, pool_from, segments)
+
+  def prompt_text(self, prompt: str | None = None, prompt_name: str | None = None) -> str:
+    """The prompt put before each text: `prompt`, the prompt named `prompt_name`, else the
+    default prompt ('' where there is none)."""
+    if prompt is not None and prompt_name is not None:
+      raise EmbeddingError(f"prompt={prompt!r} and prompt_name={prompt_name!r}: expected one "
+                           f"of them")
+    if prompt_name is not None and prompt_name not in self.prompts:
+      raise EmbeddingError(f"prompt_name={prompt_name!r}, expected one of the folder's "
+                           f"prompts {sorted(self.prompts)}")
+    if prompt is None:
+      prompt = self.prompts.get(prompt_name or self.default_prompt_name or "", "")
+    if not isinstance(prompt, str):
+      raise EmbeddingError(f"prompt={prompt!r}, expected a text")
+    return prompt
+
+  def prompt_length(self, prompt: str) -> int:
+    """The ids of `prompt` that the pooling leaves out where it excludes the prompt: the
+    prompt tokenized alone with its special ids, less the one after it."""
+    if not prompt:
+      return 0
+    ids = self.tokenize([prompt])[0]
+    return len(ids) - (1 if self.template.end else 0)
+
+  def tokenize(self, texts: Sequence[str], prompt: str = "") -> list[np.ndarray]:
+    """Each text's ids, the prompt before it, with the special ids around ([CLS] … [SEP]),
+    cut to max_seq_length as sentence-transformers cuts them."""
+    ids = encode_examples(self.tokenizer, [prompt + t for t in texts], None,
+                          self.max_seq_length, 0, self.template)
+    vocab = self.model.config.vocab_size
+    if ids and max(int(i.max(initial=0)) for i in ids) >= vocab:
+      raise EmbeddingError(f"the tokenizer gives ids past the model's vocabulary "
+                           f"(vocab_size={vocab}): not this model's tokenizer")
+    return ids
+
+  def pack(self, ids: Sequence[np.ndarray], length: int | None = None) -> PackedRows:
+    """Texts' ids (`tokenize`) packed into rows of `length` ids (default max_seq_length),
+    first-fit, for `embed`."""
+    length = length or self.max_seq_length
+    if any(len(i) > length for i in ids):
+      raise EmbeddingError(f"length={length}: shorter than a text's ids "
+                           f"({max(map(len, ids))})")
+    row_of, kinds = assign_rows([len(i) for i in ids], [length], [segments_per_row(length)])
+    return fill_rows(ids, range(len(ids)), row_of, range(len(kinds)), length,
+                     self.model.config.pad_id)
+
+  def __call__(self, texts: Sequence[str] | str, prompt: str | None = None,
+               prompt_name: str | None = None, batch_tokens: int = BATCH_TOKENS) -> np.ndarray:
+    """float32 [len(texts), dim] (a text alone: [dim]): each text's vector, the prompt
+    (`prompt_text`) before it."""
+    if isinstance(texts, str):
+      return self([texts], prompt, prompt_name, batch_tokens)[0]
+    texts = list(texts)
+    for i, text in enumerate(texts):
+      if not isinstance(text, str):
+        raise EmbeddingError(f"texts[{i}]: a {type(text).__name__}, expected a str")
+    if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
+      raise EmbeddingError(f"batch_tokens={batch_tokens!r}, expected an integer >= 1")
+    prompt = self.prompt_text(prompt, prompt_name)
+    pool_from = 0 if self.model.pooling.include_prompt else self.prompt_length(prompt)
+    out = np.zeros((len(texts), self.dim), np.float32)
+    pending = []  # chunks dispatched, not yet read back: the device runs while we tokenize
+    for start in range(0, len(texts), CHUNK_TEXTS):
+      ids = self.tokenize(texts[start:start + CHUNK_TEXTS], prompt)
+      pending.append(self._dispatch(ids, start, batch_tokens, pool_from))
+      if len(pending) > 1:
+        self._collect(pending.pop(0), out)
+    for chunk in pending:
+      self._collect(chunk, out)
+    return out
+
+  def _dispatch(self, ids: list[np.ndarray], start: int, batch_tokens: int,
+                pool_from: int) -> list[tuple[jax.Array, np.ndarray, np.ndarray]]:
+    """Packs a chunk's texts (numbered from `start`) and starts their calls; returns each
+    call's (output, where its texts lie in it, which texts)."""
+    row_of, kinds = assign_rows([len(i) for i in ids], self.row_lengths, self.max_segments)
+    calls = []
+    for k, length in enumerate(self.row_lengths):
+      rows = np.flatnonzero(kinds == k)
+      if not len(rows):
+        continue
+      texts = np.flatnonzero(np.isin(row_of, rows))
+      packed = fill_rows(ids, texts, row_of, rows, length, self.model.config.pad_id)
+      row_starts = np.cumsum([0] + call_rows(len(rows), max(1, batch_tokens // length)))
+      for first, end in zip(row_starts[:-1], row_starts[1:]):
+        count = min(end, len(rows)) - first
+        mine = (packed.where[:, 0] >= first) & (packed.where[:, 0] < first + count)
+        arrays = [_padded(a[first:first + count], end - first)
+                  for a in (packed.tokens, packed.segment_ids, packed.positions)]
+        arrays[0][count:] = self.model.config.pad_id
+        self.shapes.add((int(end - first), length))
+        output = _jitted_embed(self.model, self.params, *arrays, pool_from,
+                               self.max_segments[k])
+        where = packed.where[mine] - [first, 0]
+        calls.append((output, where, start + texts[mine]))
+    return calls
+
+  @staticmethod
+  def _collect(calls, out: np.ndarray) -> None:
+    for output, where, texts in calls:
+      out[texts] = np.asarray(output)[where[:, 0], where[:, 1]]
+
+
+# One jit for every encoder: two of the same model (`SentenceModel` is hashable) share compiles.
+_jitted_embed = jax.jit(embed, static_argnames=("model", "segments"))
+
+
+def _padded(rows: np.ndarray, count: int) -> np.ndarray:
+  """`rows` and zero rows after them: `count` in all."""
+  return np.concatenate([rows, np.zeros((count - len(rows), rows.shape[1]), rows.dtype)])

@@ -1,0 +1,112 @@
+"""`python -m train.embed`: a file of texts in, its sentence embeddings out (.npy, .parquet,
+.jsonl), equal to what sentence-transformers' encode gives for the same folder, a chunk at a
+time; bad arguments and lines refused in one line, leaving no output behind."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests import hf_models
+from train.errors import RunError
+from train.outputs import embed
+
+st = pytest.importorskip("sentence_transformers")
+
+TEXTS = ["the quick brown fox", "jumps over the lazy dog", "0123 4567", "a b c d e f g h i j",
+         "+ - * / = < > ! ?", "abcd efgh ij " * 20, "9", "the dog"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+  """A tiny BERT with mean pooling and normalisation, saved by sentence-transformers."""
+  from sentence_transformers.base.modules import Normalize, Transformer
+  from sentence_transformers.sentence_transformer.modules import Pooling
+  hf = hf_models.write(tmp_path_factory.mktemp("hf"), "bert", head="base")
+  model = st.SentenceTransformer(modules=[Transformer(hf, max_seq_length=24),
+                                          Pooling(32, pooling_mode="mean"), Normalize()],
+                                 device="cpu")
+  path = str(tmp_path_factory.mktemp("st"))
+  model.save(path)
+  return path
+
+
+@pytest.fixture(scope="module")
+def expected(folder):
+  return st.SentenceTransformer(folder, device="cpu").encode(TEXTS)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+  monkeypatch.setattr(embed, "_CHUNK", 3)  # the 8 texts span three chunks
+
+
+def test_each_output_holds_the_embeddings_sentence_transformers_gives_in_input_order(
+    folder, expected, tmp_path, small_chunks):
+  source = tmp_path / "texts.jsonl"
+  ids = [f"doc-{i}" for i in range(len(TEXTS))]
+  source.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in zip(ids, TEXTS)))
+  assert embed.embed(folder, str(source), str(tmp_path / "e.npy")) == len(TEXTS)
+  np.testing.assert_allclose(np.load(tmp_path / "e.npy"), expected, atol=1e-5)
+
+  embed.embed(folder, str(source), str(tmp_path / "e.jsonl"))
+  lines = [json.loads(x) for x in (tmp_path / "e.jsonl").read_text().splitlines()]
+  assert [x["id"] for x in lines] == ids
+  np.testing.assert_allclose([x["embedding"] for x in lines], expected, atol=1e-5)
+
+  import pyarrow.parquet as pq
+  embed.embed(folder, str(source), str(tmp_path / "e.parquet"))
+  table = pq.read_table(tmp_path / "e.parquet").to_pydict()
+  assert table["id"] == ids
+  np.testing.assert_allclose(table["embedding"], expected, atol=1e-5)
+
+
+def test_a_text_file_is_one_text_a_line_and_its_ids_are_line_numbers(folder, expected, tmp_path):
+  source = tmp_path / "texts.txt"
+  source.write_text(TEXTS[0] + "\n\n" + "\n".join(TEXTS[1:]) + "\n")  # line 2 is blank
+  embed.embed(folder, str(source), str(tmp_path / "e.jsonl"))
+  lines = [json.loads(x) for x in (tmp_path / "e.jsonl").read_text().splitlines()]
+  assert [x["id"] for x in lines] == [1] + list(range(3, len(TEXTS) + 2))
+  np.testing.assert_allclose([x["embedding"] for x in lines], expected, atol=1e-5)
+
+
+def test_a_bad_line_after_the_first_chunk_leaves_no_output_and_names_the_line(
+    folder, tmp_path, small_chunks):
+  source = tmp_path / "texts.jsonl"
+  rows = [{"text": t} for t in TEXTS[:5]] + [{"text": ["not", "a", "string"]}]
+  source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  out = tmp_path / "e.npy"
+  with pytest.raises(RunError) as e:
+    embed.embed(folder, str(source), str(out))
+  assert str(e.value) == (f"--input {source}: line 6: 'text' (--text-field) is list, expected "
+                          f"a string")
+  assert list(tmp_path.iterdir()) == [source]
+
+
+@pytest.mark.parametrize("out, message", [
+    ("e.csv", "ends in '.csv', expected one of .npy, .parquet, .jsonl"),
+    ("missing/e.npy", "no directory"),
+    ("texts.jsonl", "the file --input"),
+])
+def test_unusable_outputs_are_refused_before_the_model_is_read(tmp_path, out, message):
+  source = tmp_path / "texts.jsonl"
+  source.write_text('{"text": "a text"}\n')
+  with pytest.raises(RunError, match=message) as e:
+    embed.embed(str(tmp_path / "no-model"), str(source), str(tmp_path / out))
+  assert str(e.value).startswith(f"--out {tmp_path / out}: ") and "\n" not in str(e.value)
+
+
+def test_the_command_says_what_it_wrote_and_refuses_in_one_line(folder, tmp_path, capsys):
+  source = tmp_path / "texts.txt"
+  source.write_text("\n".join(TEXTS))
+  assert embed.main(["--model", folder, "--input", str(source),
+                     "--out", str(tmp_path / "e.npy")]) == 0
+  assert capsys.readouterr().out == f"{tmp_path / 'e.npy'}: {len(TEXTS)} embeddings\n"
+  assert embed.main(["--model", str(tmp_path), "--input", str(source),
+                     "--out", str(tmp_path / "f.npy")]) == 2
+  error = capsys.readouterr().err.strip().splitlines()[-1]
+  assert error.startswith(f"embed: error: --model {tmp_path}: ")
+  assert embed.main(["--model", folder, "--input", str(source), "--prompt-name", "no-such-prompt",
+                     "--out", str(tmp_path / "f.npy")]) == 2
+  assert "--prompt-name no-such-prompt: not among the model's prompts" in capsys.readouterr().err
+  assert not (tmp_path / "f.npy").exists()
