@@ -7,11 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from tests import hf_models
 from train.errors import RunError
 from train.outputs import embed
 
+# sentence-transformers (and torch under it) save the folders and give the expected vectors.
 st = pytest.importorskip("sentence_transformers")
+from tests import hf_models  # noqa: E402  (torch and transformers)
 
 TEXTS = ["the quick brown fox", "jumps over the lazy dog", "0123 4567", "a b c d e f g h i j",
          "+ - * / = < > ! ?", "abcd efgh ij " * 20, "9", "the dog"]
