@@ -20,9 +20,9 @@ chunk of texts is tokenized while the device encodes the one before.
 
 In a jitted function of one's own, `embed` (or `encoder.apply`) maps packed rows to vectors:
 
-    rows = encoder.pack(encoder.tokenize(texts), length=128)
-    vectors = jax.jit(encoder.apply)(encoder.params, rows.tokens, rows.segment_ids,
-                                     rows.positions)  # [rows, segments, dim]; rows.where
+    rows = encoder.pack(encoder.tokenize(texts))  # PackedRows: int32 [rows, max_seq_length]
+    out = jax.jit(encoder.apply)(encoder.params, rows.tokens, rows.segment_ids, rows.positions)
+    vectors = out[rows.where[:, 0], rows.where[:, 1]]  # out: [rows, segments, dim]
 
 Shapes: r = rows, s = ids of a row, k = segments of a row, d = widths.
 """
@@ -77,8 +77,8 @@ TRANSFORMER_CONFIGS = tuple(f"sentence_{name}_config.json" for name in (
     "bert", "roberta", "distilbert", "camembert", "albert", "xlm-roberta", "xlnet"))
 # Ids a packed text takes at least ([CLS] x [SEP] is 3): a row of s ids holds s // 4 texts.
 SEGMENT_IDS = 4
-ROW_LENGTHS = (128, 256, 512)
-BATCH_TOKENS = 4096  # ids a call encodes: 32 rows of 128, 16 of 256, 8 of 512
+ROW_LENGTHS = (64, 128, 256, 512)
+BATCH_TOKENS = 2048  # ids a call encodes: 32 rows of 64, 16 of 128, 8 of 256, 4 of 512
 CHUNK_TEXTS = 2048  # texts tokenized and packed together, while the device runs the chunk before
 
 
@@ -289,10 +289,15 @@ def fill_rows(ids: Sequence[np.ndarray], texts: Sequence[int], row_of: np.ndarra
 
 
 def call_rows(rows: int, per_call: int) -> list[int]:
-  """The row counts of the calls that encode `rows` rows: `per_call` each, the rest in one
-  call of the next power of two, so that calls take log2(per_call) + 1 shapes at most."""
-  full, rest = divmod(rows, per_call)
-  return [per_call] * full + ([min(per_call, 1 << (rest - 1).bit_length())] if rest else [])
+  """The row counts of the calls that encode `rows` rows: `per_call` each, the rest in calls of
+  powers of four, largest first (13: 4, 4, 4, 1). No call computes an empty row, and calls
+  take log4(per_call) + 2 shapes at most (each shape compiles once)."""
+  calls, rest = [per_call] * (rows // per_call), rows % per_call
+  while rest:
+    size = 1 << (rest.bit_length() - 1) // 2 * 2  # the largest power of four <= rest
+    calls += [size] * (rest // size)
+    rest %= size
+  return calls
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,8 +510,7 @@ class SentenceEncoder:
            **options) -> SentenceEncoder:
     """The sentence-transformers folder `path`, computed in `dtype` (vectors are float32
     either way) by `attention_impl` (load_hf's default where None). `options`: row_lengths,
-    max_segments (SentenceEncoder's). Raises EmbeddingError (or load_hf's HFError, the
-    tokenizer's TokenizerError) in one line naming the file."""
+    max_segments (SentenceEncoder's). Raises EmbeddingError in one line naming the file."""
     path = os.fspath(path)
     try:
       module = transformer_folder(path)
@@ -517,7 +521,11 @@ class SentenceEncoder:
                            f"a Hugging Face model directory is flax_encoder.families.load_hf's)")
     modules = read_modules(path)
     settings = {"dtype": dtype} | ({"attention_impl": attention_impl} if attention_impl else {})
-    hf = read_hf(path, **settings)
+    try:
+      hf = read_hf(path, **settings)
+      tokenizer = tokenizer_from_directory(path)
+    except (HFError, TokenizerError) as e:
+      raise EmbeddingError(str(e)) from None
     config, params = hf.config, {"encoder": hf.variables["params"]}
     pooling, steps, width = None, [], config.d_model
     for kind, folder in modules:
@@ -530,7 +538,6 @@ class SentenceEncoder:
         width = step.out_features
       else:
         steps.append(read_normalize(folder))
-    tokenizer = tokenizer_from_directory(path)
     prompts, default, similarity = read_settings(path)
     return cls(SentenceModel(config, pooling, tuple(steps)), params, tokenizer,
                read_max_seq_length(path, module, config.max_len), prompts, default,
@@ -629,16 +636,12 @@ class SentenceEncoder:
       packed = fill_rows(ids, texts, row_of, rows, length, self.model.config.pad_id)
       row_starts = np.cumsum([0] + call_rows(len(rows), max(1, batch_tokens // length)))
       for first, end in zip(row_starts[:-1], row_starts[1:]):
-        count = min(end, len(rows)) - first
-        mine = (packed.where[:, 0] >= first) & (packed.where[:, 0] < first + count)
-        arrays = [_padded(a[first:first + count], end - first)
-                  for a in (packed.tokens, packed.segment_ids, packed.positions)]
-        arrays[0][count:] = self.model.config.pad_id
+        mine = (packed.where[:, 0] >= first) & (packed.where[:, 0] < end)
         self.shapes.add((int(end - first), length))
-        output = _jitted_embed(self.model, self.params, *arrays, pool_from,
-                               self.max_segments[k])
-        where = packed.where[mine] - [first, 0]
-        calls.append((output, where, start + texts[mine]))
+        output = _jitted_embed(self.model, self.params, packed.tokens[first:end],
+                               packed.segment_ids[first:end], packed.positions[first:end],
+                               pool_from, self.max_segments[k])
+        calls.append((output, packed.where[mine] - [first, 0], start + texts[mine]))
     return calls
 
   @staticmethod
@@ -650,7 +653,3 @@ class SentenceEncoder:
 # One jit for every encoder: two of the same model (`SentenceModel` is hashable) share compiles.
 _jitted_embed = jax.jit(embed, static_argnames=("model", "segments"))
 
-
-def _padded(rows: np.ndarray, count: int) -> np.ndarray:
-  """`rows` and zero rows after them: `count` in all."""
-  return np.concatenate([rows, np.zeros((count - len(rows), rows.shape[1]), rows.dtype)])

@@ -61,8 +61,9 @@ def folders(tmp_path_factory):
       "prompt": _save(root / "prompt", bert, Pooling(32, pooling_mode=(
           "mean", "cls", "lasttoken", "max", "weightedmean"), include_prompt=False),
           prompts={"query": "the query: ", "empty": ""}, default_prompt_name="query"),
-      "dense": _save(root / "dense", bert, Pooling(32, pooling_mode="mean"),
-                     Dense(32, 24), Dense(24, 16, bias=False, activation_function=None),
+      # tanh; then no activation, no bias, and a residual through a Linear of its own
+      "dense": _save(root / "dense", bert, Pooling(32, pooling_mode="mean"), Dense(32, 24),
+                     Dense(24, 16, bias=False, activation_function=None, use_residual=True),
                      Normalize(), similarity_fn_name="dot"),
       "roberta": _save(root / "roberta-st", roberta, Pooling(32, pooling_mode="cls"),
                        Normalize()),
@@ -111,17 +112,18 @@ def test_what_the_folders_say_is_read(loaded):
   # sentence_bert_config.json's max_seq_length
   assert (modes.max_seq_length, legacy.max_seq_length) == (MAX_SEQ, 12)
   assert [type(s).__name__ for s in dense.model.steps] == ["Dense", "Dense", "Normalize"]
-  assert [s.activation for s in dense.model.steps[:2]] == ["Tanh", "Identity"]
+  assert [(s.activation, s.bias, s.residual) for s in dense.model.steps[:2]] == [
+      ("Tanh", True, False), ("Identity", False, True)]
   assert (dense.similarity, modes.similarity) == ("dot", "cosine")
   assert np.allclose(np.linalg.norm(dense(TEXTS), axis=1), 1, atol=1e-6)
   assert max(len(i) for i in modes.tokenize(TEXTS)) == MAX_SEQ  # the long texts are cut
 
 
 @pytest.mark.parametrize("prompt", [{}, {"prompt_name": "empty"}, {"prompt": "a b c: "},
-                                    {"prompt": "0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1"}])
+                                    {"prompt": " ".join("0123456789" * 3)}])
 def test_a_prompt_is_left_out_of_the_pooling_as_sentence_transformers_leaves_it(loaded, prompt):
-  """The default prompt ("query"), none, others; the last longer than MAX_SEQ: nothing but
-  the prompt is left, and nothing is pooled."""
+  """The default prompt ("query"), none, others; the last of more than MAX_SEQ ids: no id of
+  the texts is left, and only the [SEP] after what is left of the prompt is pooled."""
   ours, theirs = loaded["prompt"]
   assert ours.prompts["query"] == "the query: " and ours.default_prompt_name == "query"
   np.testing.assert_allclose(ours(TEXTS, **prompt), theirs.encode(TEXTS, **prompt), rtol=0,
@@ -152,8 +154,8 @@ def test_calls_take_a_few_shapes(loaded):
   for n in range(1, len(TEXTS) + 1):
     ours(TEXTS[:n])
   rows_per_call = embeddings.BATCH_TOKENS // MAX_SEQ
-  assert ours.shapes <= {(1 << i, MAX_SEQ) for i in range(8)} | {(rows_per_call, MAX_SEQ)}
-  assert len(ours.shapes) <= 5  # 16 texts, 16 rows at most: 1, 2, 4, 8 or 16 a call
+  assert ours.shapes <= {(4 ** i, MAX_SEQ) for i in range(4)} | {(rows_per_call, MAX_SEQ)}
+  assert len(ours.shapes) <= 3  # 16 texts, 16 rows at most: 1, 4 or 16 a call
 
 
 def test_embed_in_a_jit_of_ones_own(loaded):
@@ -194,10 +196,10 @@ def test_rows_are_filled_first_fit_longest_first():
   assert row_of.tolist() == [1, 0, 0, 1] and kinds.tolist() == [1, 0]
 
 
-def test_the_last_call_is_a_power_of_two_rows():
-  assert embeddings.call_rows(35, 16) == [16, 16, 4]
+def test_the_rows_past_whole_calls_go_in_calls_of_powers_of_four():
+  assert embeddings.call_rows(38, 16) == [16, 16, 4, 1, 1]
   assert embeddings.call_rows(32, 16) == [16, 16]
-  assert embeddings.call_rows(13, 16) == [16] and embeddings.call_rows(1, 16) == [1]
+  assert embeddings.call_rows(13, 32) == [4, 4, 4, 1] and embeddings.call_rows(1, 16) == [1]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,233 @@
+r"""Sentence embeddings: flax_encoder.embeddings.SentenceEncoder (texts packed many to a row)
+against sentence-transformers' SentenceTransformer.encode, sentences per second on real text.
+
+  python -m benchmarks.embeddings --out benchmarks/results/embeddings.json  # minutes
+  python -m benchmarks.embeddings --model DIR --texts 0   # a folder of one's own; all texts
+  python -m benchmarks.embeddings --quick                 # a tiny BERT on 48 texts: seconds
+
+The texts are the prose paragraphs of the pydoc topics this checkout ships
+(benchmarks.finetune_packed.paragraphs: 1139, short and real); `--texts` of them (default 512),
+evenly spaced through the file. The model is `--model`, else the published all-MiniLM-L6-v2
+where the tests' cache holds it (tests/published.py; nothing is fetched here), else a random
+BERT of MiniLM's sizes with a WordPiece tokenizer trained on the texts, mean pooling and
+Normalize, saved by sentence-transformers into a temporary folder; the output says which.
+
+Both sides get the texts as a list and return float32 numpy vectors; both tokenize inside the
+timed call. Sides:
+
+  ours                   SentenceEncoder.load(folder)(texts): each text its own segment of a
+                         packed row, rows of 128 or 256 ids (at most max_seq_length).
+  ours, a text a row     the same with one text a row (max_segments=1): what packing saves.
+  sentence-transformers  SentenceTransformer(folder, device="cpu").encode(texts, batch_size=B)
+                         for B in `--batch-sizes` (its default is 32): sorted by length, each
+                         batch padded to its longest.
+
+Each side is called once untimed (ours compiles then: its first call and the shapes it
+compiled are reported apart), then `--reps` times, interleaved across the sides, each after an
+untimed pause (benchmarks.bench.PAUSE_S); a figure is the median. Before timing, our vectors
+must agree with sentence-transformers' (batch 32) to a cosine of 0.99999 for every text.
+torch.set_num_threads(os.cpu_count()), glibc malloc keeping freed memory for both
+(train.run.host.keep_freed_memory), float32 on both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from benchmarks import bench
+from benchmarks.finetune_packed import MINILM, QUICK, paragraphs
+from benchmarks.hf_walkthrough import wordpiece
+from flax_encoder import embeddings
+from flax_encoder.embeddings import SentenceEncoder
+from train.run.host import keep_freed_memory
+
+MIN_COSINE = 0.99999
+SEQ_LEN = 256  # all-MiniLM-L6-v2's max_seq_length, the random model's too
+
+
+def published_minilm() -> str | None:
+  """The published all-MiniLM-L6-v2 where the tests' cache holds it (tests/published.py
+  fetches it); None where it does not."""
+  from tests import published
+  folder = os.path.join(published.CACHE, f"all-MiniLM-L6-v2-{published.VERSION}")
+  return folder if os.path.isfile(os.path.join(folder, "model.safetensors")) else None
+
+
+def random_folder(folder: str, texts: list[str], sizes: dict) -> str:
+  """A sentence-transformers folder at `folder`: a random BERT of `sizes` with a WordPiece
+  tokenizer trained on `texts`, cut at SEQ_LEN ids, mean pooling, Normalize."""
+  import torch
+  import transformers
+  from sentence_transformers import SentenceTransformer
+  from sentence_transformers.base.modules import Normalize, Transformer
+  from sentence_transformers.sentence_transformer.modules import Pooling
+  torch.manual_seed(0)
+  bert = os.path.join(folder, "bert")
+  transformers.BertModel(transformers.BertConfig(**sizes)).save_pretrained(bert)
+  tok, special = wordpiece(texts, 8000)
+  transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **special).save_pretrained(bert)
+  modules = [Transformer(bert, max_seq_length=min(SEQ_LEN, sizes["max_position_embeddings"])),
+             Pooling(sizes["hidden_size"], pooling_mode="mean"), Normalize()]
+  out = os.path.join(folder, "sentence-transformers")
+  SentenceTransformer(modules=modules, device="cpu").save(out)
+  return out
+
+
+def computed_ids(encoder: SentenceEncoder, ids: list[np.ndarray], batch_tokens: int) -> int:
+  """The ids (real and padding) our calls encode for texts of `ids`, as __call__ packs them."""
+  total = 0
+  for start in range(0, len(ids), embeddings.CHUNK_TEXTS):
+    lengths = [len(i) for i in ids[start:start + embeddings.CHUNK_TEXTS]]
+    _, kinds = embeddings.assign_rows(lengths, encoder.row_lengths, encoder.max_segments)
+    for k, length in enumerate(encoder.row_lengths):
+      calls = embeddings.call_rows(int(np.sum(kinds == k)), max(1, batch_tokens // length))
+      total += sum(calls) * length
+  return total
+
+
+def padded_ids(lengths: np.ndarray, batch: int) -> int:
+  """The ids sentence-transformers encodes: the texts sorted by length, batches of `batch`,
+  each padded to its longest."""
+  ordered = np.sort(lengths)[::-1]
+  return int(sum(ordered[i] * len(ordered[i:i + batch]) for i in range(0, len(ordered), batch)))
+
+
+def measure(folder: str, texts: list[str], batch_sizes: list[int], reps: int) -> dict:
+  """The records of each side on `texts`, and what our first call and packing came to."""
+  from sentence_transformers import SentenceTransformer
+
+  start = time.perf_counter()
+  ours = SentenceEncoder.load(folder)
+  loaded = time.perf_counter() - start
+  vectors = ours(texts)
+  first_call = time.perf_counter() - start - loaded
+  compiled = sorted(ours.shapes)
+  one_a_row = SentenceEncoder.load(folder, max_segments=1)
+  theirs = SentenceTransformer(folder, device="cpu")
+  reference = theirs.encode(texts, batch_size=32)
+  cosine = np.sum(vectors * reference, 1) / (
+      np.linalg.norm(vectors, axis=1) * np.linalg.norm(reference, axis=1))
+  if cosine.min() < MIN_COSINE:
+    raise AssertionError(f"our vectors differ from sentence-transformers': min cosine "
+                         f"{cosine.min():.7f} < {MIN_COSINE}: not the same model")
+
+  runners = {"ours": lambda: ours(texts),
+             "ours, a text a row": lambda: one_a_row(texts)}
+  for b in batch_sizes:
+    runners[f"sentence-transformers, batch {b}"] = (
+        lambda b=b: theirs.encode(texts, batch_size=b))
+  seconds = bench.interleaved(runners, reps, warmup=1)
+
+  ids = ours.tokenize(texts)
+  lengths = np.asarray([len(i) for i in ids])
+  computed = {"ours": computed_ids(ours, ids, embeddings.BATCH_TOKENS),
+              "ours, a text a row": computed_ids(one_a_row, ids, embeddings.BATCH_TOKENS)}
+  for b in batch_sizes:
+    computed[f"sentence-transformers, batch {b}"] = padded_ids(lengths, b)
+  theirs_best = min(s for name, s in seconds.items() if name.startswith("sentence"))
+  theirs_default = seconds.get("sentence-transformers, batch 32", theirs_best)
+  records = [{"impl": name, "seconds": s, "sentences_per_s": len(texts) / s,
+              "computed_ids": computed[name], "real_ids": int(lengths.sum()),
+              "real_fraction": float(lengths.sum() / computed[name]),
+              "over_best_sentence_transformers": theirs_best / s,
+              "over_sentence_transformers_batch_32": theirs_default / s}
+             for name, s in seconds.items()]
+  return {"records": records, "min_cosine": float(cosine.min()),
+          "max_abs_diff": float(np.abs(vectors - reference).max()),
+          "ours": {"load_s": loaded, "first_call_s": first_call,
+                   "compiled_shapes": [list(s) for s in compiled],
+                   "row_lengths": list(ours.row_lengths),
+                   "max_segments": list(ours.max_segments),
+                   "batch_tokens": embeddings.BATCH_TOKENS},
+          "data": {"texts": len(texts), "max_seq_length": ours.max_seq_length,
+                   "median_ids": float(np.median(lengths)), "mean_ids": float(lengths.mean()),
+                   "cut_fraction": float(np.mean(lengths >= ours.max_seq_length))}}
+
+
+def table(records: list[dict]) -> str:
+  lines = ["| implementation | sentences / s | real / computed ids | over sentence-transformers' "
+           "best | over its default (batch 32) |", "|---|---:|---:|---:|---:|"]
+  for r in records:
+    lines.append(f"| {r['impl']} | {r['sentences_per_s']:,.1f} | {r['real_fraction']:.0%} | "
+                 f"{r['over_best_sentence_transformers']:.2f} | "
+                 f"{r['over_sentence_transformers_batch_32']:.2f} |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.embeddings", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--model", default=None,
+                      help="a sentence-transformers folder (default: the published "
+                           "all-MiniLM-L6-v2 if cached, else a random one of its sizes)")
+  parser.add_argument("--texts", type=int, default=None,
+                      help="texts encoded, evenly spaced (default 512; 48 quick; 0: all)")
+  parser.add_argument("--batch-sizes", default=None,
+                      help="sentence-transformers' batch sizes, comma-separated "
+                           "(default 16,32,64,128; 32 quick)")
+  parser.add_argument("--reps", type=int, default=None,
+                      help="timed calls per side, interleaved (default 3; 1 quick)")
+  parser.add_argument("--quick", action="store_true",
+                      help="a tiny random BERT (unless --model), 48 texts, 1 rep: seconds")
+  parser.add_argument("--out", default=None, help="results JSON (default: print only)")
+  args = parser.parse_args(argv)
+  count = args.texts if args.texts is not None else (48 if args.quick else 512)
+  batch_sizes = [int(b) for b in (args.batch_sizes or ("32" if args.quick else
+                                                       "16,32,64,128")).split(",")]
+  reps = args.reps or (1 if args.quick else 3)
+
+  malloc = "keep" if keep_freed_memory() else "default (not glibc)"
+  import torch
+  import transformers
+  transformers.utils.logging.disable_progress_bar()
+  transformers.utils.logging.set_verbosity_error()
+  torch.set_num_threads(os.cpu_count())
+  texts = paragraphs()[0]
+  if count:
+    texts = [texts[i] for i in np.unique(np.linspace(0, len(texts) - 1, min(count, len(texts)))
+                                         .round().astype(int))]
+  load_before = os.getloadavg()
+  with tempfile.TemporaryDirectory() as scratch:
+    folder = args.model or (None if args.quick else published_minilm())
+    if folder:
+      model = folder
+    else:
+      sizes = QUICK if args.quick else MINILM
+      folder = random_folder(scratch, paragraphs()[0], sizes)
+      model = (f"random BERT (hidden {sizes['hidden_size']}, {sizes['num_hidden_layers']} "
+               f"layers), WordPiece trained on the texts, mean pooling, Normalize")
+    measured = measure(folder, texts, batch_sizes, reps)
+  results = {"environment": {**bench.environment(), "transformers": transformers.__version__,
+                             "sentence_transformers": _version("sentence_transformers"),
+                             "malloc": malloc, "load_average_before": load_before,
+                             "load_average_after": os.getloadavg()},
+             "model": model, "dtype": "float32", "reps": reps, **measured}
+  print(f"model: {model}")
+  print(table(measured["records"]))
+  first = measured["ours"]
+  print(f"ours: first call {first['first_call_s']:.1f} s (load {first['load_s']:.1f} s), "
+        f"{len(first['compiled_shapes'])} shapes compiled {first['compiled_shapes']}; "
+        f"min cosine to sentence-transformers {measured['min_cosine']:.7f}", file=sys.stderr)
+  if args.out:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+      json.dump(results, f, indent=1)
+    print(f"wrote {args.out}", file=sys.stderr)
+  return 0
+
+
+def _version(package: str) -> str:
+  from importlib.metadata import version
+  return version(package)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
