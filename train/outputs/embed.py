@@ -17,7 +17,7 @@ sentence-transformers gives one). --input is one of:
   .parquet  columns id (a string) and embedding (float32 [dim]), in input order
   .jsonl    {"id": ..., "embedding": [...]} a line, in input order
 
-Texts are embedded 4096 at a time (packed several to a row by
+Texts are embedded 4096 at a time, fewer where they are long (packed several to a row by
 `flax_encoder.embeddings.SentenceEncoder`) and each chunk is written before the next is read,
 so the input may be far larger than memory. --out appears once every text is embedded, never
 half-written; Ctrl-C or SIGTERM leave nothing behind.
@@ -34,7 +34,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from train.data import sources
+from train.data import examples, sources
 from train.errors import RunError
 from train.files import unwritable_kind, written_whole
 
@@ -63,7 +63,8 @@ def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
     with written_whole(out_path) as tmp, _WRITERS[suffix](tmp, total, encoder.dim) as writer, \
         tqdm(desc="embed", unit="text", total=total, dynamic_ncols=True,
              disable=not show) as bar:
-      for chunk in _chunks(texts_of(source, input_path, text_field, id_field)):
+      for chunk in examples.chunked(texts_of(source, input_path, text_field, id_field),
+                                    _CHUNK, lambda item: (item[1],)):
         ids, texts = zip(*chunk)
         writer.write(list(ids), encoder(list(texts), prompt=prompt, prompt_name=prompt_name))
         count += len(chunk)
@@ -108,17 +109,6 @@ def texts_of(source: sources.Source, input_path: str, text_field: str,
     raise RunError(str(e)) from None
   except OSError as e:
     raise RunError(f"--input {input_path}: cannot read it ({e.strerror or e})") from None
-
-
-def _chunks(items: Iterator) -> Iterator[list]:
-  chunk = []
-  for item in items:
-    chunk.append(item)
-    if len(chunk) == _CHUNK:
-      yield chunk
-      chunk = []
-  if chunk:
-    yield chunk
 
 
 class _Npy:

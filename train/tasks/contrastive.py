@@ -42,7 +42,7 @@ from train.files import sha256_bytes
 from train.task import FREE, Definition, Field, Plots, Resume, Setup, boolean, choice, integer
 from train.task import number, string
 from train.tasks import finetune, tokenizing
-from train.tasks.start import encoder_config, ids, start_of, start_params
+from train.tasks.start import start_params
 
 POOLINGS = ("mean", "cls")
 FORMAT = "flax-encoder pairs 1"
@@ -378,30 +378,14 @@ def load_pairs(directory: str) -> dict:
 
 def _prepare(config, workdir: str, resume: Resume, paths: dict) -> finetune.Prepared:
   """The pairs of `paths` in WORKDIR/data, prepared unless they are there already for the same
-  request, and the encoder's config (as finetune.prepare, with the pairs' loader)."""
+  request, and the encoder's config."""
   fields = {name: config.data[f"{name}_field"] for name in TEXTS}
-  start = start_of(config, workdir)
-  tokenizer, tokenizer_file = tokenizing.tokenizer_of(
-      config, start, paths["train"], lambda record: [record.get(f) for f in fields.values()],
-      workdir)
-  _, pad_id = ids(config, start)
-  template = tokenizing.template_of(tokenizer) if start.hf is not None else None
-  directory = os.path.join(workdir, "data")
-  request = {"format": FORMAT, "fields": fields, "seq_len": config.train.seq_len,
-             "tokenizer": {"kind": tokenizer.spec.kind, "file": tokenizer_file,
-                           "offset": tokenizer.offset},
-             "vocab_size": tokenizer.vocab_size, "pad_id": pad_id,
-             "template": template.to_dict() if template else None}
-  same_request = lambda meta: (all(meta.get(k) == v for k, v in request.items()) and
-                               [i["path"] for i in meta["inputs"]] == list(paths.values()) and
-                               tokenizing.same_tokenizer_file(directory, tokenizer_file, tokenizer))
-  dataset.prepare_once(directory, same_request,
-                       lambda d: prepare_pairs(paths, d, tokenizer, tokenizer_file,
-                                               config.train.seq_len, fields, pad_id, template),
-                       resume.resuming, resume.allow_changes, "config.data")
-  loaded = load_pairs(directory)
-  cfg = encoder_config(config, start, loaded["meta"]["vocab_size"], pad_id)
-  return finetune.Prepared(start, loaded, cfg, pad_id)
+  seq_len = config.train.seq_len
+  return finetune.prepare(
+      config, workdir, resume, paths, lambda record: [record.get(f) for f in fields.values()],
+      lambda d, tokenizer, tokenizer_file, pad_id, template: prepare_pairs(
+          paths, d, tokenizer, tokenizer_file, seq_len, fields, pad_id, template),
+      {"format": FORMAT, "fields": fields}, load=load_pairs)
 
 
 # ---------------------------------------------------------------------------------------------

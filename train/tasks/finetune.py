@@ -75,10 +75,12 @@ Build = Callable[..., dict]  # (directory, tokenizer, tokenizer file, pad id, te
 
 
 def prepare(config, workdir: str, resume: Resume, paths: dict, texts: tokenizing.Texts,
-            build: Build, request: dict) -> Prepared:
+            build: Build, request: dict,
+            load: Callable[[str], dict] = examples.load_examples) -> Prepared:
   """The examples of `paths` ({'train': …, 'eval': …}) in WORKDIR/data, prepared by `build`
   unless they are there already for the same `request` (the task's fields, its label kind …,
-  beside the tokenizer, ids and seq_len said here), and the encoder's config."""
+  beside the tokenizer, ids and seq_len said here) and read back by `load`, and the encoder's
+  config."""
   start = start_of(config, workdir)
   tokenizer, tokenizer_file = tokenizing.tokenizer_of(config, start, paths["train"], texts, workdir)
   _, pad_id = ids(config, start)
@@ -95,7 +97,7 @@ def prepare(config, workdir: str, resume: Resume, paths: dict, texts: tokenizing
   dataset.prepare_once(directory, same_request,
                        lambda d: build(d, tokenizer, tokenizer_file, pad_id, template),
                        resume.resuming, resume.allow_changes, "config.data")
-  loaded = examples.load_examples(directory)
+  loaded = load(directory)
   cfg = encoder_config(config, start, loaded["meta"]["vocab_size"], pad_id)
   return Prepared(start, loaded, cfg, pad_id)
 
