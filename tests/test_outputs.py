@@ -168,6 +168,49 @@ def test_a_checkpoint_that_fails_verification_is_skipped_where_it_is_by_a_reader
   assert _tree(workdir) == before and not os.path.exists(workdir + "/checkpoints_corrupt")
 
 
+def _rotating(workdir, reads):
+  """A stand-in for a live run that saves the next checkpoint and deletes the one being read
+  during each of the first `reads` reads; the reads after it go through."""
+  from train.run.load import load_encoder
+
+  def read(real_read):
+    def reading(checkpointer):
+      if read.calls < reads:
+        read.calls += 1
+        steps = checkpointer.steps()
+        older = os.path.join(workdir, "checkpoints", str(steps[-1]))
+        shutil.copytree(older, os.path.join(workdir, "checkpoints", str(steps[-1] + 2)))
+        shutil.rmtree(older)
+        raise ValueError("Truncated Zstd-compressed stream")  # what tensorstore said
+      return real_read(checkpointer)
+    return reading
+  read.calls = 0
+  return read, load_encoder
+
+
+@pytest.mark.parametrize("patience, reads", [(120.0, 3), (0.0, 1)])
+def test_a_reader_starts_again_while_a_live_run_rotates_its_checkpoints(run, tmp_path,
+                                                                       monkeypatch, patience,
+                                                                       reads):
+  from train.run import load
+  workdir = str(tmp_path / "run")
+  shutil.copytree(run[0], workdir)
+  wrap, load_encoder = _rotating(workdir, reads)
+  real = load._reading
+  monkeypatch.setattr(load, "_PATIENCE_S", patience)
+  monkeypatch.setattr(load, "_reading", lambda w, read: real(w, wrap(read)))
+  if patience:  # each read that fails is tried again on the newer checkpoint, which reads
+    cfg, variables = load_encoder(workdir)
+    assert cfg.d_model == 16 and wrap.calls == 3
+    assert os.listdir(os.path.join(workdir, "checkpoints")) == ["10"]
+  else:  # out of patience: one line naming the workdir and what to do, no traceback
+    with pytest.raises(RunError) as e:
+      load_encoder(workdir)
+    assert str(e.value).startswith(f"workdir {workdir}: the live run deleted the checkpoint "
+                                   f"being read, on each of 1 tries") and "\n" not in str(e.value)
+    assert "config.train.keep_checkpoints" in str(e.value)
+
+
 @pytest.fixture(scope="module")
 def bert_run(tmp_path_factory):
   """A tiny classify run of a DistilBERT architecture from scratch: --layout hf exports it."""

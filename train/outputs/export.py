@@ -122,7 +122,7 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   try:
     print(export(args.workdir, args.out, args.layout, args.seq_len))
-  except ExportError as e:
+  except (ExportError, RunError) as e:
     print(f"export: error: {e}", file=sys.stderr)
     return 2
   except FileNotFoundError as e:  # train.run.load: a workdir without a checkpoint to read

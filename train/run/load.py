@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -19,29 +20,38 @@ import ml_collections
 from jax.sharding import Mesh
 
 from flax_encoder import Encoder, EncoderConfig, sharding
+from train.errors import RunError
 from train.run.checkpoint import Checkpointer
 
 
 # A live run keeps its newest `keep_checkpoints` and deletes older ones as it saves, perhaps
-# under a reader: how many times a reader starts again on the newer checkpoints.
-_ATTEMPTS = 5
+# under a reader: for how long a reader starts again on the newer checkpoints before it gives up
+# (a run that saves faster than its checkpoint is read; once it stops saving, a read succeeds).
+_PATIENCE_S = 120.0
 
 
 def _reading(workdir: str, read):
   """`read(checkpointer)` on the checkpoints of the run in `workdir`, read-only. Where it
   fails because a checkpoint it read was deleted meanwhile (a live run's rotation), it is
-  tried again on the checkpoints there are now."""
+  tried again on the checkpoints there are now; a RunError where the run keeps doing so."""
   directory = os.path.join(workdir, "checkpoints")
-  for attempt in range(_ATTEMPTS):
+  deadline, attempts = time.monotonic() + _PATIENCE_S, 0
+  while True:
     checkpointer = Checkpointer(directory, read_only=True) if os.path.isdir(directory) else None
     steps = checkpointer.steps() if checkpointer else []
     if not steps:
       raise FileNotFoundError(f"no checkpoints under workdir {workdir!r}")
+    attempts += 1
     try:
       return read(checkpointer)
     except Exception:
-      if not checkpointer.changed() or attempt == _ATTEMPTS - 1:
+      if not checkpointer.changed():
         raise  # not a checkpoint that went while it was read
+      if time.monotonic() > deadline:
+        raise RunError(f"workdir {workdir}: the live run deleted the checkpoint being read, "
+                       f"on each of {attempts} tries in {_PATIENCE_S:.0f} s (it saves the next "
+                       f"faster than one is read); read it again once it has stopped, or let it "
+                       f"keep more (config.train.keep_checkpoints)") from None
     finally:
       checkpointer.close()
 
