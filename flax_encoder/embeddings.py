@@ -42,6 +42,7 @@ import numpy as np
 from flax_encoder.config import EncoderConfig
 from flax_encoder.encoder import Encoder
 from flax_encoder.families import HFError, read_hf, read_hf_weights
+from flax_encoder.families.safetensors_file import write_safetensors
 from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
 from flax_encoder.modules_json import TRANSFORMERS, ModulesError, transformer_folder
 from flax_encoder.tokenizer import Template, Tokenizer, encode_examples
@@ -481,6 +482,78 @@ def read_max_seq_length(path: str, module: str, max_len: int) -> int:
 # The encoder
 
 
+# ---------------------------------------------------------------------------------------------
+# Writing a folder
+
+# The module types written: sentence-transformers' names before 6, which every version reads.
+_WRITTEN_TYPES = {"Transformer": TRANSFORMERS[0], "Pooling": "sentence_transformers.models.Pooling",
+                  "Dense": "sentence_transformers.models.Dense",
+                  "Normalize": "sentence_transformers.models.Normalize"}
+# Where torch.nn keeps each activation class, as Dense's config.json names it.
+_TORCH_ACTIVATIONS = {name: f"torch.nn.modules.{'linear' if name == 'Identity' else 'activation'}"
+                      f".{name}" for name in ACTIVATIONS}
+
+
+def save_modules(path: str, model: SentenceModel, params: dict, max_seq_length: int,
+                 similarity: str = "cosine", prompts: dict[str, str] | None = None,
+                 default_prompt_name: str | None = None, do_lower_case: bool = False) -> None:
+  """Writes into `path`, beside a Hugging Face model directory of `model.config` (the
+  Transformer module: config.json, weights, tokenizer.json), the files that make it a
+  sentence-transformers folder of `model`: modules.json, sentence_bert_config.json,
+  config_sentence_transformers.json and a folder per module after the Transformer (Dense's
+  weights as model.safetensors: `params['dense_i']`). What `load` reads back; in the layout
+  sentence-transformers 2 to 6 read (Pooling's mode flags where they give the modes' order).
+  `do_lower_case`: sentence-transformers lower-cases texts before the tokenizer reads them
+  (say so where the tokenizer.json beside it does not lower-case them itself)."""
+  def write(file: str, value) -> None:
+    os.makedirs(os.path.dirname(file), exist_ok=True)
+    with open(file, "w", encoding="utf-8") as f:
+      json.dump(value, f, indent=2)
+
+  modules = [("Transformer", "")]
+  width = model.config.d_model
+  pooling = {"word_embedding_dimension": width}
+  flagged = [mode for mode in POOLING_FLAGS.values() if mode in model.pooling.modes]
+  if tuple(flagged) == model.pooling.modes:
+    pooling.update({key: mode in flagged for key, mode in POOLING_FLAGS.items()})
+  else:  # an order the flags cannot say: sentence-transformers 6's list
+    pooling["pooling_mode"] = list(model.pooling.modes)
+  if not model.pooling.include_prompt:
+    pooling["include_prompt"] = False
+  modules.append(("Pooling", "1_Pooling"))
+  write(os.path.join(path, "1_Pooling", "config.json"), pooling)
+  width *= len(model.pooling.modes)
+  for step in model.steps:
+    folder = f"{len(modules)}_{type(step).__name__}"
+    modules.append((type(step).__name__, folder))
+    os.makedirs(os.path.join(path, folder), exist_ok=True)
+    if isinstance(step, Dense):
+      _save_dense(os.path.join(path, folder), step, params[f"dense_{len(modules) - 3}"])
+  write(os.path.join(path, "modules.json"), [
+      {"idx": i, "name": str(i), "path": folder, "type": _WRITTEN_TYPES[kind]}
+      for i, (kind, folder) in enumerate(modules)])
+  write(os.path.join(path, "sentence_bert_config.json"),
+        {"max_seq_length": max_seq_length, "do_lower_case": do_lower_case})
+  write(os.path.join(path, "config_sentence_transformers.json"),
+        {"prompts": dict(prompts or {}), "default_prompt_name": default_prompt_name,
+         "similarity_fn_name": similarity})
+
+
+def _save_dense(folder: str, step: Dense, params: dict) -> None:
+  config = {"in_features": step.in_features, "out_features": step.out_features,
+            "bias": step.bias, "activation_function": _TORCH_ACTIVATIONS[step.activation]}
+  state = {"linear.weight": np.asarray(params["kernel"], np.float32).T}
+  if step.bias:
+    state["linear.bias"] = np.asarray(params["bias"], np.float32)
+  if step.residual:
+    config["use_residual"] = True
+    if "residual" in params:
+      state["residual.weight"] = np.asarray(params["residual"], np.float32).T
+  with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+    json.dump(config, f, indent=2)
+  write_safetensors(os.path.join(folder, "model.safetensors"), state)
+
+
 class SentenceEncoder:
   """A sentence-transformers folder's texts -> vectors function (`load`); called on texts it
   returns `SentenceTransformer(folder).encode(texts)`'s float32 [n, dim]."""
@@ -488,13 +561,16 @@ class SentenceEncoder:
   def __init__(self, model: SentenceModel, params: dict, tokenizer: Tokenizer,
                max_seq_length: int, prompts: dict[str, str] | None = None,
                default_prompt_name: str | None = None, similarity: str = "cosine",
-               row_lengths: Sequence[int] | None = None, max_segments: int | None = None):
+               row_lengths: Sequence[int] | None = None, max_segments: int | None = None,
+               template: Template | None = None):
     self.model, self.tokenizer = model, tokenizer
     self.params = jax.device_put(params)
     self.max_seq_length = max_seq_length
     self.prompts, self.default_prompt_name = dict(prompts or {}), default_prompt_name
     self.similarity = similarity
-    self.template = tokenizer.template() or Template()
+    # the special ids around a text: the tokenizer's own unless the caller knows better (a
+    # training run's, recorded with its data)
+    self.template = template if template is not None else tokenizer.template() or Template()
     if row_lengths is None:
       row_lengths = [n for n in ROW_LENGTHS if n < max_seq_length] + [max_seq_length]
     self.row_lengths = tuple(sorted(set(row_lengths)))
@@ -508,7 +584,8 @@ class SentenceEncoder:
   @classmethod
   def load(cls, path: str | os.PathLike, dtype="float32", attention_impl: str | None = None,
            **options) -> SentenceEncoder:
-    """The sentence-transformers folder `path`, computed in `dtype` (vectors are float32
+    """The sentence-transformers folder `path` (or a Hugging Face model directory, mean
+    pooled as sentence-transformers makes one of it), computed in `dtype` (vectors are float32
     either way) by `attention_impl` (load_hf's default where None). `options`: row_lengths,
     max_segments (SentenceEncoder's). Raises EmbeddingError in one line naming the file."""
     path = os.fspath(path)
@@ -516,10 +593,12 @@ class SentenceEncoder:
       module = transformer_folder(path)
     except ModulesError as e:
       raise EmbeddingError(str(e)) from None
-    if module is None:
-      raise EmbeddingError(f"{path}: no modules.json (expected a sentence-transformers folder; "
-                           f"a Hugging Face model directory is flax_encoder.families.load_hf's)")
-    modules = read_modules(path)
+    if module is None and not os.path.isfile(os.path.join(path, "config.json")):
+      raise EmbeddingError(f"{path}: neither modules.json nor config.json, expected a "
+                           f"sentence-transformers folder or a Hugging Face model directory")
+    # a Hugging Face model directory: mean pooled, as sentence-transformers makes one of it
+    modules = read_modules(path) if module is not None else []
+    module = module or path
     settings = {"dtype": dtype} | ({"attention_impl": attention_impl} if attention_impl else {})
     try:
       hf = read_hf(path, **settings)
@@ -527,7 +606,7 @@ class SentenceEncoder:
     except (HFError, TokenizerError) as e:
       raise EmbeddingError(str(e)) from None
     config, params = hf.config, {"encoder": hf.variables["params"]}
-    pooling, steps, width = None, [], config.d_model
+    pooling, steps, width = Pooling(), [], config.d_model
     for kind, folder in modules:
       if kind == "Pooling":
         pooling = read_pooling(folder, width)

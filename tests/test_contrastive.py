@@ -228,14 +228,19 @@ def _overrides(config_fields: dict) -> list[str]:
   return [f"--config.{name}={value}" for name, value in config_fields.items()]
 
 
-def test_fine_tuning_ranks_the_held_out_pairs_better_than_the_start(topic_pairs, hf_dir,
-                                                                    tmp_path):
-  # GradCache, hard negatives and Matryoshka prefixes, as a run of the program.
-  workdir = str(tmp_path / "run")
-  result = runs.train(workdir, *_overrides({
+@pytest.fixture(scope="module")
+def tuned(topic_pairs, hf_dir, tmp_path_factory):
+  """(workdir, the program's result): GradCache, hard negatives and Matryoshka prefixes, as a
+  run of the program."""
+  workdir = str(tmp_path_factory.mktemp("tuned") / "run")
+  return workdir, runs.train(workdir, *_overrides({
       "data.train": topic_pairs[0], "data.eval": topic_pairs[1], "init.hf": hf_dir, **RUN,
       "task.cached": True, "task.mini_batch": 8, "task.matryoshka_dims": "32,16"}),
       config=os.path.join(runs.ROOT, "configs", "embed.py"))
+
+
+def test_fine_tuning_ranks_the_held_out_pairs_better_than_the_start(tuned):
+  workdir, result = tuned
   assert "320 training and 40 held-out" in result.stderr
   assert "pairs (with hard negatives)" in result.stderr
   records = runs.read_metrics(os.path.join(workdir, "metrics.jsonl"))
@@ -261,6 +266,104 @@ def test_fine_tuning_ranks_the_held_out_pairs_better_than_the_start(topic_pairs,
                                "family")} == {
       "pooling": "mean", "normalize": True, "matryoshka_dims": [32, 16],
       "similarity": "cosine", "family": "bert"}
+
+
+def _held_out_texts(topic_pairs) -> list[str]:
+  lines = [json.loads(line) for line in open(topic_pairs[1])]
+  return [line[name] for line in lines[:12] for name in ("anchor", "positive")]
+
+
+def test_the_run_embeds_texts_as_it_embedded_its_prepared_pairs(tuned, topic_pairs):
+  # The run read back (train.embed --model WORKDIR, the exports) against the model the step
+  # ran, on the ids the run prepared from the same held-out texts.
+  from train.run.load import load_params, recorded_encoder_config
+  workdir = tuned[0]
+  encoder = contrastive.sentence_encoder(workdir)
+  params, meta = load_params(workdir, lambda meta: lambda: SentenceEmbedder(
+      recorded_encoder_config(meta)).init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))[
+          "params"])
+  ids = contrastive.load_pairs(os.path.join(workdir, "data"))["eval"]
+  model = SentenceEmbedder(recorded_encoder_config(meta), "mean")
+  stepped = np.asarray(model.apply({"params": params}, jnp.asarray(ids["anchor"][:12])))
+  texts = _held_out_texts(topic_pairs)[::2]
+  got = encoder(texts)
+  np.testing.assert_allclose(got, stepped / np.linalg.norm(stepped, axis=1, keepdims=True),
+                             atol=1e-5)
+  assert encoder.max_seq_length == RUN["train.seq_len"] and encoder.similarity == "cosine"
+
+
+def test_the_run_exports_a_sentence_transformers_folder_that_gives_its_embeddings(
+    tuned, topic_pairs, tmp_path):
+  st = pytest.importorskip("sentence_transformers")
+  from flax_encoder.embeddings import SentenceEncoder
+  from train.outputs import embed
+  from train.outputs.export import main as export_main
+  workdir, out = tuned[0], str(tmp_path / "folder")
+  assert export_main(["--workdir", workdir, "--layout", "sentence-transformers",
+                      "--out", out]) == 0
+  texts = _held_out_texts(topic_pairs) + ["a text far longer than the run's sixteen ids, which "
+                                          "both cut where the run cut its pairs"]
+  want = contrastive.sentence_encoder(workdir)(texts)
+  theirs = st.SentenceTransformer(out, device="cpu")
+  got = theirs.encode(texts)
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  assert np.min(np.sum(got * want, axis=1)) >= 0.99999
+  assert theirs.max_seq_length == RUN["train.seq_len"]
+  np.testing.assert_allclose(SentenceEncoder.load(out)(texts), want, atol=1e-5)
+  # python -m train.embed --model WORKDIR: the run's own vectors, the folder's
+  source = tmp_path / "texts.txt"
+  source.write_text("\n".join(texts) + "\n")
+  embed.embed(workdir, str(source), str(tmp_path / "e.npy"))
+  np.testing.assert_allclose(np.load(tmp_path / "e.npy"), got, atol=1e-5)
+
+
+def test_the_run_exports_its_encoder_alone_as_the_bare_model_with_its_start_pooler(
+    tuned, hf_dir, tmp_path):
+  import torch
+  import transformers
+  from train.outputs.export import main as export_main
+  workdir, out = tuned[0], str(tmp_path / "hf")
+  assert export_main(["--workdir", workdir, "--layout", "hf", "--out", out]) == 0
+  model, info = transformers.AutoModel.from_pretrained(out, output_loading_info=True)
+  assert type(model).__name__ == "BertModel" and not info["missing_keys"], info
+  start = transformers.AutoModel.from_pretrained(hf_dir)
+  torch.testing.assert_close(model.pooler.dense.weight, start.pooler.dense.weight)
+  tokens = np.asarray(contrastive.load_pairs(os.path.join(workdir, "data"))["eval"]["anchor"][:4])
+  with torch.no_grad():
+    hidden = model(torch.as_tensor(tokens, dtype=torch.long),
+                   attention_mask=torch.as_tensor(tokens != 0)).last_hidden_state.numpy()
+  assert not np.allclose(hidden, start(torch.as_tensor(tokens, dtype=torch.long),
+                                       attention_mask=torch.as_tensor(tokens != 0))
+                         .last_hidden_state.detach().numpy(), atol=1e-3)  # the trained one
+  from train.run.load import load_encoder
+  cfg, variables = load_encoder(workdir)
+  from flax_encoder import Encoder
+  ours = np.asarray(Encoder(cfg).apply(variables, jnp.asarray(tokens)))
+  real = tokens != 0
+  np.testing.assert_allclose(hidden[real], ours[real], atol=1e-5)
+
+
+def test_a_contrastive_run_resumes_exactly(topic_pairs, hf_dir, tmp_path, capfd):
+  # The run from its checkpoint at step 4, as a run stopped there resumes, against the run
+  # that went on: the same losses, held-out ranking and parameters, bit for bit.
+  import shutil
+  from train import loop
+  from train.run.load import load_encoder
+  config = _config(topic_pairs, hf_dir, **{
+      "train.num_steps": 8, "train.checkpoint_every": 4, "train.eval_every": 4,
+      "train.keep_checkpoints": 2, "task.cached": True, "task.mini_batch": 8})
+  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+  assert loop.run(config, straight) == 0
+  shutil.copytree(straight, resumed)
+  shutil.rmtree(os.path.join(resumed, "checkpoints", "8"))
+  capfd.readouterr()
+  assert loop.run(config, resumed) == 0
+  assert "resumed from the checkpoint at step 4" in capfd.readouterr().err
+  assert runs.losses(resumed) == runs.losses(straight)
+  evals = lambda workdir: {r["step"]: r["mrr_at_10"] for r in runs.read_metrics(
+      os.path.join(workdir, "metrics.jsonl")) if r["split"] == "eval"}
+  assert evals(resumed) == evals(straight)
+  chex.assert_trees_all_equal(load_encoder(resumed)[1], load_encoder(straight)[1])
 
 
 BAD_LINES = [

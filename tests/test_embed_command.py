@@ -111,3 +111,13 @@ def test_the_command_says_what_it_wrote_and_refuses_in_one_line(folder, tmp_path
                      "--out", str(tmp_path / "f.npy")]) == 2
   assert "--prompt-name no-such-prompt: not among the model's prompts" in capsys.readouterr().err
   assert not (tmp_path / "f.npy").exists()
+
+
+def test_a_hugging_face_directory_is_mean_pooled_as_sentence_transformers_makes_one_of_it(
+    tmp_path):
+  hf = hf_models.write(tmp_path / "hf", "bert", head="base")
+  source = tmp_path / "texts.txt"
+  source.write_text("\n".join(TEXTS) + "\n")
+  embed.embed(hf, str(source), str(tmp_path / "e.npy"))
+  want = st.SentenceTransformer(hf, device="cpu").encode(TEXTS)  # Transformer, mean Pooling
+  np.testing.assert_allclose(np.load(tmp_path / "e.npy"), want, atol=1e-5)

@@ -1,5 +1,5 @@
 """flax_encoder.embeddings: sentence-transformers folders, saved here by sentence-transformers
-itself around tiny random models (BERT and RoBERTa, hidden 32, 2 layers), compute what
+itself around tiny random models (BERT, RoBERTa and MPNet, hidden 32, 2 layers), compute what
 `SentenceTransformer(folder).encode` computes, packed many texts to a row; the published
 all-MiniLM-L6-v2 too (tests/published.py; skipped offline)."""
 
@@ -40,6 +40,41 @@ def _save(path, transformer_dir, pooling, *after, **options) -> str:
   return str(path)
 
 
+def _mpnet(path) -> str:
+  """A tiny random MPNetModel (every parameter drawn: the relative position bias too) and a
+  WordPiece tokenizer as all-mpnet-base-v2's (<s> 0, <pad> 1 whence MPNet's positions count,
+  </s> 2; "<s> a </s></s> b </s>"; lower-cased), trained on hf_models.TEXTS, saved in `path`."""
+  import torch
+  import transformers
+  from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+  from tokenizers import trainers
+
+  from tests import hf_models
+  tok = Tokenizer(models.WordPiece(unk_token="<unk>"))
+  tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+  tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+  tok.train_from_iterator(hf_models.TEXTS, trainers.WordPieceTrainer(vocab_size=120,
+                                                                     special_tokens=specials))
+  tok.post_processor = processors.TemplateProcessing(
+      single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+      special_tokens=[("<s>", 0), ("</s>", 2)])
+  tok.decoder = decoders.WordPiece()
+  transformers.PreTrainedTokenizerFast(
+      tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+      pad_token="<pad>", cls_token="<s>", sep_token="</s>", mask_token="<mask>",
+  ).save_pretrained(path)
+  torch.manual_seed(2)
+  model = transformers.MPNetModel(transformers.MPNetConfig(
+      vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+      num_attention_heads=4, intermediate_size=37, max_position_embeddings=66))
+  with torch.no_grad():
+    for param in model.parameters():
+      param.add_(0.1 * torch.randn_like(param))
+  model.save_pretrained(path)
+  return str(path)
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
   """name -> a sentence-transformers folder (each a different set of modules)."""
@@ -53,6 +88,7 @@ def folders(tmp_path_factory):
   root = tmp_path_factory.mktemp("st")
   bert = hf_models.write(root / "bert", "bert", head="base")
   roberta = hf_models.write(root / "roberta", "roberta", head="base", seed=1)
+  mpnet = _mpnet(root / "mpnet")
   torch.manual_seed(0)
   out = {
       # every mode, in an order of its own (concatenated in it)
@@ -67,6 +103,11 @@ def folders(tmp_path_factory):
                      Normalize(), similarity_fn_name="dot"),
       "roberta": _save(root / "roberta-st", roberta, Pooling(32, pooling_mode="cls"),
                        Normalize()),
+      # all-mpnet-base-v2's modules
+      "mpnet": _save(root / "mpnet-st", mpnet, Pooling(32, pooling_mode="mean"), Normalize()),
+      "mpnet-prompt": _save(root / "mpnet-prompt", mpnet, Pooling(32, pooling_mode=(
+          "mean", "cls", "lasttoken", "max", "weightedmean"), include_prompt=False),
+          prompts={"query": "the query: ", "empty": ""}, default_prompt_name="query"),
   }
   # sentence-transformers before 6: a flag per mode (concatenated cls, max, mean), the width
   # as word_embedding_dimension, max_seq_length in sentence_bert_config.json
@@ -94,7 +135,7 @@ def loaded(folders):
           for name, path in folders.items()}
 
 
-@pytest.mark.parametrize("name", ["modes", "legacy", "dense", "roberta"])
+@pytest.mark.parametrize("name", ["modes", "legacy", "dense", "roberta", "mpnet"])
 def test_the_vectors_are_sentence_transformers(loaded, name):
   ours, theirs = loaded[name]
   got, want = ours(TEXTS), theirs.encode(TEXTS)
@@ -119,28 +160,32 @@ def test_what_the_folders_say_is_read(loaded):
   assert max(len(i) for i in modes.tokenize(TEXTS)) == MAX_SEQ  # the long texts are cut
 
 
+@pytest.mark.parametrize("name", ["prompt", "mpnet-prompt"])
 @pytest.mark.parametrize("prompt", [{}, {"prompt_name": "empty"}, {"prompt": "a b c: "},
                                     {"prompt": " ".join("0123456789" * 3)}])
-def test_a_prompt_is_left_out_of_the_pooling_as_sentence_transformers_leaves_it(loaded, prompt):
+def test_a_prompt_is_left_out_of_the_pooling_as_sentence_transformers_leaves_it(loaded, name,
+                                                                                prompt):
   """The default prompt ("query"), none, others; the last of more than MAX_SEQ ids: no id of
-  the texts is left, and only the [SEP] after what is left of the prompt is pooled."""
-  ours, theirs = loaded["prompt"]
+  the texts is left, and only the [SEP] (</s>) after what is left of the prompt is pooled."""
+  ours, theirs = loaded[name]
   assert ours.prompts["query"] == "the query: " and ours.default_prompt_name == "query"
   np.testing.assert_allclose(ours(TEXTS, **prompt), theirs.encode(TEXTS, **prompt), rtol=0,
                              atol=1e-5)
 
 
-def test_a_prompt_changes_the_vectors(loaded):
-  ours, theirs = loaded["prompt"]
-  # the prompt's ids with [CLS], less the [SEP] after it
+@pytest.mark.parametrize("name", ["prompt", "mpnet-prompt"])
+def test_a_prompt_changes_the_vectors(loaded, name):
+  ours, theirs = loaded[name]
+  # the prompt's ids with [CLS] (<s>), less the [SEP] (</s>) after it
   assert ours.prompt_length("the query: ") == len(theirs.tokenizer("the query: ").input_ids) - 1
   assert np.abs(ours(TEXTS[:4]) - ours(TEXTS[:4], prompt_name="empty")).max() > 1e-3
 
 
-def test_packed_texts_come_out_as_each_alone(loaded, monkeypatch):
+@pytest.mark.parametrize("name", ["modes", "mpnet"])
+def test_packed_texts_come_out_as_each_alone(loaded, name, monkeypatch):
   """Many texts a row, in calls of few rows, over chunks tokenized while the device runs: each
-  text's vector is the one it has alone in its row."""
-  ours, _ = loaded["modes"]
+  text's vector is the one it has alone in its row (MPNet's relative position bias too)."""
+  ours, _ = loaded[name]
   alone = np.stack([ours([text])[0] for text in TEXTS])
   monkeypatch.setattr(embeddings, "CHUNK_TEXTS", 5)
   packed = ours(TEXTS[::-1], batch_tokens=2 * MAX_SEQ)[::-1]
@@ -200,6 +245,31 @@ def test_the_rows_past_whole_calls_go_in_calls_of_powers_of_four():
   assert embeddings.call_rows(38, 16) == [16, 16, 4, 1, 1]
   assert embeddings.call_rows(32, 16) == [16, 16]
   assert embeddings.call_rows(13, 32) == [4, 4, 4, 1] and embeddings.call_rows(1, 16) == [1]
+
+
+@pytest.mark.parametrize("name", ["legacy", "dense", "modes", "mpnet-prompt"])
+def test_a_folder_written_back_is_the_same_model_to_both(loaded, folders, name, tmp_path):
+  # save_modules beside the Transformer's files: what sentence-transformers and load read back
+  from sentence_transformers import SentenceTransformer
+
+  from flax_encoder.embeddings import save_modules
+  ours, theirs = loaded[name]
+  out = str(tmp_path / "written")
+  os.makedirs(out)
+  for entry in os.listdir(folders[name]):  # the Hugging Face model directory alone
+    if os.path.isfile(os.path.join(folders[name], entry)) and entry not in (
+        "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"):
+      shutil.copy(os.path.join(folders[name], entry), out)
+  save_modules(out, ours.model, ours.params, ours.max_seq_length, ours.similarity, ours.prompts,
+               ours.default_prompt_name, do_lower_case=name == "legacy")
+  texts = _texts()
+  again = SentenceTransformer(out, device="cpu")
+  np.testing.assert_allclose(again.encode(texts), theirs.encode(texts), atol=1e-6)
+  assert (again.max_seq_length, again.similarity_fn_name, again.prompts) == (
+      theirs.max_seq_length, theirs.similarity_fn_name, theirs.prompts)
+  reread = SentenceEncoder.load(out)
+  assert reread.model == ours.model and reread.max_seq_length == ours.max_seq_length
+  np.testing.assert_allclose(reread(texts), ours(texts), atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------

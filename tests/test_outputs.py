@@ -299,3 +299,14 @@ def test_exporting_a_live_run_again_and_again_does_not_disturb_it(tmp_path):
   steps = [r["step"] for r in read_metrics(os.path.join(workdir, "metrics.jsonl"))
            if r["split"] == "train"]
   assert max(steps) == 160
+
+
+def test_a_run_that_embeds_no_sentences_is_no_sentence_transformers_folder(run, tmp_path,
+                                                                            capsys):
+  out = str(tmp_path / "folder")
+  assert export_main(["--workdir", run[0], "--layout", "sentence-transformers",
+                      "--out", out]) == 2
+  assert capsys.readouterr().err == (
+      "export: error: --layout sentence-transformers: a classify run embeds no sentences (a "
+      "contrastive run does: configs/embed.py)\n")
+  assert not os.path.exists(out)

@@ -233,6 +233,10 @@ class Definition:
       record. None: the task predicts nothing (pretraining).
     hf_model: (workdir, config) -> HFModel: the run as transformers' model of the task, for
       `python -m train.export --layout hf`; None: the task has none.
+    sentence_encoder: workdir -> the run as a `flax_encoder.embeddings.SentenceEncoder` (texts
+      to vectors), for `python -m train.embed --model WORKDIR` and `python -m train.export
+      --layout sentence-transformers` (its hf_model is the Transformer module); None: the
+      task embeds no sentences.
     check: cross-field checks of the config (RunError), after each field's own.
     tokenizer: (config, workdir) -> the run's tokenizer (train.data.tokens.Tokenizer), its ids
       numbered as the model's; None: the prepared data's (train.data.dataset.run_tokenizer).
@@ -246,5 +250,6 @@ class Definition:
   export: Callable[..., str] | None = None
   predictor: Any = None
   hf_model: Callable[..., HFModel] | None = None
+  sentence_encoder: Callable[[str], Any] | None = None
   check: Callable[[Any], None] | None = None
   tokenizer: Callable[..., Any] | None = None

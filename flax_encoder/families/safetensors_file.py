@@ -1,4 +1,5 @@
-"""A .safetensors file as numpy arrays, read without torch (`read_safetensors`): what
+"""A .safetensors file as numpy arrays, read (`read_safetensors`) and written
+(`write_safetensors`) without torch; `read_safetensors` gives what
 `flax_encoder.families.load_hf` and `flax_encoder.pytorch.load_torch_checkpoint` return for
 one. safetensors comes with the `hf` extra (and the `torch` one); it is imported on the first
 read, so that importing the library imports neither it nor torch."""
@@ -36,3 +37,12 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
       raise ValueError(f"checkpoint {path!r}: {name!r} holds torch.{value.dtype.name} values, "
                        f"expected floating-point weights")
   return weights
+
+
+def write_safetensors(path: str | os.PathLike, state: dict[str, np.ndarray]) -> None:
+  """Writes names -> numpy arrays to the .safetensors file `path` as torch reads them back."""
+  import safetensors.numpy
+
+  # contiguous: safetensors writes an array's buffer as it lies (a transposed view's too)
+  safetensors.numpy.save_file({k: np.ascontiguousarray(v) for k, v in state.items()},
+                              os.fspath(path), metadata={"format": "pt"})

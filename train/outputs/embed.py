@@ -3,8 +3,10 @@ r"""Sentence embeddings of a file of texts, read and written a chunk at a time.
   python -m train.embed --model all-MiniLM-L6-v2 --input texts.jsonl --out embeddings.npy
 
 --model is a sentence-transformers folder (its modules: Transformer, Pooling, Dense,
-Normalize; its prompts) or a Hugging Face model directory (mean pooling, as
-sentence-transformers gives one). --input is one of:
+Normalize; its prompts), a Hugging Face model directory (mean pooling, as
+sentence-transformers gives one) or the workdir of a contrastive run (configs/embed.py: its
+newest checkpoint, pooling and normalization, its texts cut as its pairs were).
+--input is one of:
 
   .txt      one text a line (blank lines left out); a text's id is its line number
   .jsonl    JSON objects with the text under --text-field ("text"); the id under --id-field
@@ -82,11 +84,34 @@ def load_encoder(model: str, dtype: str):
   from flax_encoder.embeddings import SentenceEncoder
   if not os.path.isdir(model):
     raise RunError(f"--model {model}: no such directory, expected a sentence-transformers "
-                   f"folder or a Hugging Face model directory")
+                   f"folder, a Hugging Face model directory or a contrastive run's workdir")
+  if is_workdir(model):
+    return _run_encoder(model, dtype)
   try:
     return SentenceEncoder.load(model, dtype=dtype)
   except ValueError as e:  # the library's errors name the file and what it holds
     raise RunError(f"--model {model}: {e}") from None
+
+
+def is_workdir(path: str) -> bool:
+  """Whether `path` is a training run's workdir (its checkpoints, its config)."""
+  return os.path.isdir(os.path.join(path, "checkpoints")) and not os.path.isfile(
+      os.path.join(path, "config.json"))
+
+
+def _run_encoder(workdir: str, dtype: str):
+  """The SentenceEncoder of the training run `workdir`: its task's `sentence_encoder`."""
+  from train import tasks
+  from train.run.load import load_config
+  try:
+    task = load_config(workdir).task.get("name", "masked_lm")
+  except FileNotFoundError as e:  # train.run.load: no checkpoint to read
+    raise RunError(f"--model {workdir}: {e}") from None
+  definition = tasks.definition(task)
+  if definition.sentence_encoder is None:
+    raise RunError(f"--model {workdir}: a {task} run, which embeds no sentences; expected a "
+                   f"contrastive run (configs/embed.py) or a sentence-transformers folder")
+  return definition.sentence_encoder(workdir, dtype)
 
 
 def texts_of(source: sources.Source, input_path: str, text_field: str,

@@ -5,6 +5,7 @@
   python -m train.export --workdir runs/demo --out encoder.safetensors [--layout torch_nn]
   python -m train.export --workdir runs/demo --out encoder.jaxexport [--seq-len 64]
   python -m train.export --workdir runs/bert-cls --layout hf --out bert-cls/
+  python -m train.export --workdir runs/embed --layout sentence-transformers --out embedder/
 
 A .msgpack file of a pretraining run holds the encoder's config and parameters; any JAX
 program with the library installed loads it with `flax_encoder.weights.load_weights` (no
@@ -15,7 +16,9 @@ for regression and tagging the encoder alone (`--layout hf` writes their heads t
 weights (.safetensors, .pt, .pth, .bin) need the `torch` extra. A .jaxexport file is the
 compiled encoder with its weights (StableHLO for CPU and CUDA), taking int32 ids
 [batch, seq_len]; it runs with `jax.export.deserialize(data).call(tokens)` and no code of this
-package. `--layout hf` writes a directory transformers loads (train.outputs.hf_export).
+package. `--layout hf` writes a directory transformers loads (train.outputs.hf_export);
+`--layout sentence-transformers`, of a contrastive run, a folder `SentenceTransformer(DIR)`
+and `flax_encoder.embeddings.SentenceEncoder.load(DIR)` load.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from train.run.workdir import out_problem, run_file
 
 _TORCH = (".safetensors", ".pt", ".pth", ".bin")
 SUFFIXES = (".msgpack", ".jaxexport", *_TORCH)
+DIRECTORY_LAYOUTS = ("hf", "sentence-transformers")  # --out is a directory
 
 
 class ExportError(Exception):
@@ -46,8 +50,8 @@ def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None
   For a .jaxexport file, `seq_len` defaults to the run's config.train.seq_len. With layout
   "hf", `out` is a new directory (train.outputs.hf_export).
   """
-  if layout == "hf":
-    return _export_hf(workdir, out)
+  if layout in DIRECTORY_LAYOUTS:
+    return _export_directory(workdir, out, layout)
   if not out.endswith(SUFFIXES):
     raise ExportError(f"--out must end in {', '.join(SUFFIXES)}, got {out!r}")
   if out.endswith(_TORCH):
@@ -69,16 +73,18 @@ def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None
   return out if stream(out) else readable_as_umask_allows(out)
 
 
-def _export_hf(workdir: str, out: str) -> str:
+def _export_directory(workdir: str, out: str, layout: str) -> str:
   from train.outputs import hf_export
   if not os.path.isdir(workdir):
     raise ExportError(f"--workdir {workdir}: no such directory")
-  problem = hf_export.check_out(out) or (
+  problem = hf_export.check_out(out, layout) or (
       run_file(workdir, out) and f"--out {out}: inside the run's own {run_file(workdir, out)}")
   if problem:
     raise ExportError(problem)
   try:
-    return hf_export.export_hf(workdir, out)
+    if layout == "hf":
+      return hf_export.export_hf(workdir, out)
+    return hf_export.export_sentence_transformers(workdir, out)
   except RunError as e:
     raise ExportError(str(e)) from None
 
@@ -116,7 +122,8 @@ def main(argv=None) -> int:
   parser.add_argument("--out", required=True)
   parser.add_argument("--layout", default="tutorial",
                       help="PyTorch weights: tutorial (the tutorial port's names) or torch_nn; "
-                           "hf: a Hugging Face directory (--out DIR)")
+                           "hf: a Hugging Face directory (--out DIR); sentence-transformers: "
+                           "a sentence-transformers folder of a contrastive run (--out DIR)")
   parser.add_argument("--seq-len", type=int, default=None,
                       help=".jaxexport: input length (default: the run's train.seq_len)")
   args = parser.parse_args(argv)

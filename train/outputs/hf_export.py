@@ -13,6 +13,10 @@ differs where the run's encoder is no model of the family. The export keeps the 
 directory's entries the family carries (`Family.carried`: ModernBERT's special ids), its
 dropout rates (the model's settings for whoever trains it next, whatever this run trained
 with) and its tokenizer files.
+
+`--layout sentence-transformers` writes that directory as the Transformer module of a
+sentence-transformers folder and the modules the run's `sentence_encoder` computes after it
+(`flax_encoder.embeddings.save_modules`: a contrastive run's pooling and Normalize).
 """
 
 from __future__ import annotations
@@ -34,14 +38,15 @@ from train.run.load import load_config
 _TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
 
-def check_out(out: str) -> str | None:
+def check_out(out: str, layout: str = "hf") -> str | None:
   """Why `out` cannot be the directory written, or None. A link to a new or empty directory
   is written through: its target is the directory written."""
   real = os.path.realpath(out)
   if os.path.isdir(real) and os.listdir(real):
     return f"--out {out}: a directory that holds files, expected a new or empty directory"
   if os.path.exists(real) and not os.path.isdir(real):
-    return f"--out {out}: a file, expected a new or empty directory (--layout hf writes one)"
+    return (f"--out {out}: a file, expected a new or empty directory (--layout {layout} "
+            f"writes one)")
   if not os.path.isdir(os.path.dirname(real)):
     return f"--out {out}: no directory {os.path.dirname(real)} to write it in"
   return None
@@ -67,9 +72,47 @@ def _family(config, model) -> families.Family:
 
 def export_hf(workdir: str, out: str) -> str:
   """Writes the run in `workdir` to the directory `out` (see the module docstring)."""
+  config = load_config(workdir)
+  write = _writer(workdir, config)
+  with temporary_directory(out) as tmp, os_errors_of_safetensors():
+    write(tmp)
+    readable_as_umask_allows(tmp)
+  return out
+
+
+def export_sentence_transformers(workdir: str, out: str) -> str:
+  """Writes the run in `workdir` to the directory `out` as a sentence-transformers folder:
+  its hf_model at the top as the Transformer module, then the modules after it (its
+  definition's `sentence_encoder`: pooling, Normalize), which SentenceTransformer(out) and
+  flax_encoder.embeddings.SentenceEncoder.load(out) load."""
+  from flax_encoder.embeddings import save_modules
+  config = load_config(workdir)
+  task = config.task.get("name", "masked_lm")
+  definition = tasks.definition(task)
+  if definition.sentence_encoder is None:
+    raise RunError(f"--layout sentence-transformers: a {task} run embeds no sentences "
+                   f"(a contrastive run does: configs/embed.py)")
+  write = _writer(workdir, config)
+  encoder = definition.sentence_encoder(workdir)
+  with temporary_directory(out) as tmp, os_errors_of_safetensors():
+    write(tmp)
+    if not os.path.isfile(os.path.join(tmp, "tokenizer.json")):
+      raise RunError(f"--layout sentence-transformers: the run's ids are this project's own "
+                     f"(config.data.tokenizer={config.data.tokenizer!r}), not a Hugging Face "
+                     f"tokenizer's, so there is no tokenizer.json to give it; start from one "
+                     f"(config.init.hf)")
+    save_modules(tmp, encoder.model, encoder.params, encoder.max_seq_length,
+                 similarity=encoder.similarity)
+    readable_as_umask_allows(tmp)
+  return out
+
+
+def _writer(workdir: str, config):
+  """A function that writes the run as transformers' model of its task into a directory:
+  config.json, model.safetensors and the tokenizer files. Whatever refuses the conversion
+  (a RunError) is found before anything is written."""
   import safetensors.numpy
 
-  config = load_config(workdir)
   task = config.task.get("name", "masked_lm")
   definition = tasks.definition(task)
   if definition.hf_model is None:
@@ -83,18 +126,19 @@ def export_hf(workdir: str, out: str) -> str:
                                   **{**_carried(config, family), **entries})
   except families.HFError as e:
     raise RunError(f"--layout hf: {e}") from None
-  with temporary_directory(out) as tmp, os_errors_of_safetensors():
+
+  def write(directory: str) -> None:
     # Contiguous: safetensors writes an array's buffer as it lies (a transposed view's too).
     safetensors.numpy.save_file({k: np.ascontiguousarray(v, np.float32 if v.dtype.name ==
                                                          "bfloat16" else v.dtype)
                                  for k, v in state.items()},
-                                os.path.join(tmp, "model.safetensors"),
+                                os.path.join(directory, "model.safetensors"),
                                 metadata={"format": "pt"})
-    with open(os.path.join(tmp, "config.json"), "w") as f:
+    with open(os.path.join(directory, "config.json"), "w") as f:
       json.dump(contents, f, indent=2)
-    _tokenizer(model.tokenizer, _start(config), tmp, config.train.seq_len)
-    readable_as_umask_allows(tmp)
-  return out
+    _tokenizer(model.tokenizer, _start(config), directory, config.train.seq_len)
+
+  return write
 
 
 def _carried(config, family: families.Family) -> dict:

@@ -32,15 +32,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder import EncoderConfig
+from flax_encoder import EncoderConfig, families
 from flax_encoder.classifier import pool
 from flax_encoder.encoder import Encoder
-from flax_encoder.tokenizer import example_ids, is_cut, visible
+from flax_encoder.tokenizer import Template, example_ids, is_cut, visible
 from train.data import dataset, examples, sources
 from train.errors import RunError
 from train.files import sha256_bytes
-from train.task import FREE, Definition, Field, Plots, Resume, Setup, boolean, choice, integer
-from train.task import number, string
+from train.run.load import load_params, recorded_encoder_config
+from train.task import FREE, Definition, Field, HFModel, Plots, Resume, Setup, boolean, choice
+from train.task import integer, number, string
 from train.tasks import finetune, tokenizing
 from train.tasks.start import start_params
 
@@ -459,6 +460,61 @@ def summary(metrics: dict) -> str:
           f"{metrics['loss']:.3f}")
 
 
+# ---------------------------------------------------------------------------------------------
+# The run read back: train.embed --model WORKDIR, train.export --layout hf or
+# sentence-transformers.
+
+
+def read_trained(workdir: str, **settings) -> tuple[EncoderConfig, dict, dict]:
+  """(the encoder's config, run as `settings` say; the parameters {'encoder': …}; the
+  checkpoint's record) of the newest verified checkpoint of the contrastive run `workdir`."""
+  def init_for(record):
+    model = SentenceEmbedder(recorded_encoder_config(record), record["pooling"])
+    return lambda: model.init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
+
+  params, record = load_params(workdir, init_for)
+  return recorded_encoder_config(record, **settings), params, record
+
+
+def sentence_encoder(workdir: str, dtype: str = "float32"):
+  """The run as a SentenceEncoder computed in `dtype`: its encoder, its pooling and (with
+  config.task.normalize) a Normalize; its tokenizer and template, texts cut to its seq_len,
+  as its pairs were prepared."""
+  from flax_encoder.embeddings import Normalize, Pooling, SentenceEncoder, SentenceModel
+  cfg, params, record = read_trained(workdir, dtype=dtype)
+  meta = read_meta(os.path.join(workdir, "data"))
+  steps = (Normalize(),) if record["normalize"] else ()
+  return SentenceEncoder(SentenceModel(cfg, Pooling((record["pooling"],)), steps), params,
+                         tokenizing.run_tokenizer(workdir, meta), meta["seq_len"],
+                         similarity=record["similarity"],
+                         template=Template.from_dict(meta["template"]) if meta.get("template")
+                         else Template())
+
+
+def hf_model(workdir: str, config) -> HFModel:
+  """The run's encoder as transformers' bare model (AutoModel: what sentence-transformers'
+  Transformer module loads), with the pooler of the checkpoint it started from, which it did
+  not train (sentence-transformers' fine-tuning leaves it as it is too)."""
+  cfg, params, record = read_trained(workdir)
+  tokenizer = tokenizing.run_tokenizer(workdir, read_meta(os.path.join(workdir, "data")))
+  own = tokenizer.spec.kind == "huggingface" and tokenizer.offset == 0
+  variables = {"params": params["encoder"], "heads": _start_pooler(record.get("start"))}
+  return HFModel(cfg, record.get("family"), lambda family: (
+      families.to_hf_state_dict(variables, cfg, family.name),
+      {"architectures": [f"{family.stem}Model"]}), tokenizer.spec.path if own else None)
+
+
+def _start_pooler(start: str | None) -> dict:
+  """{'pooler': …} of the Hugging Face directory `start`; {} where it has none or is gone."""
+  if not start or not os.path.isdir(start):
+    return {}
+  try:
+    heads = families.read_hf(start).variables.get("heads", {})
+  except (ValueError, OSError):
+    return {}
+  return {"pooler": heads["pooler"]} if "pooler" in heads else {}
+
+
 def _dims_field(value):
   return None if matryoshka_dims(value) is not None else (
       "a string of distinct positive integers separated by commas ('384,256,128'), or ''")
@@ -488,6 +544,8 @@ DEFINITION = Definition(
                 baseline=("random_mrr_at_10", "baseline: MRR@10 of a random ranking"),
                 accuracy_title="Held-out retrieval: each anchor among all positives"),
     summary=summary,
+    hf_model=hf_model,
+    sentence_encoder=sentence_encoder,
     check=check,
     tokenizer=lambda config, workdir: tokenizing.run_tokenizer(
         workdir, read_meta(os.path.join(workdir, "data"))),
