@@ -57,7 +57,7 @@ from train.data.tokens import UNKNOWN_WARNING, Tokenizer
 FORMAT = "flax-encoder examples 1"
 BUILTIN = "builtin:stdlib-packages"
 BUILTIN_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin")
-_CHUNK = 2048  # examples tokenized at once
+CHUNK = 2048  # examples tokenized at once
 # A chunk also holds this many characters at most (but for the example that passes it): the
 # tokenizers hold 130 to 200 bytes per character they encode at once.
 _CHUNK_CHARS = 1 << 22
@@ -80,7 +80,7 @@ def label_kind(meta: dict) -> str:
 def read_labels(path: str, label_field: str) -> list:
   """The sorted classes of a file's labels, every line checked."""
   source, labels, kind = sources.Source(path), set(), None
-  for number, record in _records(source):
+  for number, record in records(source):
     label = record.get(label_field, _MISSING)
     if label is _MISSING:
       raise RunError(f"{path}:{number}: no {label_field!r} field, expected every line to have "
@@ -146,7 +146,7 @@ def known(label, classes: dict) -> bool:
 _MISSING = object()
 
 
-def _records(source: sources.Source) -> Iterator[tuple[int, dict]]:
+def records(source: sources.Source) -> Iterator[tuple[int, dict]]:
   try:
     yield from source.records()
   except sources.PrepareError as e:
@@ -158,7 +158,7 @@ def _records(source: sources.Source) -> Iterator[tuple[int, dict]]:
 def _examples(source: sources.Source, fields: dict, classes: dict | None) -> Iterator[tuple]:
   """(line number, text, pair or None, class index, or the number where `classes` is None)
   of each line, checked."""
-  for number, record in _records(source):
+  for number, record in records(source):
     text, pair = record.get(fields["text"]), record.get(fields["pair"])
     if not isinstance(text, str):
       raise RunError(f"{source.path}:{number}: no string {fields['text']!r} field, expected "
@@ -236,17 +236,17 @@ def prepare_examples(paths: dict, directory: str, tokenizer: Tokenizer, tokenize
   `kind`: the labels are classes ("class") or numbers ("number"). `max_segments`: the
   examples (classes) are packed, that many a row at most (`pack`); None: one a row."""
   laid = (*template.start, *template.between, *template.end) if template else (separator_id,)
-  _check_ids(tokenizer, pad_id, laid)
+  check_ids(tokenizer, pad_id, laid)
   classes = None
   if kind == "class":
     classes = {label: i for i, label in enumerate(read_labels(paths["train"], fields["label"]))}
   elif max_segments is not None:
     raise ValueError(f"max_segments: {max_segments}, expected None for {kind!r} labels: only "
                      f"classes are packed")
-  dtype = _ids_dtype(tokenizer)
+  dtype = ids_dtype(tokenizer)
 
   def encode(source, counts):
-    for chunk in chunked(_examples(source, fields, classes), _CHUNK, lambda e: e[1:3]):
+    for chunk in chunked(_examples(source, fields, classes), CHUNK, lambda e: e[1:3]):
       texts = tokenizer.encode_batch([visible(t, seq_len) for _, t, _, _ in chunk])
       pairs = tokenizer.encode_batch([visible(p or "", seq_len) for _, _, p, _ in chunk])
       laid = []
@@ -270,7 +270,7 @@ def prepare_examples(paths: dict, directory: str, tokenizer: Tokenizer, tokenize
       yield {"tokens": rows, "labels": labels}
 
   packed = {"packed": {"max_segments": max_segments}} if max_segments is not None else {}
-  return _write(paths, directory, tokenizer, tokenizer_file, encode, "a text and a label", {
+  return write_splits(paths, directory, tokenizer, tokenizer_file, encode, "a text and a label", {
       "labels": list(classes) if classes else None, "label_kind": recorded_kind(kind),
       "pad_id": pad_id, "separator_id": separator_id,
       "template": template.to_dict() if template else None, "seq_len": seq_len,
@@ -322,13 +322,13 @@ def prepare_tagged(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_
   `prepare_examples` writes texts, each word's tag at its first id (`encode_words`) and -1
   at every other position; returns its dataset.json, which also counts the words left
   untagged (cut off by seq_len, or tokenized to nothing)."""
-  _check_ids(tokenizer, pad_id, (*template.start, *template.end) if template else ())
+  check_ids(tokenizer, pad_id, (*template.start, *template.end) if template else ())
   tags = {tag: i for i, tag in enumerate(read_tags(paths["train"], fields))}
-  dtype = _ids_dtype(tokenizer)
+  dtype = ids_dtype(tokenizer)
   specials = (len(template.start), len(template.end)) if template else (0, 0)
 
   def encode(source, counts):
-    for chunk in chunked(_tagged(source, fields, tags), _CHUNK, lambda e: e[1]):
+    for chunk in chunked(_tagged(source, fields, tags), CHUNK, lambda e: e[1]):
       rows = np.full((len(chunk), seq_len), pad_id, dtype)
       labels = np.full((len(chunk), seq_len), -1, np.int32)
       laid = encode_words(tokenizer, [words for _, words, _ in chunk], seq_len, template)
@@ -344,17 +344,17 @@ def prepare_tagged(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_
         counts.tokenized(number, " ".join(words[:20]), text_ids, tokenizer.unk_id)
       yield {"tokens": rows, "labels": labels}
 
-  return _write(paths, directory, tokenizer, tokenizer_file, encode, "words and their tags", {
+  return write_splits(paths, directory, tokenizer, tokenizer_file, encode, "words and their tags", {
       "labels": list(tags), "label_kind": "tag", "pad_id": pad_id,
       "template": template.to_dict() if template else None, "seq_len": seq_len,
       "dtype": np.dtype(dtype).name, "fields": fields})
 
 
-def _ids_dtype(tokenizer: Tokenizer):
+def ids_dtype(tokenizer: Tokenizer):
   return np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
 
 
-def _check_ids(tokenizer: Tokenizer, pad_id: int, laid: tuple) -> None:
+def check_ids(tokenizer: Tokenizer, pad_id: int, laid: tuple) -> None:
   """RunError where the padding id or one the examples are `laid` out with (the separator, a
   template's special ids) lies past the tokenizer's vocabulary: the model, which has as many
   ids, would train on NaN from its first step."""
@@ -386,7 +386,7 @@ def _check_unknown(path: str, counts: _Counts, tokenizer: Tokenizer) -> None:
           f"not tell apart what they stand for", file=sys.stderr)
 
 
-def _write(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_file, encode,
+def write_splits(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_file, encode,
            wanted: str, meta: dict) -> dict:
   """Writes each split's chunks, as `encode(source, counts)` yields them ({'tokens': rows of
   ids, 'labels': …, and for packed rows 'segments'}, each into {split}.{name}.bin) and counts
@@ -439,7 +439,7 @@ def _tagged_lines(source: sources.Source, fields: dict) -> Iterator[tuple[int, l
   """(line number, words, tags) of each line, its words a list of strings and its tags a list
   as long."""
   words_field, tags_field = fields["tokens"], fields["tags"]
-  for number, record in _records(source):
+  for number, record in records(source):
     where = f"{source.path}:{number}"
     words, tags = record.get(words_field, _MISSING), record.get(tags_field, _MISSING)
     if not isinstance(words, list) or not all(isinstance(w, str) for w in words):

@@ -293,7 +293,7 @@ def _text(record: dict, field: str, where: str, required: bool) -> str | None:
 
 def _pairs(source, fields: dict) -> Iterator[tuple]:
   """(line number, anchor, positive, negative or None) of each line, checked."""
-  for number, record in examples._records(source):
+  for number, record in examples.records(source):
     where = f"{source.path}:{number}"
     yield (number, *(_text(record, fields[name], where, name != "negative") for name in TEXTS))
 
@@ -311,18 +311,18 @@ def prepare_pairs(paths: dict, directory: str, tokenizer, tokenizer_file, seq_le
   """Writes the pairs of `paths` {'train': …, 'eval': …} into `directory` (the layout above),
   each text laid out as the starting tokenizer lays out one text (`template`) and cut to
   `seq_len` ids; returns its dataset.json."""
-  examples._check_ids(tokenizer, pad_id, (*template.start, *template.end) if template else ())
-  dtype = examples._ids_dtype(tokenizer)
+  examples.check_ids(tokenizer, pad_id, (*template.start, *template.end) if template else ())
+  dtype = examples.ids_dtype(tokenizer)
   negatives = {"train": _has_negatives(paths["train"], fields), "eval": False}
 
   def laid(ids):
     return example_ids(ids, None, seq_len, pad_id, template)
 
-  splits = iter(paths)  # examples._write encodes the splits in this order
+  splits = iter(paths)  # examples.write_splits encodes the splits in this order
 
   def encode(source, counts):
     with_negatives = negatives[next(splits)]
-    for chunk in examples.chunked(_pairs(source, fields), examples._CHUNK, lambda e: e[1:]):
+    for chunk in examples.chunked(_pairs(source, fields), examples.CHUNK, lambda e: e[1:]):
       columns = {name: [line[1 + i] for line in chunk] for i, name in enumerate(TEXTS)}
       arrays = {}
       for name in TEXTS[:2] + (TEXTS[2:] if with_negatives else ()):
@@ -343,7 +343,7 @@ def prepare_pairs(paths: dict, directory: str, tokenizer, tokenizer_file, seq_le
       counts.examples += len(chunk)
       yield arrays
 
-  return examples._write(paths, directory, tokenizer, tokenizer_file, encode,
+  return examples.write_splits(paths, directory, tokenizer, tokenizer_file, encode,
                          "an anchor and a positive", {
                              "format": FORMAT, "label_kind": "pairs", "negatives": negatives,
                              "pad_id": pad_id, "seq_len": seq_len, "fields": fields,
