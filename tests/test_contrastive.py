@@ -366,6 +366,44 @@ def test_a_contrastive_run_resumes_exactly(topic_pairs, hf_dir, tmp_path, capfd)
   chex.assert_trees_all_equal(load_encoder(resumed)[1], load_encoder(straight)[1])
 
 
+# a family's architecture (the paper's is none): only its ids keep it from being exported
+DISTILBERT = {"model.position_embedding": "learned", "model.embedding_scale": False,
+              "model.embedding_norm": True, "model.final_norm": False,
+              "model.layer_norm_eps": 1e-12, "model.activation": "gelu"}
+
+
+def test_a_run_from_scratch_embeds_its_own_ids_and_is_no_sentence_transformers_folder(
+    topic_pairs, tmp_path, capsys):
+  # bytes ids with this project's offset, no special ids around a text: embedded as prepared;
+  # sentence-transformers would have no tokenizer to read them with
+  from train import loop
+  from train.outputs.export import main as export_main
+  from train.run.load import load_params, recorded_encoder_config
+  config = _config(topic_pairs, None, **{
+      "train.num_steps": 2, "train.eval_every": 2, "train.checkpoint_every": 2,
+      "data.tokenizer": "bytes", "model.d_model": 16, "model.n_heads": 2, "model.d_ff": 32,
+      "model.n_layers": 1, "model.max_len": 32, **DISTILBERT})
+  workdir = str(tmp_path / "run")
+  assert loop.run(config, workdir) == 0
+  encoder = contrastive.sentence_encoder(workdir)
+  params, meta = load_params(workdir, lambda meta: lambda: SentenceEmbedder(
+      recorded_encoder_config(meta)).init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))[
+          "params"])
+  ids = contrastive.load_pairs(os.path.join(workdir, "data"))["eval"]["anchor"][:6]
+  stepped = np.asarray(SentenceEmbedder(recorded_encoder_config(meta)).apply(
+      {"params": params}, jnp.asarray(ids)))
+  np.testing.assert_allclose(encoder(_held_out_texts(topic_pairs)[:12:2]),
+                             stepped / np.linalg.norm(stepped, axis=1, keepdims=True), atol=1e-5)
+  capsys.readouterr()
+  out = str(tmp_path / "folder")
+  assert export_main(["--workdir", workdir, "--layout", "sentence-transformers",
+                      "--out", out]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("export: error: --layout sentence-transformers: the run's ids are this "
+                        "project's own (config.data.tokenizer='bytes')") and err.count("\n") == 1
+  assert not os.path.exists(out)
+
+
 BAD_LINES = [
     ({"anchor": "a b", "text": "c d"}, "'positive': no such field, expected a non-empty string"),
     ({"anchor": 7, "positive": "c d"}, "'anchor': got 7, expected a non-empty string"),

@@ -73,7 +73,7 @@ def _family(config, model) -> families.Family:
 def export_hf(workdir: str, out: str) -> str:
   """Writes the run in `workdir` to the directory `out` (see the module docstring)."""
   config = load_config(workdir)
-  write = _writer(workdir, config)
+  write = _writer(workdir, config, "hf")
   with temporary_directory(out) as tmp, os_errors_of_safetensors():
     write(tmp)
     readable_as_umask_allows(tmp)
@@ -92,7 +92,7 @@ def export_sentence_transformers(workdir: str, out: str) -> str:
   if definition.sentence_encoder is None:
     raise RunError(f"--layout sentence-transformers: a {task} run embeds no sentences "
                    f"(a contrastive run does: configs/embed.py)")
-  write = _writer(workdir, config)
+  write = _writer(workdir, config, "sentence-transformers")
   encoder = definition.sentence_encoder(workdir)
   with temporary_directory(out) as tmp, os_errors_of_safetensors():
     write(tmp)
@@ -107,7 +107,7 @@ def export_sentence_transformers(workdir: str, out: str) -> str:
   return out
 
 
-def _writer(workdir: str, config):
+def _writer(workdir: str, config, layout: str):
   """A function that writes the run as transformers' model of its task into a directory:
   config.json, model.safetensors and the tokenizer files. Whatever refuses the conversion
   (a RunError) is found before anything is written."""
@@ -116,7 +116,7 @@ def _writer(workdir: str, config):
   task = config.task.get("name", "masked_lm")
   definition = tasks.definition(task)
   if definition.hf_model is None:
-    raise RunError(f"--layout hf: a {task} run has no Hugging Face model")
+    raise RunError(f"--layout {layout}: a {task} run has no Hugging Face model")
   model = definition.hf_model(workdir, config)
   cfg, family = model.encoder, _family(config, model)
   try:
@@ -125,7 +125,7 @@ def _writer(workdir: str, config):
     contents = families.hf_config(_with_starting_rates(cfg, config), family.name,
                                   **{**_carried(config, family), **entries})
   except families.HFError as e:
-    raise RunError(f"--layout hf: {e}") from None
+    raise RunError(f"--layout {layout}: {e}") from None
 
   def write(directory: str) -> None:
     # Contiguous: safetensors writes an array's buffer as it lies (a transposed view's too).
