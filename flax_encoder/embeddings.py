@@ -44,6 +44,7 @@ from flax_encoder.encoder import Encoder
 from flax_encoder.families import HFError, read_hf, read_hf_weights
 from flax_encoder.families.safetensors_file import write_safetensors
 from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
+from flax_encoder import modules_json
 from flax_encoder.modules_json import TRANSFORMERS, ModulesError, transformer_folder
 from flax_encoder.tokenizer import Template, Tokenizer, encode_examples
 
@@ -51,8 +52,7 @@ from flax_encoder.tokenizer import Template, Tokenizer, encode_examples
 # module by where its class lives: sentence_transformers.models.* up to 5, base.modules and
 # sentence_transformer.modules from 6.
 MODULE_KINDS = {
-    **dict.fromkeys(TRANSFORMERS + ("sentence_transformers.base.modules.transformer.Transformer",),
-                    "Transformer"),
+    **dict.fromkeys(TRANSFORMERS, "Transformer"),
     "sentence_transformers.models.Pooling": "Pooling",
     "sentence_transformers.sentence_transformer.modules.pooling.Pooling": "Pooling",
     "sentence_transformers.models.Dense": "Dense",
@@ -327,10 +327,10 @@ def _object(file: str, required: bool = True) -> dict | None:
 def read_modules(path: str) -> list[tuple[str, str]]:
   """(kind, folder) of each module of modules.json after the Transformer."""
   file = os.path.join(path, "modules.json")
-  modules = _read_json(file)
-  if not isinstance(modules, list) or not all(
-      isinstance(m, dict) and isinstance(m.get("path"), str) for m in modules):
-    raise EmbeddingError(f"{file}: expected a list of modules (objects with a path and a type)")
+  try:
+    modules = modules_json.read_modules(path)
+  except ModulesError as e:
+    raise EmbeddingError(str(e)) from None
   kinds = []
   for i, module in enumerate(modules):
     kind = MODULE_KINDS.get(module.get("type"))

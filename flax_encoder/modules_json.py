@@ -23,10 +23,10 @@ class ModulesError(ValueError):
   """A modules.json that does not say where its Transformer is; one line naming the file."""
 
 
-def transformer_folder(path: str | os.PathLike) -> str | None:
-  """The folder of the Transformer module of the sentence-transformers folder `path` (its first
-  module): `path` itself in newer sentence-transformers, a subfolder such as 0_Transformer in
-  older ones; None where `path` holds no modules.json."""
+def read_modules(path: str | os.PathLike) -> list[dict] | None:
+  """The entries of the sentence-transformers folder `path`'s modules.json (objects with a
+  path, each a folder inside `path`), checked as far as every reader needs; None where
+  `path` holds no modules.json."""
   path = os.fspath(path)
   file = os.path.join(path, "modules.json")
   if not os.path.isfile(file):
@@ -36,19 +36,34 @@ def transformer_folder(path: str | os.PathLike) -> str | None:
       modules = json.load(f)
   except (OSError, ValueError) as e:
     raise ModulesError(f"{file}: not readable JSON ({e})") from None
-  first = modules[0] if isinstance(modules, list) and modules else None
-  if (not isinstance(first, dict) or not isinstance(first.get("path"), str)
-      or "\0" in first["path"]):
+  if not isinstance(modules, list) or not modules or not all(
+      isinstance(m, dict) and isinstance(m.get("path"), str) and "\0" not in m["path"]
+      for m in modules):
     raise ModulesError(f"{file}: holds {_excerpt(modules)}, expected a list of modules (objects "
                        f"of idx, name, path and type), the first the Transformer's")
+  root = os.path.realpath(path)
+  for i, module in enumerate(modules):
+    folder = os.path.realpath(os.path.join(path, module["path"]))
+    if os.path.commonpath([root, folder]) != root:
+      which = "the Transformer's" if i == 0 else f"module {i}'s"
+      raise ModulesError(f"{file}: {which} path {module['path']!r} leads out of {path} "
+                         f"(to {folder}), expected a folder of it")
+  return modules
+
+
+def transformer_folder(path: str | os.PathLike) -> str | None:
+  """The folder of the Transformer module of the sentence-transformers folder `path` (its first
+  module): `path` itself in newer sentence-transformers, a subfolder such as 0_Transformer in
+  older ones; None where `path` holds no modules.json."""
+  path = os.fspath(path)
+  modules = read_modules(path)
+  if modules is None:
+    return None
+  first, file = modules[0], os.path.join(path, "modules.json")
   if first.get("type") not in TRANSFORMERS:
     raise ModulesError(f"{file}: the first module is of type {first.get('type')!r}, expected "
                        f"{TRANSFORMERS[0]!r} (the Hugging Face model the others run on)")
-  folder, root = os.path.realpath(os.path.join(path, first["path"])), os.path.realpath(path)
-  if os.path.commonpath([root, folder]) != root:
-    raise ModulesError(f"{file}: the Transformer's path {first['path']!r} leads out of {path} "
-                       f"(to {folder}), expected a folder of it")
-  if not os.path.isdir(folder):
+  if not os.path.isdir(os.path.join(path, first["path"])):
     raise ModulesError(f"{file}: the Transformer's path {first['path']!r} is no folder of "
                        f"{path}")
   return os.path.join(path, first["path"]) if first["path"] else path

@@ -207,6 +207,10 @@ def test_a_sentence_transformers_folder_loads_its_transformer(at, tmp_path):
      "modules.json: the Transformer's path '/' leads out of "),
     ([{"idx": 0, "path": "0_Transformer", "type": "sentence_transformers.models.Transformer"}],
      "modules.json: the Transformer's path '0_Transformer' is no folder of "),
+    # a module after it that would read another folder's files (a Dense's weights, say)
+    ([{"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
+      {"idx": 1, "path": "../other", "type": "sentence_transformers.models.Pooling"}],
+     "modules.json: module 1's path '../other' leads out of "),
 ])
 def test_a_modules_json_it_cannot_follow_is_one_line_naming_it(modules, named, tmp_path):
   (tmp_path / "other").mkdir()
