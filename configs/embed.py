@@ -24,7 +24,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.task = ml_collections.ConfigDict()
   config.task.name = "contrastive"
-  config.task.pooling = "mean"  # over the real tokens ([CLS] and [SEP] too); "cls": the first
+  # over the real tokens ([CLS] and [SEP] too); "cls": the first. A sentence-transformers
+  # folder as config.init.hf must be fine-tuned with its own (checked).
+  config.task.pooling = "mean"
   # Whether the model's embeddings are unit vectors (sentence-transformers' Normalize module,
   # written by an export): the loss and the evaluation compare cosines either way.
   config.task.normalize = True

@@ -350,15 +350,16 @@ def read_modules(path: str) -> list[tuple[str, str]]:
   return kinds[1:]
 
 
-def read_pooling(folder: str, width: int) -> Pooling:
+def read_pooling(folder: str, width: int | None = None) -> Pooling:
   """Pooling's config.json: pooling_mode (a mode or a list of them; sentence-transformers 6) or
-  the pooling_mode_* flags (earlier), include_prompt; its width checked to be `width`."""
+  the pooling_mode_* flags (earlier), include_prompt; its width checked to be `width` (where
+  given)."""
   file = os.path.join(folder, "config.json")
   config = _object(file)
   bad = lambda key, expected: EmbeddingError(
       f"{file}: {key}={config.get(key)!r}, expected {expected}")
   dim = config.get("embedding_dimension", config.get("word_embedding_dimension", width))
-  if dim != width:
+  if width is not None and dim != width:
     key = "embedding_dimension" if "embedding_dimension" in config else "word_embedding_dimension"
     raise bad(key, f"the Transformer's hidden size {width}")
   if "pooling_mode" in config:

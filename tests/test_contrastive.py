@@ -404,6 +404,34 @@ def test_a_run_from_scratch_embeds_its_own_ids_and_is_no_sentence_transformers_f
   assert not os.path.exists(out)
 
 
+@pytest.mark.parametrize("modules, said", [
+    (("cls",), "config.task.pooling: 'mean', but config.init.hf {} pools by 'cls' (its Pooling "
+               "module); set config.task.pooling=cls"),
+    (("max",), "config.init.hf: {} pools by max (its Pooling module), expected one of ('mean', "
+               "'cls')"),
+    (("mean", "dense"), "config.init.hf: {} has a Dense module after its pooling (2_Dense), "
+                        "which contrastive fine-tuning neither trains nor exports"),
+    (("mean",), None)])
+def test_a_sentence_transformers_start_is_fine_tuned_as_the_embeddings_it_gives(
+    modules, said, topic_pairs, hf_dir, tmp_path):
+  st = pytest.importorskip("sentence_transformers")
+  from sentence_transformers.base.modules import Dense, Transformer
+  from sentence_transformers.sentence_transformer.modules import Pooling
+
+  from train import tasks
+  folder = str(tmp_path / "st")
+  layers = [Transformer(hf_dir), Pooling(32, pooling_mode=modules[0])]
+  layers += [Dense(32, 8)] if "dense" in modules else []
+  st.SentenceTransformer(modules=layers, device="cpu").save(folder)
+  config = _config(topic_pairs, folder)
+  if said is None:
+    tasks.checked(config)
+    return
+  with pytest.raises(RunError) as e:
+    tasks.checked(config)
+  assert str(e.value).startswith(said.format(folder)) and "\n" not in str(e.value)
+
+
 BAD_LINES = [
     ({"anchor": "a b", "text": "c d"}, "'positive': no such field, expected a non-empty string"),
     ({"anchor": 7, "positive": "c d"}, "'anchor': got 7, expected a non-empty string"),

@@ -440,6 +440,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
 def check(config) -> None:
   """The cross-field checks of a contrastive config (RunError naming the field)."""
   finetune.check(config)
+  _check_start_modules(config)
   train, task = config.train, config.task
   if train.batch_size < 2:
     raise RunError(f"config.train.batch_size: {train.batch_size}, expected at least 2: the "
@@ -451,6 +452,34 @@ def check(config) -> None:
   if task.cached and train.batch_size % task.mini_batch:
     raise RunError(f"config.task.mini_batch: {task.mini_batch}, expected a divisor of "
                    f"config.train.batch_size ({train.batch_size}) with config.task.cached")
+
+
+def _check_start_modules(config) -> None:
+  """A sentence-transformers folder as config.init.hf is fine-tuned as the embeddings it
+  gives: by the pooling it has, and no module after it that this task does not train."""
+  from flax_encoder import embeddings
+  from flax_encoder.modules_json import transformer_folder
+  start = config.init.get("hf")
+  try:
+    modules = embeddings.read_modules(start) if start and transformer_folder(start) else []
+    pooling = embeddings.read_pooling(modules[0][1]) if modules else None
+  except ValueError:
+    return  # loading the start says what is wrong with it, in one line
+  if pooling is None:
+    return
+  modes = pooling.modes
+  if len(modes) != 1 or modes[0] not in POOLINGS:
+    raise RunError(f"config.init.hf: {start} pools by {', '.join(modes)} (its Pooling module), "
+                   f"expected one of {POOLINGS}: the poolings contrastive fine-tuning computes")
+  if modes[0] != config.task.pooling:
+    raise RunError(f"config.task.pooling: {config.task.pooling!r}, but config.init.hf {start} "
+                   f"pools by {modes[0]!r} (its Pooling module); set config.task.pooling="
+                   f"{modes[0]} to fine-tune the embeddings it gives")
+  dense = [os.path.basename(folder) for kind, folder in modules if kind == "Dense"]
+  if dense:
+    raise RunError(f"config.init.hf: {start} has a Dense module after its pooling ({dense[0]}), "
+                   f"which contrastive fine-tuning neither trains nor exports; expected a "
+                   f"Transformer, a Pooling and at most a Normalize")
 
 
 def summary(metrics: dict) -> str:
