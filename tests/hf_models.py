@@ -4,7 +4,8 @@ tokenizer.json and tokenizer_config.json, as `save_pretrained` writes them."""
 
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import (Tokenizer, decoders, models, normalizers, pre_tokenizers, processors,
+                        trainers)
 
 from benchmarks.hf_walkthrough import wordpiece
 
@@ -29,12 +30,34 @@ def _byte_bpe() -> tuple[Tokenizer, dict]:
                    cls_token="<s>", sep_token="</s>", mask_token="<mask>")
 
 
+def _mpnet_wordpiece() -> tuple[Tokenizer, dict]:
+  """A WordPiece tokenizer as all-mpnet-base-v2's: <s> 0, <pad> 1 (whence MPNet's positions
+  count), </s> 2; "<s> a </s></s> b </s>"; lower-cased."""
+  tok = Tokenizer(models.WordPiece(unk_token="<unk>"))
+  tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+  tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+  tok.train_from_iterator(TEXTS, trainers.WordPieceTrainer(vocab_size=120,
+                                                           special_tokens=specials))
+  tok.post_processor = processors.TemplateProcessing(
+      single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+      special_tokens=[("<s>", 0), ("</s>", 2)])
+  tok.decoder = decoders.WordPiece()
+  return tok, dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+                   cls_token="<s>", sep_token="</s>", mask_token="<mask>")
+
+
+def _tokenizer(family: str) -> tuple[Tokenizer, dict]:
+  return {"roberta": _byte_bpe, "mpnet": _mpnet_wordpiece}.get(family, _wordpiece)()
+
+
 def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
           **sizes) -> str:
-  """A tiny random `family` ('bert', 'roberta', 'distilbert', 'modernbert', 'albert') model
-  with `head` ('pretraining': as the published checkpoints, BERT's with its pooler and
-  masked-LM head; 'masked_lm' or 'base') and its tokenizer, saved into `path`; returns it."""
-  tok, special = _byte_bpe() if family == "roberta" else _wordpiece()
+  """A tiny random `family` ('bert', 'roberta', 'distilbert', 'modernbert', 'albert', 'mpnet')
+  model with `head` ('pretraining': as the published checkpoints, BERT's with its pooler and
+  masked-LM head, ModernBERT's and MPNet's their masked LM; 'masked_lm',
+  'sequence_classification' or 'base') and its tokenizer, saved into `path`; returns it."""
+  tok, special = _tokenizer(family)
   vocab = tok.get_vocab_size()
   torch.manual_seed(seed)
   if family == "distilbert":
@@ -53,13 +76,26 @@ def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
   else:
     common = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=37, max_position_embeddings=66, **sizes)
-    config = (transformers.RobertaConfig(pad_token_id=1, **common) if family == "roberta" else
-              transformers.BertConfig(**common))
+    if family == "roberta":
+      config = transformers.RobertaConfig(pad_token_id=1, **common)
+    elif family == "mpnet":  # its default special ids, <s> 0, <pad> 1, </s> 2, its tokenizer's
+      config = transformers.MPNetConfig(**common)
+    else:
+      config = transformers.BertConfig(**common)
   if family == "modernbert" and head == "pretraining":
     head = "masked_lm"  # its published checkpoints are ModernBertForMaskedLM
   auto = {"pretraining": transformers.AutoModelForPreTraining,
-          "masked_lm": transformers.AutoModelForMaskedLM, "base": transformers.AutoModel}[head]
-  auto.from_config(config).save_pretrained(path)
+          "masked_lm": transformers.AutoModelForMaskedLM,
+          "sequence_classification": transformers.AutoModelForSequenceClassification,
+          "base": transformers.AutoModel}[head]
+  model = auto.from_config(config)
+  if family == "mpnet":
+    # transformers starts the relative position bias near 0 and the LayerNorms at 1 and 0,
+    # where a mistake in reading them would hardly show.
+    with torch.no_grad():
+      for param in model.parameters():
+        param.add_(0.1 * torch.randn_like(param))
+  model.save_pretrained(path)
   transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **special).save_pretrained(path)
   return str(path)
 

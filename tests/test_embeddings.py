@@ -40,41 +40,6 @@ def _save(path, transformer_dir, pooling, *after, **options) -> str:
   return str(path)
 
 
-def _mpnet(path) -> str:
-  """A tiny random MPNetModel (every parameter drawn: the relative position bias too) and a
-  WordPiece tokenizer as all-mpnet-base-v2's (<s> 0, <pad> 1 whence MPNet's positions count,
-  </s> 2; "<s> a </s></s> b </s>"; lower-cased), trained on hf_models.TEXTS, saved in `path`."""
-  import torch
-  import transformers
-  from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-  from tokenizers import trainers
-
-  from tests import hf_models
-  tok = Tokenizer(models.WordPiece(unk_token="<unk>"))
-  tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-  tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-  specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-  tok.train_from_iterator(hf_models.TEXTS, trainers.WordPieceTrainer(vocab_size=120,
-                                                                     special_tokens=specials))
-  tok.post_processor = processors.TemplateProcessing(
-      single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
-      special_tokens=[("<s>", 0), ("</s>", 2)])
-  tok.decoder = decoders.WordPiece()
-  transformers.PreTrainedTokenizerFast(
-      tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-      pad_token="<pad>", cls_token="<s>", sep_token="</s>", mask_token="<mask>",
-  ).save_pretrained(path)
-  torch.manual_seed(2)
-  model = transformers.MPNetModel(transformers.MPNetConfig(
-      vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
-      num_attention_heads=4, intermediate_size=37, max_position_embeddings=66))
-  with torch.no_grad():
-    for param in model.parameters():
-      param.add_(0.1 * torch.randn_like(param))
-  model.save_pretrained(path)
-  return str(path)
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
   """name -> a sentence-transformers folder (each a different set of modules)."""
@@ -88,7 +53,8 @@ def folders(tmp_path_factory):
   root = tmp_path_factory.mktemp("st")
   bert = hf_models.write(root / "bert", "bert", head="base")
   roberta = hf_models.write(root / "roberta", "roberta", head="base", seed=1)
-  mpnet = _mpnet(root / "mpnet")
+  # every parameter drawn, the relative position bias too; all-mpnet-base-v2's tokenizer
+  mpnet = hf_models.write(root / "mpnet", "mpnet", head="base", seed=2)
   torch.manual_seed(0)
   out = {
       # every mode, in an order of its own (concatenated in it)

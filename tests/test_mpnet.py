@@ -2,7 +2,9 @@
 and a relative position bias (T5's buckets) shared by every layer. load_hf against
 transformers' MPNet built from a tiny random config (float32 and float64, padded rows longer
 than the bias's 128-position reach, packed rows), its masked-LM head and pooler, the bias's
-gradient, the parity report, the export back, and the refusals."""
+gradient, the parity report, the export back, and the refusals; and through the program,
+contrastive and classifier fine-tuning whose exports sentence-transformers and transformers
+load as the run's own model."""
 
 import json
 import os
@@ -23,6 +25,7 @@ from flax_encoder.embedding import relative_buckets  # noqa: E402
 from flax_encoder.families import (HFError, hf_config, load_hf,  # noqa: E402
                                    to_hf_state_dict)
 from flax_encoder.heads import MaskedLMHead, Pooler  # noqa: E402
+from tests import hf_models, runs  # noqa: E402
 
 pytestmark = pytest.mark.library
 
@@ -302,3 +305,121 @@ def test_a_record_written_before_mpnet_loads_as_the_model_it_was():
   assert config.relative_attention_buckets == 0
   params = Encoder(config).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
   assert "relative_attention_bias" not in params  # and no bias parameter is made
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the program: fine-tuning from tests/hf_models' tiny MPNet (with its tokenizer), and
+# the exports transformers and sentence-transformers load.
+
+# Short runs: enough steps at a high rate to move the model away from where it started.
+SHORT_RUN = ["--config.train.num_steps=4", "--config.train.batch_size=8",
+             "--config.train.seq_len=16", "--config.train.log_every=2",
+             "--config.train.eval_every=4", "--config.train.checkpoint_every=4",
+             "--config.optim.warmup_steps=1", "--config.optim.learning_rate=5e-3"]
+
+
+def _program(task: str, workdir, data: tuple[str, str], start: str):
+  runs.train(str(workdir), f"--config={os.path.join(runs.ROOT, 'configs', task + '.py')}",
+             f"--config.data.train={data[0]}", f"--config.data.eval={data[1]}",
+             f"--config.init.hf={start}", *SHORT_RUN, config=None)
+  return str(workdir)
+
+
+def _topic_pairs(directory) -> tuple[str, str]:
+  """(train.jsonl, eval.jsonl) of 16 and 8 pairs: an anchor and a positive of two to four
+  words drawn from the same line of hf_models.TEXTS (digits, letters, symbols or words)."""
+  rng = np.random.default_rng(0)
+  topics = [line.split() for line in hf_models.TEXTS[:4]]
+  text = lambda words: " ".join(rng.choice(words, rng.integers(2, 5)))
+
+  def write(name, n):
+    lines = [{"anchor": text(topics[i % 4]), "positive": text(topics[i % 4])} for i in range(n)]
+    (directory / name).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(directory / name)
+
+  return write("train.jsonl", 16), write("eval.jsonl", 8)
+
+
+def test_a_contrastive_run_from_a_sentence_transformers_mpnet_exports_its_embeddings(tmp_path):
+  st = pytest.importorskip("sentence_transformers")
+  from sentence_transformers.base.modules import Normalize, Transformer
+  from sentence_transformers.sentence_transformer.modules import Pooling
+
+  from train.outputs.export import main as export_main
+  from train.tasks.contrastive import sentence_encoder
+  mpnet = hf_models.write(tmp_path / "mpnet", "mpnet", head="base")
+  start = str(tmp_path / "start")  # all-mpnet-base-v2's modules
+  st.SentenceTransformer(modules=[Transformer(mpnet, max_seq_length=16),
+                                  Pooling(32, pooling_mode="mean"), Normalize()],
+                         device="cpu").save(start)
+  pairs = _topic_pairs(tmp_path)
+  workdir = _program("embed", tmp_path / "run", pairs, start)
+  out = str(tmp_path / "exported")
+  assert export_main(["--workdir", workdir, "--layout", "sentence-transformers",
+                      "--out", out]) == 0
+  assert json.load(open(os.path.join(out, "config.json")))["model_type"] == "mpnet"
+  texts = [json.loads(line)[name] for line in open(pairs[1]) for name in ("anchor", "positive")]
+  texts.append("the quick brown fox jumps over the lazy dog 0 1 2 3 4 5 6 7 8 9")  # cut at 16
+  want = sentence_encoder(workdir)(texts)
+  theirs = st.SentenceTransformer(out, device="cpu")
+  assert theirs.max_seq_length == 16 < len(theirs.tokenizer(texts[-1]).input_ids)
+  got = theirs.encode(texts)
+  print(f"sentence-transformers against the run: {np.abs(got - want).max():.1e}")
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+  # the run's model, not the one it started from
+  before = st.SentenceTransformer(start, device="cpu").encode(texts)
+  assert np.abs(got - before).max() > 1e-2
+
+
+def test_a_classify_run_from_mpnet_exports_what_transformers_loads_as_itself(tmp_path):
+  from train.outputs.export import main as export_main
+  from train.tasks.classify import Predictor
+  data = hf_models.labelled_pairs(tmp_path, 24, 8, (1, 3))  # each pair fits 16 ids
+  start = hf_models.write(tmp_path / "mpnet", "mpnet")  # MPNetForMaskedLM
+  workdir = _program("classify", tmp_path / "run", data, start)
+  out = str(tmp_path / "exported")
+  assert export_main(["--workdir", workdir, "--layout", "hf", "--out", out]) == 0
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(
+      out, attn_implementation="eager").eval()
+  assert type(model).__name__ == "MPNetForSequenceClassification"
+  assert model.config.id2label == {0: "digits", 1: "letters", 2: "symbols"}
+  rows = [json.loads(line) for line in open(data[1])]
+  texts, pairs = [r["text"] for r in rows], [r["text_pair"] for r in rows]
+  batch = transformers.AutoTokenizer.from_pretrained(out)(texts, pairs, padding=True,
+                                                         return_tensors="pt")
+  assert batch["input_ids"].shape[1] <= 16 and (batch["input_ids"] == PAD).any()
+  with torch.no_grad():
+    theirs = model(**batch).logits
+  probabilities, theirs = torch.softmax(theirs, -1).numpy(), theirs.numpy()
+  predictor = Predictor(workdir)
+  ours = predictor.probabilities(texts, pairs)
+  print(f"probabilities against transformers': {np.abs(ours - probabilities).max():.1e}")
+  np.testing.assert_allclose(ours, probabilities, rtol=0, atol=1e-5)
+  # the logits too, of the run's parameters on transformers' ids
+  from flax_encoder.classifier import SequenceClassifier
+  clf = predictor.text_classifier()
+  logits = SequenceClassifier(clf.config, 3, clf.pooling, clf.type_separator).apply(
+      {"params": clf.params}, batch["input_ids"].numpy())
+  print(f"logits against transformers': {np.abs(np.asarray(logits) - theirs).max():.1e}")
+  np.testing.assert_allclose(np.asarray(logits), theirs, rtol=0, atol=1e-5)
+  # the run's encoder, not the one it started from
+  before = transformers.MPNetModel.from_pretrained(start).encoder.layer[0].attention.attn.q
+  assert not torch.allclose(model.mpnet.encoder.layer[0].attention.attn.q.weight,
+                            before.weight, atol=1e-3)
+
+
+def test_a_sequence_classifier_directory_gives_the_encoder_transformers_computes(tmp_path):
+  # MPNetForSequenceClassification keeps the encoder under "mpnet.", as the masked LM does
+  directory = hf_models.write(tmp_path / "classifier", "mpnet", head="sequence_classification")
+  model = transformers.MPNetForSequenceClassification.from_pretrained(
+      directory, attn_implementation="eager").eval()
+  batch = transformers.AutoTokenizer.from_pretrained(directory)(
+      ["a b c", "the quick brown fox"], ["0 1", "+ - *"], padding=True, return_tensors="np")
+  ids, real = batch["input_ids"], batch["attention_mask"] == 1
+  with torch.no_grad():
+    theirs = model.mpnet(input_ids=torch.tensor(ids),
+                         attention_mask=torch.tensor(real).long()).last_hidden_state.numpy()
+  config, variables = load_hf(directory)
+  ours = np.asarray(Encoder(config).apply({"params": variables["params"]}, ids))
+  assert not real.all()  # a padded row
+  np.testing.assert_allclose(ours[real], theirs[real], rtol=0, atol=1e-5)
