@@ -45,7 +45,8 @@ from flax_encoder.families import HFError, read_hf, read_hf_weights
 from flax_encoder.families.safetensors_file import write_safetensors
 from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
 from flax_encoder import modules_json
-from flax_encoder.modules_json import TRANSFORMERS, ModulesError, transformer_folder
+from flax_encoder.modules_json import (TRANSFORMER_CONFIGS, TRANSFORMERS, ModulesError,
+                                       transformer_folder)
 from flax_encoder.tokenizer import Template, Tokenizer, encode_examples
 
 # modules.json's type of each module this reads -> its kind. sentence-transformers names a
@@ -73,9 +74,6 @@ ACTIVATIONS = {"Tanh": jnp.tanh, "Identity": lambda x: x, "ReLU": jax.nn.relu,
                "GELU": functools.partial(jax.nn.gelu, approximate=False),
                "Sigmoid": jax.nn.sigmoid, "SiLU": jax.nn.silu}
 SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
-# The Transformer's config file, by the name sentence-transformers gave it per family.
-TRANSFORMER_CONFIGS = tuple(f"sentence_{name}_config.json" for name in (
-    "bert", "roberta", "distilbert", "camembert", "albert", "xlm-roberta", "xlnet"))
 # Ids a packed text takes at least ([CLS] x [SEP] is 3): a row of s ids holds s // 4 texts.
 SEGMENT_IDS = 4
 ROW_LENGTHS = (64, 128, 256, 512)

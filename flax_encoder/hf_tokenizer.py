@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 
-from flax_encoder.modules_json import ModulesError, transformer_folder
+from flax_encoder.modules_json import TRANSFORMER_CONFIGS, ModulesError, transformer_folder
 from flax_encoder.tokenizer import Tokenizer
 
 LOOKED_FOR = "tokenizer.json, vocab.txt, or vocab.json and merges.txt"
@@ -95,10 +95,13 @@ def _transformer_module(path: str) -> str | None:
 
 def _lower_cases(module: str) -> bool:
   """Whether a sentence-transformers Transformer module lower-cases texts before its
-  tokenizer reads them (do_lower_case in its sentence_bert_config.json)."""
-  file = os.path.join(module, "sentence_bert_config.json")
-  config = _read_json(file) or {}
-  return _flag(config, "do_lower_case", False, file)
+  tokenizer reads them (do_lower_case in its sentence_*_config.json, the first there is)."""
+  for name in TRANSFORMER_CONFIGS:
+    file = os.path.join(module, name)
+    config = _read_json(file)
+    if config is not None:
+      return _flag(config, "do_lower_case", False, file)
+  return False
 
 
 def _lowercased(built: bytes) -> bytes:

@@ -18,6 +18,11 @@ TRANSFORMERS = ("sentence_transformers.models.Transformer",
                 "sentence_transformers.base.models.Transformer",
                 "sentence_transformers.base.modules.transformer.Transformer")
 
+# The Transformer module's settings file (max_seq_length, do_lower_case), by the name
+# sentence-transformers gave it per family.
+TRANSFORMER_CONFIGS = tuple(f"sentence_{name}_config.json" for name in (
+    "bert", "roberta", "distilbert", "camembert", "albert", "xlm-roberta", "xlnet"))
+
 
 class ModulesError(ValueError):
   """A modules.json that does not say where its Transformer is; one line naming the file."""

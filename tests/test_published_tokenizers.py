@@ -165,8 +165,11 @@ def test_a_sentence_transformers_folder_is_read_from_its_transformer_module(tmp_
   assert _ids(tokenizer_from_directory(tmp_path), ["Hello world"]) == [[22, 6]]
 
 
-def test_a_sentence_transformers_module_that_lower_cases_texts_lower_cases_them(tmp_path):
-  _write(tmp_path, {**_modules(""), "sentence_bert_config.json": {"do_lower_case": True}})
+@pytest.mark.parametrize("settings", ["sentence_bert_config.json",
+                                      "sentence_xlm-roberta_config.json"])  # a family's name
+def test_a_sentence_transformers_module_that_lower_cases_texts_lower_cases_them(tmp_path,
+                                                                              settings):
+  _write(tmp_path, {**_modules(""), settings: {"do_lower_case": True}})
   _bert_directory(tmp_path, do_lower_case=False)  # a cased vocabulary at the top
   tokenizer = tokenizer_from_directory(tmp_path)
   assert _ids(tokenizer, ["Hello STOP"]) == [[5, 15]]  # hello stop, not Hello STOP (22, 24)
