@@ -31,7 +31,8 @@ def tiny_config():
 
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory):
-  """The workdir of one uninterrupted run of tests/tiny.py's config on one device."""
-  workdir = str(tmp_path_factory.mktemp("reference"))
-  runs.train(workdir)
+  """The workdir of one uninterrupted run of tests/tiny.py's config on one device (trained once
+  for all pytest-xdist workers: tests only read it or copy it)."""
+  workdir, _ = runs.once_per_session(tmp_path_factory, "reference",
+                                     lambda directory: runs.train(directory).returncode)
   return workdir

@@ -4,8 +4,11 @@ signal or kill it, or to give it other devices)."""
 
 import contextlib
 import dataclasses
+import fcntl
 import io
+import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -98,6 +101,22 @@ def train(workdir, *overrides, check=True, popen=False, env=None, config=TINY):
   if check:
     assert result.returncode == 0, result.stderr[-3000:]
   return result
+
+
+def once_per_session(tmp_path_factory, name: str, build) -> tuple[str, object]:
+  """(directory `name`, what `build(directory)` returned, as JSON keeps it): built once for the
+  whole test session. pytest-xdist's workers share it, in the temporary directory they share:
+  the first to ask builds it while the others wait, instead of each building its own. For
+  what tests only read or copy."""
+  base = tmp_path_factory.getbasetemp()
+  shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+  directory, record = shared / name, shared / f"{name}.json"
+  with open(shared / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # held until the builder is done, by the OS if it dies
+    if not record.exists():
+      shutil.rmtree(directory, ignore_errors=True)  # what a builder that failed left
+      record.write_text(json.dumps(build(str(directory))))
+  return str(directory), json.loads(record.read_text())
 
 
 def losses(workdir) -> dict:

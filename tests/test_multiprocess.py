@@ -51,19 +51,27 @@ def _train_process(workdir, process_id):
   raise LookupError(f"no process {process_id} of the run in {workdir}")
 
 
+# Each run is made once for all pytest-xdist workers, which share this module's tests.
+
+
 @pytest.fixture(scope="module")
 def four_device_run(tmp_path_factory):
   """One process with 4 devices, mesh data=2 x fsdp=2: what 2 processes x 2 devices match."""
-  workdir = str(tmp_path_factory.mktemp("four_devices"))
-  runs.train(workdir, *MESH, env=runs.environment(4))
+  workdir, _ = runs.once_per_session(
+      tmp_path_factory, "four_devices",
+      lambda directory: runs.train(directory, *MESH, env=runs.environment(4)).returncode)
   return workdir
 
 
 @pytest.fixture(scope="module")
 def two_process_run(tmp_path_factory):
   """The same run as 2 processes x 2 devices, uninterrupted: (workdir, the launcher's output)."""
-  workdir = str(tmp_path_factory.mktemp("two_processes"))
-  return workdir, _launch(workdir)
+  def launch_(directory):
+    result = _launch(directory)
+    return {"returncode": result.returncode, "stdout": result.stdout, "stderr": result.stderr}
+
+  workdir, result = runs.once_per_session(tmp_path_factory, "two_processes", launch_)
+  return workdir, runs.Result(**result)
 
 
 def test_two_processes_train_as_one_with_the_same_devices(two_process_run, four_device_run):

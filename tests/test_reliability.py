@@ -68,9 +68,11 @@ def test_a_second_run_on_the_same_workdir_exits_at_once_naming_the_first(tmp_pat
 
 @pytest.fixture(scope="module")
 def eight_steps(tmp_path_factory):
-  """A workdir holding a run of the tiny config stopped at its checkpoint of step 8."""
-  workdir = str(tmp_path_factory.mktemp("eight") / "run")
-  runs.train(workdir, "--config.train.num_steps=8")
+  """A workdir holding a run of the tiny config stopped at its checkpoint of step 8 (made once
+  for all pytest-xdist workers: each test copies it)."""
+  workdir, _ = runs.once_per_session(
+      tmp_path_factory, "eight_steps",
+      lambda directory: runs.train(directory, "--config.train.num_steps=8").returncode)
   return workdir
 
 

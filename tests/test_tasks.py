@@ -23,21 +23,25 @@ CLASSES = {"digits": "0123456789", "letters": "abcdefghij", "symbols": "+-*/=<>!
 
 @pytest.fixture(scope="module")
 def labelled(tmp_path_factory):
-  """(train.jsonl, eval.jsonl): texts of digits, of letters or of symbols, labelled so."""
-  directory = tmp_path_factory.mktemp("labelled")
+  """(train.jsonl, eval.jsonl): texts of digits, of letters or of symbols, labelled so (at one
+  place for all pytest-xdist workers, as `fine_tuned`'s run records them)."""
   rng = np.random.default_rng(1)
 
-  def write(name, n):
-    path = directory / name
-    with open(path, "w") as f:
+  def write(directory, name, n):
+    with open(os.path.join(directory, name), "w") as f:
       for i in range(n):
         label = list(CLASSES)[i % 3]
         text = " ".join("".join(rng.choice(list(CLASSES[label]), rng.integers(2, 6)))
                         for _ in range(rng.integers(2, 8)))
         f.write(json.dumps({"text": text, "label": label}) + "\n")
-    return str(path)
 
-  return write("train.jsonl", 240), write("eval.jsonl", 30)
+  def write_both(directory):
+    os.makedirs(directory)
+    write(directory, "train.jsonl", 240)
+    write(directory, "eval.jsonl", 30)
+
+  directory, _ = runs.once_per_session(tmp_path_factory, "tasks_labelled", write_both)
+  return os.path.join(directory, "train.jsonl"), os.path.join(directory, "eval.jsonl")
 
 
 def _fine_tuning(train, eval_, *overrides):
@@ -52,10 +56,14 @@ def _fine_tuning(train, eval_, *overrides):
 
 @pytest.fixture(scope="module")
 def fine_tuned(labelled, tmp_path_factory):
-  """A fine-tuning run from scratch with the default tokenizer (a trained vocabulary)."""
-  workdir = str(tmp_path_factory.mktemp("fine_tuned") / "run")
-  result = runs.train(workdir, *_fine_tuning(*labelled), config=None)
-  return workdir, result
+  """A fine-tuning run from scratch with the default tokenizer (a trained vocabulary): made once
+  for all pytest-xdist workers (tests only read it or copy it)."""
+  def fine_tune(directory):
+    result = runs.train(directory, *_fine_tuning(*labelled), config=None)
+    return {"returncode": result.returncode, "stdout": result.stdout, "stderr": result.stderr}
+
+  workdir, result = runs.once_per_session(tmp_path_factory, "tasks_fine_tuned", fine_tune)
+  return workdir, runs.Result(**result)
 
 
 def test_what_may_change_on_resume_follows_each_fields_role():

@@ -37,12 +37,19 @@ def test_byte_tokenizer_round_trips_utf8():
   assert tokens.decode_bytes(tokens.encode_bytes("héllo")) == "héllo"
 
 
-def test_one_train_step():
+@pytest.fixture(scope="module")
+def tiny_step():
+  """(config, task, tx, schedule, jitted step) of the tiny config, traced and compiled once for
+  the tests here that take steps by hand (each starts from a state of its own)."""
   config, task, tx, schedule = tiny.setup()
+  return config, task, tx, schedule, tiny.jitted_step(task, tx, schedule)
+
+
+def test_one_train_step(tiny_step):
+  config, task, tx, schedule, step = tiny_step
   state = tiny.state(task, tx, config)
   batch = next(tiny.batches(config))
   chex.assert_shape(batch, (config.train.batch_size, config.train.seq_len))
-  step = tiny.jitted_step(task, tx, schedule)
   new_state, metrics = step(state, batch)
   assert int(new_state.step) == 1
   assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
@@ -53,11 +60,10 @@ def test_one_train_step():
   assert 4.5 < float(metrics["loss"]) < 7.0
 
 
-def test_checkpoint_round_trip_is_bitwise(tmp_path):
-  config, task, tx, schedule = tiny.setup()
+def test_checkpoint_round_trip_is_bitwise(tiny_step, tmp_path):
+  config, task, tx, _, step = tiny_step
   state = tiny.state(task, tx, config)
   iterator = tiny.batches(config)
-  step = tiny.jitted_step(task, tx, schedule)
   for _ in range(3):  # Adam's moments are non-zero after a few updates
     state, _ = step(state, next(iterator))
   checkpointer = Checkpointer(str(tmp_path / "checkpoints"), keep=2)
@@ -155,11 +161,12 @@ def test_a_signal_landing_late_in_a_step_still_saves_the_step_that_stops(tmp_pat
   assert os.listdir(tmp_path / "checkpoints") == [str(stopped_at)]
 
 
-def test_corrupt_newest_checkpoint_falls_back_to_an_older_one(reference_run, tmp_path):
+def test_corrupt_newest_checkpoint_falls_back_to_an_older_one(reference_run, tiny_step,
+                                                              tmp_path):
   workdir = str(tmp_path / "run")
   shutil.copytree(reference_run, workdir)
   _corrupt_one_file(os.path.join(workdir, "checkpoints", "30", "state"))
-  config, task, tx, _ = tiny.setup()
+  config, task, tx, _, _ = tiny_step
   abstract = tiny.state(task, tx, config)
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=5)
   with warnings.catch_warnings(record=True) as caught:
