@@ -153,6 +153,14 @@ def environment() -> dict:
           "matmul_precision": jax.config.jax_default_matmul_precision}
 
 
+def write_results(path: str, results: dict) -> None:
+  """The benchmark's results as JSON at `path` (--out), its directory made where missing."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(results, f, indent=1)
+  print(f"wrote {path}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -207,10 +215,7 @@ def main(argv=None) -> int:
     results["records"] += compile_times(paper_base(dtype=args.dtype,
                                                    attention_impl=args.attention))
   if args.out:
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-      json.dump(results, f, indent=1)
-    print(f"wrote {args.out}", file=sys.stderr)
+    write_results(args.out, results)
   return 0
 
 

@@ -33,7 +33,6 @@ torch.set_num_threads(os.cpu_count()), glibc malloc keeping freed memory for bot
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -217,10 +216,7 @@ def main(argv=None) -> int:
         f"{len(first['compiled_shapes'])} shapes compiled {first['compiled_shapes']}; "
         f"min cosine to sentence-transformers {measured['min_cosine']:.7f}", file=sys.stderr)
   if args.out:
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-      json.dump(results, f, indent=1)
-    print(f"wrote {args.out}", file=sys.stderr)
+    bench.write_results(args.out, results)
   return 0
 
 

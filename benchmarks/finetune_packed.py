@@ -373,10 +373,7 @@ def main(argv=None) -> int:
         f"({measured['packing']['examples_per_row']:.2f} examples a row, "
         f"{measured['packing']['fill']:.0%} of the packed ids real)", file=sys.stderr)
   if args.out:
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-      json.dump(results, f, indent=1)
-    print(f"wrote {args.out}", file=sys.stderr)
+    bench.write_results(args.out, results)
   return 0
 
 

@@ -352,10 +352,7 @@ def main(argv=None) -> int:
   for section, rs in results["ratios"].items():
     print(f"{section}: " + ", ".join(f"{k} {v:.2f}" for k, v in rs.items()), file=sys.stderr)
   if args.out:
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-      json.dump(results, f, indent=1)
-    print(f"wrote {args.out}", file=sys.stderr)
+    bench.write_results(args.out, results)
   return 0
 
 
