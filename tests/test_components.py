@@ -311,3 +311,18 @@ def test_attention_backward_pass_matches_autodiff_including_the_weights_output(r
   got = jax.grad(functools.partial(loss, attend), argnums=(0, 1, 2))(q, k, v)
   for g, e in zip(got, expected):
     np.testing.assert_allclose(g, e, atol=2e-6)
+
+
+
+def test_a_bfloat16_lookup_sums_its_gradient_in_the_tables_float32():
+  # 4096 lookups of one row, each with a cotangent of 1: a bfloat16 sum stops at 256 (257 is
+  # not a bfloat16), as it did when the table was cast before the gather (nn.Embed's way); a
+  # float32 sum reaches 4096. The forward values are the bfloat16 rows either way.
+  from flax_encoder.encoder import Embed
+  table = Embed(8, 4, dtype=jnp.bfloat16)
+  ids = jnp.zeros((4, 1024), jnp.int32)
+  params = table.init(jax.random.PRNGKey(0), ids)
+  grad = jax.grad(lambda p: table.apply(p, ids).astype(jnp.float32).sum())(params)
+  np.testing.assert_array_equal(grad["params"]["embedding"][0], 4096.0)
+  np.testing.assert_array_equal(table.apply(params, ids)[0, 0],
+                                params["params"]["embedding"][0].astype(jnp.bfloat16))
