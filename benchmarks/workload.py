@@ -72,7 +72,7 @@ def paper_task(cfg: EncoderConfig, seq: int, cross_document_attention: bool | No
   if cross_document_attention is not None:
     config.task.cross_document_attention = cross_document_attention
   task = masked_lm.task(config, cfg, baseline_token=FIRST_TOKEN_ID)
-  return dataclasses.replace(task, model=masked_lm.MaskedLM(cfg, **model_options))
+  return dataclasses.replace(task, model=dataclasses.replace(task.model, **model_options))
 
 
 def compiled_train_step(cfg: EncoderConfig, batch: int, seq: int, grad_accum_steps: int = 1,

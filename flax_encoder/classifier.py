@@ -107,6 +107,7 @@ class SequenceClassifier(nn.Module):
   pooling: str = "mean"
   type_separator: int | None = None
   max_segments: int | None = None
+  check_traced_ids: bool = True  # as Encoder's
 
   @nn.compact
   def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None, *,
@@ -121,8 +122,9 @@ class SequenceClassifier(nn.Module):
       types = pair_token_types(tokens, self.type_separator, segment_ids)
     if segment_ids is not None:  # each example as if alone: positions from its first token
       positions = segment_positions(segment_ids)
-    hidden = Encoder(cfg, name="encoder")(tokens, segment_ids=segment_ids, positions=positions,
-                                          token_types=types, deterministic=deterministic)
+    hidden = Encoder(cfg, self.check_traced_ids, name="encoder")(
+        tokens, segment_ids=segment_ids, positions=positions, token_types=types,
+        deterministic=deterministic)
     head = self.pooling in HEAD_POOLINGS
     # BERT's pooler and DistilBERT's pre-classifier read the first token.
     first_or_mean = "first" if self.pooling in _POOLER_ACTIVATION else HEAD_POOLINGS.get(

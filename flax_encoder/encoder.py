@@ -59,7 +59,10 @@ class Encoder(nn.Module):
     config: sizes and options.
     check_traced_ids: under a caller's jit, out-of-range token ids get a
       `checkify.debug_check` (see `flax_encoder.checked_apply`). False leaves it out of the
-      traced program, for `jax.export`, which cannot serialize it.
+      traced program: for `jax.export`, which cannot serialize it, and where the ids were
+      checked on the host before, since the check's effect takes every call of the jitted
+      function off JAX's C++ dispatch path (3 to 5 ms a call on a 2-core CPU, 6 ms on an
+      H200's host).
   """
 
   config: EncoderConfig

@@ -82,8 +82,9 @@ class BucketedEncoder:
     self._jitted = jax.jit(self._forward)
 
   def _forward(self, variables, tokens, segment_ids, positions):
-    return Encoder(self.config).apply(variables, tokens, segment_ids=segment_ids,
-                                      positions=positions)
+    # checked on the host in __call__: a traced check would only cost the fast dispatch path
+    return Encoder(self.config, check_traced_ids=False).apply(
+        variables, tokens, segment_ids=segment_ids, positions=positions)
 
   def bucket(self, seq: int) -> int:
     """The padded length for inputs of length `seq`."""

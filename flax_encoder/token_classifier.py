@@ -32,12 +32,14 @@ class TokenClassifier(nn.Module):
   config: EncoderConfig
   num_labels: int
   head: bool = False  # ModernBERT's prediction head before the dropout
+  check_traced_ids: bool = True  # as Encoder's
 
   @nn.compact
   def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
     """int [batch, seq] -> logits [batch, seq, num_labels], float32."""
     cfg = self.config
-    hidden = Encoder(cfg, name="encoder")(tokens, deterministic=deterministic)
+    hidden = Encoder(cfg, self.check_traced_ids, name="encoder")(tokens,
+                                                                 deterministic=deterministic)
     if self.head:
       hidden = PredictionHead(cfg, name="head")(hidden)
     hidden = Dropout(cfg.dropout)(hidden, deterministic=deterministic)

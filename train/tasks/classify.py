@@ -181,7 +181,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   counts = np.bincount(train_labels[train_labels >= 0], minlength=len(labels))
   packed = meta.get("packed")
   model = Classifier(cfg, len(labels), pooling(config), type_separator(meta),
-                     packed and packed["max_segments"])
+                     packed and packed["max_segments"], check_traced_ids=False)
   task = ClassifyTask(model, config.optim.label_smoothing, int(np.argmax(counts)))
   note = ""
   if packed:

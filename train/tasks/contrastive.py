@@ -60,11 +60,13 @@ class SentenceEmbedder(nn.Module):
 
   config: EncoderConfig
   pooling: str = "mean"
+  check_traced_ids: bool = True  # as Encoder's
 
   @nn.compact
   def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
     """int [batch, seq] -> [batch, d_model]."""
-    hidden = Encoder(self.config, name="encoder")(tokens, deterministic=deterministic)
+    hidden = Encoder(self.config, self.check_traced_ids, name="encoder")(
+        tokens, deterministic=deterministic)
     pooled = pool(hidden, tokens != self.config.pad_id,
                   "first" if self.pooling == "cls" else "mean")
     return pooled.astype(jnp.float32)
@@ -417,7 +419,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
               if k in ("anchor", "positive")}
   count = len(held_out["anchor"])
   held_out["index"] = np.arange(count, dtype=np.int32)
-  model = SentenceEmbedder(cfg, config.task.pooling)
+  model = SentenceEmbedder(cfg, config.task.pooling, check_traced_ids=False)  # tokenized here
   task = ContrastiveTask(model, RankingLoss(float(config.task.scale), config.task.symmetric,
                                             dims),
                          count, config.task.mini_batch if config.task.cached else None)

@@ -99,6 +99,7 @@ class MaskedLM(nn.Module):
   tie_embeddings: bool = False
   head_at_every_position: bool = False
   bert_head: bool = False
+  check_traced_ids: bool = True  # as Encoder's
 
   @nn.compact
   def __call__(self, tokens: jax.Array, predict_at: jax.Array | None = None, *,
@@ -108,7 +109,7 @@ class MaskedLM(nn.Module):
     only: [batch, k, vocab]; in config.dtype. `segment_ids` and `positions` go to the encoder
     (packed rows)."""
     cfg = self.config
-    encoder = Encoder(cfg, name="encoder")
+    encoder = Encoder(cfg, self.check_traced_ids, name="encoder")
     hidden = encoder(tokens, segment_ids=segment_ids, positions=positions,
                      deterministic=deterministic)
     select = lambda x: jnp.take_along_axis(x, predict_at[..., None], axis=1)
@@ -225,7 +226,8 @@ def task(config, cfg: EncoderConfig, baseline_token: int, ids: SpecialIds = PROJ
   """The task config.task describes (label smoothing from config.optim) for the encoder `cfg`
   and data of special `ids`; `bert_head`: a Hugging Face checkpoint's head."""
   return MaskedLMTask(
-      model=MaskedLM(cfg, tie_embeddings=_tied(config, cfg, bert_head), bert_head=bert_head),
+      model=MaskedLM(cfg, tie_embeddings=_tied(config, cfg, bert_head), bert_head=bert_head,
+                     check_traced_ids=False),  # the windows' ids are checked as read
       mask_rate=config.task.mask_rate,
       predictions=predictions_per_row(config.task.mask_rate, config.train.seq_len,
                                       config.task.max_predictions_per_seq),

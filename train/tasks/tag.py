@@ -274,7 +274,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   # From a ModernBERT checkpoint, its prediction head before the classifier (transformers').
   start = prepared.start
   model = TokenClassifier(cfg, len(tags), head=bool(
-      start.family and families.get(start.family).tags_through_head))
+      start.family and families.get(start.family).tags_through_head), check_traced_ids=False)
   task = TagTask(model, config.optim.label_smoothing,
                  int(np.argmax(_tag_counts(loaded["train"]["labels"], len(tags)))), scheme)
   untagged = {s: n for s, n in meta["untagged"].items() if n}
