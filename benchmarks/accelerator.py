@@ -584,6 +584,9 @@ def main(argv=None) -> int:
   parser.add_argument("--limit", type=float, default=0, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.part:
+    if args.tiny:  # tiny runs guard this script, not timings: no settling pauses
+      from benchmarks import bench
+      bench.PAUSE_S = 0.0
     kwargs = {"limit_s": args.limit - 20} if args.part == "suite" else {}
     record = globals()[args.part](args.tiny, args.variant, **kwargs)
     with open(args.record, "w") as f:
