@@ -224,10 +224,9 @@ def train_step(tiny: bool, variant=None) -> dict:
   # The JAX step timed before torch is imported too: on an H200 it ran at a fifth of
   # torch.compile's speed beside torch, while a model 4x larger alone (part big) ran at 168
   # TFLOP/s. Both rows tell whether sharing the process with torch is what costs.
-  alone = {}
-  for batch, seq in sizes:
-    alone[batch, seq] = interleaved({"jax": jax_side(cfg, batch, seq, steps_masked=1)[1]},
-                                    reps=3 if tiny else 10, warmup=2)["jax"]
+  sides = {size: jax_side(cfg, *size) for size in sizes}  # compiled once, timed twice
+  alone = {size: interleaved({"jax": side[1]}, reps=3 if tiny else 10, warmup=2)["jax"]
+           for size, side in sides.items()}
   peak = matmul_peak("bfloat16", sizes=(256,) if tiny else (8192,), reps=3)
   measured = max(r["flops_per_s"] for r in peak if r["impl"] == "jax")
   nominal = device_peak(device)
@@ -236,7 +235,7 @@ def train_step(tiny: bool, variant=None) -> dict:
            + ", ".join(f"{r['impl']} {r['flops_per_s'] / 1e12:.1f} TFLOP/s" for r in peak)
            + (f"; datasheet dense bf16 peak {nominal / 1e12:.0f} TFLOP/s" if nominal else "")]
   for batch, seq in sizes:
-    _, jax_train, params, host_batches = jax_side(cfg, batch, seq)
+    _, jax_train, params, host_batches = sides[batch, seq]
     runners = {"jax": jax_train}
     # Tiny runs compare with PyTorch eager: inductor alone takes minutes to compile a step on
     # a small CPU, and what the tiny run guards is this script, not torch.compile.
@@ -415,7 +414,7 @@ def big(tiny: bool, variant: str | None = None) -> dict:
   import jax
 
   from benchmarks.bench import interleaved
-  from benchmarks.workload import VOCAB_SIZE, compiled_train_step, jax_side
+  from benchmarks.workload import VOCAB_SIZE, jax_side
   from flax_encoder import EncoderConfig
   rows = []
   for remat in [variant] if variant else ["none", "full", "save_dots"]:
@@ -424,9 +423,9 @@ def big(tiny: bool, variant: str | None = None) -> dict:
     batch, seq = (4, 32) if tiny else (64, 512)
     if tiny:
       cfg = dataclasses.replace(cfg, d_model=32, n_heads=2, d_ff=64, vocab_size=300)
-    temporaries = compiled_train_step(cfg, batch, seq).memory_analysis().temp_size_in_bytes
     _, train, _, _ = jax_side(cfg, batch, seq, steps_masked=1)
     seconds = interleaved({"step": train}, reps=3 if tiny else 10, warmup=2)["step"]
+    temporaries = train.compiled().memory_analysis().temp_size_in_bytes
     stats = jax.devices()[0].memory_stats() or {}
     peak = stats.get("peak_bytes_in_use")
     rows.append({"remat": remat, "batch x seq": f"{batch}x{seq}",

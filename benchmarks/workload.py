@@ -126,6 +126,9 @@ def jax_side(cfg: EncoderConfig, batch: int, seq: int, seed: int = 0, steps_mask
     state[0], metrics = step(state[0], tokens)
     return metrics["loss"].block_until_ready()
 
+  # The executable run_train calls (after its first call, from jit's cache: no second compile).
+  run_train.compiled = lambda: step.lower(state[0], tokens).compile()
+
   return run_forward, run_train, params, host_batches
 
 
