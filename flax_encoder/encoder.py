@@ -126,11 +126,11 @@ class Encoder(nn.Module):
 
     width = cfg.embedding_width  # of the tables: ALBERT's are narrower than d_model
     embed = Embed(cfg.vocab_size, width, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                     # std width^-0.5: after the sqrt(width) scale the embeddings have unit
-                     # variance, the scale of the sinusoids (tensor2tensor's choice).
-                     embedding_init=nn.with_logical_partitioning(
-                         nn.initializers.normal(stddev=width**-0.5), ("vocab", "embed")),
-                     name="embedding")
+                  # std width^-0.5: after the sqrt(width) scale the embeddings have unit
+                  # variance, the scale of the sinusoids (tensor2tensor's choice).
+                  embedding_init=nn.with_logical_partitioning(
+                      nn.initializers.normal(stddev=width**-0.5), ("vocab", "embed")),
+                  name="embedding")
     # A negative id is out of range like one past the table (NaN rows under a plain jit),
     # not counted back from its end as a gather would.
     x = embed(jnp.where(tokens < 0, cfg.vocab_size, tokens))
@@ -211,8 +211,8 @@ def _table(cfg: EncoderConfig, rows: int, name: str) -> Embed:
   types), normal with std 0.02 (BERT's initializer_range). An index out of [0, rows) reads
   NaN."""
   return Embed(rows, cfg.embedding_width, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                  embedding_init=nn.with_logical_partitioning(
-                      nn.initializers.normal(stddev=0.02), (None, "embed")), name=name)
+               embedding_init=nn.with_logical_partitioning(
+                   nn.initializers.normal(stddev=0.02), (None, "embed")), name=name)
 
 
 def _relative_bias(cfg: EncoderConfig, positions: jax.Array | None, seq: int):
