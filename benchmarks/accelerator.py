@@ -220,14 +220,14 @@ def train_step(tiny: bool, variant=None) -> dict:
   cfg = _paper_cfg(tiny, dtype="bfloat16", attention_impl=_best_attention())
   device = jax.devices()[0].device_kind
   on_gpu = jax.default_backend() == "gpu"
-  sizes = ((8, 32), (16, 16)) if tiny else ((64, 512), (256, 128))
+  sizes = ((8, 32),) if tiny else ((64, 512), (256, 128))
   # The JAX step timed before torch is imported too: on an H200 it ran at a fifth of
   # torch.compile's speed beside torch, while a model 4x larger alone (part big) ran at 168
   # TFLOP/s. Both rows tell whether sharing the process with torch is what costs.
   sides = {size: jax_side(cfg, *size) for size in sizes}  # compiled once, timed twice
   alone = {size: interleaved({"jax": side[1]}, reps=3 if tiny else 10, warmup=2)["jax"]
            for size, side in sides.items()}
-  peak = matmul_peak("bfloat16", sizes=(256,) if tiny else (8192,), reps=3)
+  peak = matmul_peak("bfloat16", sizes=(64,) if tiny else (8192,), reps=3)
   measured = max(r["flops_per_s"] for r in peak if r["impl"] == "jax")
   nominal = device_peak(device)
   rows = []
@@ -311,7 +311,7 @@ def bert(tiny: bool, variant=None) -> dict:
   from benchmarks.bench import interleaved, matmul_peak
   from train.run.throughput import device_peak
   device = jax.devices()[0].device_kind
-  peak = matmul_peak("bfloat16", sizes=(256,) if tiny else (8192,), reps=3)
+  peak = matmul_peak("bfloat16", sizes=(64,) if tiny else (8192,), reps=3)
   measured = max(r["flops_per_s"] for r in peak if r["impl"] == "jax")
   nominal = device_peak(device)
   torch_device, why = _bert_torch_device()

@@ -280,9 +280,9 @@ def test_exporting_a_live_run_again_and_again_does_not_disturb_it(tmp_path):
           f"--workdir={workdir}", f"--config.data.train={data}", f"--config.data.eval={data}",
           "--config.data.tokenizer=bytes", "--config.model.d_model=16",
           "--config.model.n_heads=2", "--config.model.d_ff=32", "--config.model.n_layers=1",
-          "--config.model.max_len=32", "--config.train.num_steps=160",
+          "--config.model.max_len=32", "--config.train.num_steps=80",
           "--config.train.batch_size=8", "--config.train.seq_len=32",
-          "--config.train.eval_every=80", "--config.train.checkpoint_every=2",
+          "--config.train.eval_every=40", "--config.train.checkpoint_every=2",
           "--config.train.keep_checkpoints=1"]
   with open(tmp_path / "log", "w") as log:
     live = subprocess.Popen([sys.executable, "-m", "train", *args], cwd=runs.ROOT,
@@ -298,7 +298,7 @@ def test_exporting_a_live_run_again_and_again_does_not_disturb_it(tmp_path):
   assert exported >= 2
   steps = [r["step"] for r in read_metrics(os.path.join(workdir, "metrics.jsonl"))
            if r["split"] == "train"]
-  assert max(steps) == 160
+  assert max(steps) == 80
 
 
 def test_a_run_that_embeds_no_sentences_is_no_sentence_transformers_folder(run, tmp_path,
