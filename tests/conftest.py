@@ -1,7 +1,8 @@
 """Shared test settings: float32 matmuls at full precision, so that the parity bounds also hold
 on GPUs, where JAX otherwise computes them in TF32; a persistent compilation cache shared by
 every test process and the programs they start; on a CPU, XLA's quicker backend
-optimisation, which the tiny test models do not miss."""
+optimisation and older CPU emitters (`runs.QUICK_CPU`), which the tiny test models do not
+miss."""
 
 import os
 
