@@ -390,8 +390,8 @@ def test_a_save_that_cannot_be_written_is_one_line_and_loses_nothing(eight_steps
 
 
 def test_metrics_on_a_full_disk_stop_the_run_with_one_line_naming_them(eight_steps, tmp_path):
-  # The TensorBoard events alone cannot be written: tensorboardX's writer thread died there
-  # and the loop then waited on its queue for ever, deaf to Ctrl-C.
+  # The TensorBoard events alone cannot be written: a writer thread would die there and leave
+  # the loop waiting on its queue for ever, deaf to Ctrl-C.
   workdir = str(tmp_path / "run")
   shutil.copytree(eight_steps, workdir)
   shutil.rmtree(os.path.join(workdir, "tensorboard"))

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests import runs, tiny
 from train.data import dataset, tokens
@@ -108,6 +109,14 @@ def test_uninterrupted_run_learns_and_writes_its_outputs(reference_run):
   for name in ("loss.png", "accuracy.png", "learning_rate.png"):
     assert os.path.getsize(os.path.join(reference_run, "plots", name)) > 1000
   assert os.listdir(os.path.join(reference_run, "tensorboard"))
+  # TensorBoard's own reader finds every logged value, at its step, in the event file.
+  events = EventAccumulator(os.path.join(reference_run, "tensorboard"))
+  events.Reload()
+  for split, key in (("train", "loss"), ("train", "lr"), ("eval", "accuracy")):
+    logged = [(r["step"], r[key]) for r in records if r["split"] == split]
+    read = [(e.step, e.value) for e in events.Scalars(f"{split}/{key}")]
+    assert [s for s, _ in read] == [s for s, _ in logged]
+    np.testing.assert_allclose([v for _, v in read], [v for _, v in logged], rtol=1e-6)
   assert sorted(os.listdir(os.path.join(reference_run, "checkpoints"))) == ["16", "24", "30", "8"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import time
 
 from train.errors import RunError
@@ -19,24 +20,34 @@ class MetricWriter:
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.tensorboard = os.path.join(workdir, "tensorboard")
-    self._events = None  # tensorboardX's synchronous event file writer, once opened
+    self._events = None  # TensorBoard's record writer over the event file, once opened
 
   def write(self, step: int, split: str, metrics: dict) -> None:
-    from tensorboardX.proto.event_pb2 import Event
-    from tensorboardX.summary import scalar
+    # TensorBoard's own protos and record framing, written here, in order: no writer thread,
+    # and none of tensorboardX's imports (it loads torch where torch is installed).
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
 
     record = {"step": step, "split": split, **{k: float(v) for k, v in metrics.items()}}
     with self._writing(self.path), open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
     with self._writing(self.tensorboard):
       if self._events is None:
-        from tensorboardX.event_file_writer import EventsWriter
-        os.makedirs(self.tensorboard, exist_ok=True)
-        self._events = EventsWriter(os.path.join(self.tensorboard, "events"))
+        self._events = self._open_events(Event)
       for name, value in metrics.items():
-        self._events.write_event(Event(wall_time=time.time(), step=step,
-                                       summary=scalar(f"{split}/{name}", float(value))))
+        summary = Summary(value=[Summary.Value(tag=f"{split}/{name}", simple_value=float(value))])
+        self._events.write(Event(wall_time=time.time(), step=step,
+                                 summary=summary).SerializeToString())
       self._events.flush()
+
+  def _open_events(self, event):
+    """A new event file named as TensorBoard looks for them, its first record the version."""
+    from tensorboard.summary.writer.record_writer import RecordWriter
+    os.makedirs(self.tensorboard, exist_ok=True)
+    name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+    events = RecordWriter(open(os.path.join(self.tensorboard, name), "wb"))
+    events.write(event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+    return events
 
   @contextlib.contextmanager
   def _writing(self, path: str):
