@@ -23,8 +23,8 @@ class MetricWriter:
     self._events = None  # TensorBoard's record writer over the event file, once opened
 
   def write(self, step: int, split: str, metrics: dict) -> None:
-    # TensorBoard's own protos and record framing, written here, in order: no writer thread,
-    # and none of tensorboardX's imports (it loads torch where torch is installed).
+    # TensorBoard's own protos and record framing, written in this thread (no writer thread to
+    # die) and without tensorboardX, whose import loads torch wherever torch is installed.
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary
 
@@ -33,20 +33,21 @@ class MetricWriter:
       f.write(json.dumps(record) + "\n")
     with self._writing(self.tensorboard):
       if self._events is None:
-        self._events = self._open_events(Event)
+        self._events = self._open_events()
       for name, value in metrics.items():
         summary = Summary(value=[Summary.Value(tag=f"{split}/{name}", simple_value=float(value))])
         self._events.write(Event(wall_time=time.time(), step=step,
                                  summary=summary).SerializeToString())
       self._events.flush()
 
-  def _open_events(self, event):
+  def _open_events(self):
     """A new event file named as TensorBoard looks for them, its first record the version."""
+    from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.summary.writer.record_writer import RecordWriter
     os.makedirs(self.tensorboard, exist_ok=True)
     name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
     events = RecordWriter(open(os.path.join(self.tensorboard, name), "wb"))
-    events.write(event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+    events.write(Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
     return events
 
   @contextlib.contextmanager
