@@ -34,8 +34,8 @@ class MetricWriter:
     with self._writing(self.tensorboard):
       if self._events is None:
         self._events = self._open_events()
-      for name, value in metrics.items():
-        summary = Summary(value=[Summary.Value(tag=f"{split}/{name}", simple_value=float(value))])
+      for name in metrics:
+        summary = Summary(value=[Summary.Value(tag=f"{split}/{name}", simple_value=record[name])])
         self._events.write(Event(wall_time=time.time(), step=step,
                                  summary=summary).SerializeToString())
       self._events.flush()
