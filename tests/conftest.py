@@ -10,7 +10,9 @@ import os
 from tests import runs
 
 if os.environ.get("JAX_PLATFORMS", "cpu") == "cpu" and not os.path.exists("/dev/nvidia0"):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + runs.QUICK_CPU).strip()
+  # The caller's flags come last, so that they win: `XLA_FLAGS=--xla_cpu_max_isa=AVX2 pytest`
+  # shows another processor's rounding, `--xla_cpu_use_fusion_emitters=true` the newer emitters.
+  os.environ["XLA_FLAGS"] = (runs.QUICK_CPU + " " + os.environ.get("XLA_FLAGS", "")).strip()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

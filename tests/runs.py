@@ -37,7 +37,11 @@ def environment(devices: int | None = None) -> dict:
          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
          "JAX_DEFAULT_MATMUL_PRECISION": "highest"}
   if devices:  # simulated CPU devices, on a machine with an accelerator too
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} {QUICK_CPU}"
+    # The test process's own XLA flags (an instruction set, the emitters) are kept after ours.
+    given = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    env["XLA_FLAGS"] = " ".join([f"--xla_force_host_platform_device_count={devices}",
+                                 QUICK_CPU, *given])
     env["JAX_PLATFORMS"] = "cpu"
   return env
 

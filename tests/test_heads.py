@@ -237,9 +237,32 @@ def test_a_run_exports_what_transformers_loads_as_itself_and_predicts_its_eval(h
     np.testing.assert_allclose([w["score"] for w in written], theirs.logits[:, 0].numpy(),
                                atol=1e-5)
     assert done.scores["mse"] == pytest.approx(final["loss"], rel=1e-5)
-  for name in set(done.scores) - {"mse"}:
-    assert done.scores[name] == pytest.approx(final[name], abs=1e-6), name
+    _correlations_agree(final, done.scores, [w["score"] for w in written],
+                        theirs.logits[:, 0].numpy(), labels.numpy())
+  if task == "tag":
+    for name in set(done.scores):  # counts of the argmaxes, tied to transformers' logits above
+      assert done.scores[name] == pytest.approx(final[name], abs=1e-6), name
   assert done.count == done.labelled == len(rows)
+
+
+def _correlations_agree(final, scores, written, logits, labels):
+  """predict's correlations are those of the predictions it wrote (one computation: equal);
+  the run's eval made its predictions in other batches, another float32 program, so its
+  correlations are those of transformers' logits up to what moving each prediction by the
+  1e-5 asserted above can change, however small the predictions' spread."""
+  assert scores["pearson"] == regress.pearson(written, labels)
+  assert scores["spearman"] == regress.spearman(written, labels)
+  x = np.asarray(logits, np.float64)
+  n, moved = len(x), 2 * 1e-5
+  # Pearson's is the cosine of the centred vectors: a change of norm d turns them by at most
+  # d / |x - mean(x)|, and the cosine by no more than that angle.
+  assert final["pearson"] == pytest.approx(
+      regress.pearson(x, labels), abs=moved * np.sqrt(n) / np.linalg.norm(x - x.mean()))
+  # Spearman's moves only where two predictions closer than the change can swap ranks, each
+  # swap changing the sum of squared rank differences by at most 4n: 24 / (n^2 - 1) of it.
+  near = int(np.sum(np.abs(x[:, None] - x[None, :]) < moved) - n) // 2
+  assert final["spearman"] == pytest.approx(regress.spearman(x, labels),
+                                            abs=near * 24 / (n * n - 1) + 1e-12)
 
 
 def _unseen_words_are_null(workdir, tmp_path):
