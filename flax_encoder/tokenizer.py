@@ -10,8 +10,9 @@ of its own. sentencepiece and tokenizers are imported only for their kind (the `
 A Hugging Face model directory's tokenizer (its tokenizer.json, or the vocab.txt or vocab.json
 and merges.txt older checkpoints ship) is `flax_encoder.hf_tokenizer.tokenizer_from_directory`.
 
-A text is cut to what an example of seq_len ids can show (`visible`) before it is tokenized,
-so that a line of any length takes bounded memory.
+A text's first ids are tokenized a piece at a time until an example has all it can hold
+(`Tokenizer.encode_leading`): the ids are those of the whole text, and a line of any length
+takes bounded memory.
 """
 
 from __future__ import annotations
@@ -26,14 +27,17 @@ import numpy as np
 
 KINDS = ("bytes", "sentencepiece", "huggingface")
 
-# Characters of a text per id of seq_len that are tokenized; the rest of the text is cut
-# unread (`visible`). Tokens average 3 to 5 characters and SentencePiece's are 16 at most by
-# default, so what is cut lies far past the seq_len ids an example keeps; while the tokenizers
-# hold 130 to 200 bytes per character of a text they encode (`tokenizers`, measured): a line
-# of 100 MB took 13 to 20 GB. Only a text whose kept part averages more than 64 characters
-# per token would lose ids: long runs of whitespace or control characters a tokenizer drops
-# (WordPiece) or folds into one token (SentencePiece), words WordPiece maps whole to [UNK].
+# Characters of a text per id wanted that are tokenized first (`encode_leading`). Tokens
+# average 3 to 5 characters and SentencePiece's are 16 at most by default, so one piece
+# nearly always holds the ids wanted; the tokenizers hold 130 to 200 bytes per character of a
+# text they encode (`tokenizers`, measured: a line of 100 MB took 13 to 20 GB), so a text is
+# never handed to them whole. A text whose first piece holds too few ids (runs of whitespace
+# or control characters a tokenizer drops, long words) is read on, a piece at a time.
 CHARS_PER_ID = 64
+# The most characters handed to the tokenizer at once (about 200 MB of its memory). Only a
+# single word longer than this, with nothing to split it at, is tokenized from this many of
+# its first characters instead of whole.
+MAX_PIECE_CHARS = 1 << 20
 
 
 class Tokenizer:
@@ -109,6 +113,82 @@ class Tokenizer:
       ids = [e.ids for e in self._model.encode_batch(list(texts), add_special_tokens=False)]
     return [np.asarray(i, np.int32) + self.offset for i in ids]
 
+  def encode_leading(self, texts: Sequence[str], count: int) -> list[np.ndarray]:
+    """Each text's first `count` ids (all of them where it has fewer): `encode_batch`'s,
+    cut to `count`, without handing the tokenizer more of a text than those ids need.
+
+    A text longer than count * CHARS_PER_ID characters is tokenized a piece at a time. The
+    tokenizers split a text into words (whitespace, punctuation) before their model reads
+    each word on its own, so the ids of a piece's words, all but its last two (which the
+    text after the piece may lengthen or join), are the whole text's; the next piece begins
+    where the kept ids end. A piece whose words are too few to keep any is doubled, up to
+    MAX_PIECE_CHARS; one that yields no ids at all (whitespace a tokenizer drops) is
+    passed over."""
+    piece = max(count, 1) * CHARS_PER_ID
+    if self.kind == "bytes":  # one id a byte, at least one byte a character
+      return [ids[:count] for ids in self.encode_batch([t[:count] for t in texts])]
+    out = []
+    for text, first in zip(texts, self._encode_words([t[:piece] for t in texts])):
+      ids = (first[0] if len(text) <= piece else
+             self._leading(text, count, piece, first) if self.kind == "huggingface" else
+             self._leading_prefix(text, count, piece, first))
+      out.append(np.asarray(ids[:count], np.int32) + self.offset)
+    return out
+
+  def _leading_prefix(self, text: str, count: int, piece: int, first) -> list[int]:
+    """`encode_leading` of one text by SentencePiece, whose Python API says where its pieces
+    end only through protobuf: ever longer beginnings of the text, up to MAX_PIECE_CHARS."""
+    size, (got, words, _) = piece, first
+    while True:
+      last = max(words, default=-1)
+      kept = sum(w < last - 1 for w in words)
+      if size >= len(text) or size >= MAX_PIECE_CHARS and kept < count:
+        return got  # the whole text, or as far as is read at most
+      if kept >= count:
+        return got[:kept]
+      size = min(2 * size, MAX_PIECE_CHARS)
+      got, words, _ = self._encode_words([text[:size]])[0]
+
+  def _leading(self, text: str, count: int, piece: int, first) -> list[int]:
+    """`encode_leading` of one text longer than `piece` characters, `first` its first
+    piece's (ids, word of each id, character where each id ends)."""
+    ids: list[int] = []
+    start, size, encoded = 0, piece, first
+    while True:
+      got, words, ends = encoded
+      if start + size >= len(text):  # the piece reaches the end: all its ids are the text's
+        return ids + list(got)
+      last = max(words, default=-1)
+      kept = sum(w < last - 1 for w in words)  # words are numbered in order
+      if not kept and got and size < MAX_PIECE_CHARS:  # too few words to keep: read more
+        size = min(2 * size, MAX_PIECE_CHARS)
+      else:
+        # Nothing kept: a piece of no ids is passed over, a word longer than the most handed
+        # at once is read as far as that.
+        kept = kept or len(got)
+        ids += got[:kept]
+        if len(ids) >= count:
+          return ids
+        start += ends[kept - 1] if kept else size
+        size = piece
+      encoded = self._encode_words([text[start:start + size]])[0]
+
+  def _encode_words(self, texts: list[str]) -> list[tuple[list[int], list[int], list[int]]]:
+    """Each text's own ids (no offset), the word each belongs to, and the character of the
+    text at which each ends."""
+    if self.kind == "huggingface":
+      out = []
+      for e in self._model.encode_batch(list(texts), add_special_tokens=False):
+        words = [w if w is not None else -1 for w in e.word_ids]
+        out.append((list(e.ids), words, [end for _, end in e.offsets]))
+      return out
+    out = []
+    for ids, pieces in zip(self._model.encode(list(texts)),
+                           self._model.encode(list(texts), out_type=str)):
+      # SentencePiece marks a word's first piece with "\u2581".
+      out.append((ids, np.cumsum([p.startswith("\u2581") for p in pieces]).tolist(), None))
+    return out
+
   def template(self) -> Template | None:
     """The special ids a huggingface tokenizer's post-processor puts around one text and
     around a pair ([CLS] a [SEP] b [SEP], <s> a </s></s> b </s>), as ids with the offset;
@@ -179,19 +259,6 @@ def visible(text: str, seq_len: int) -> str:
   return text[:seq_len * CHARS_PER_ID]
 
 
-def visible_words(words: Sequence[str], seq_len: int) -> list[str]:
-  """The words an example of `seq_len` ids can show, as `visible` cuts a text: the first
-  words whose characters, with the space each is tokenized after, make seq_len * CHARS_PER_ID,
-  the last of them cut to fit."""
-  room, kept = seq_len * CHARS_PER_ID, []
-  for word in words:
-    if room <= 1:
-      break
-    kept.append(word[:room - 1])
-    room -= 1 + len(word)
-  return kept
-
-
 def is_cut(example: str | Sequence[str] | None, seq_len: int) -> bool:
   """Whether `visible` (`example` a text) or `visible_words` (a list of words) leaves part of
   it out; None, no text, is not."""
@@ -226,11 +293,11 @@ def example_ids(first: np.ndarray, second: np.ndarray | None, seq_len: int,
 def encode_examples(tokenizer: Tokenizer, texts: list[str], pairs: list[str | None] | None,
                     seq_len: int, separator_id: int,
                     template: Template | None = None) -> list[np.ndarray]:
-  """Each example's ids (`example_ids`; a pair of None: the text alone), not padded; each
-  text cut to what they can show (`visible`) before it is tokenized."""
+  """Each example's ids (`example_ids`; a pair of None: the text alone), not padded; of
+  each text only the ids an example can hold are tokenized (`Tokenizer.encode_leading`)."""
   pairs = [None] * len(texts) if pairs is None else pairs
-  firsts = tokenizer.encode_batch([visible(t, seq_len) for t in texts])
-  seconds = tokenizer.encode_batch([visible(p or "", seq_len) for p in pairs])
+  firsts = tokenizer.encode_leading(texts, seq_len)
+  seconds = tokenizer.encode_leading([p or "" for p in pairs], seq_len)
   return [example_ids(a, b if p is not None else None, seq_len, separator_id, template)[0]
           for a, b, p in zip(firsts, seconds, pairs)]
 
@@ -239,7 +306,7 @@ def encode_words(tokenizer: Tokenizer, examples: list[list[str]], seq_len: int,
                  template: Template | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
   """Each example's words as ids, and where each word's first id lies in them: (ids, first),
   ids at most `seq_len` long, first int32 [len(words)], -1 for a word cut off or tokenized to
-  nothing. Words past what the ids can show (`visible_words`) are not tokenized.
+  nothing. Words are tokenized until the ids are full, never past (`_word_ids`).
 
   Each word is tokenized on its own after a space, so that a byte-level BPE (RoBERTa's) sees
   it as a word in running text, as transformers' `is_split_into_words` with
@@ -249,15 +316,49 @@ def encode_words(tokenizer: Tokenizer, examples: list[list[str]], seq_len: int,
   template = template or Template()
   start, end = np.asarray(template.start, np.int32), np.asarray(template.end, np.int32)
   room = max(seq_len - len(start) - len(end), 0)
-  shown = [visible_words(words, seq_len) for words in examples]
-  pieces = iter(tokenizer.encode_batch([" " + w for words in shown for w in words]))
   out = []
-  for words, kept in zip(examples, shown):
-    own = [next(pieces) for _ in kept]
+  for words, own in zip(examples, _word_ids(tokenizer, examples, room)):
     lengths = np.asarray([len(p) for p in own], np.int64)
     offsets = np.cumsum(lengths) - lengths
     first = np.where((lengths > 0) & (offsets < room), offsets + len(start), -1)
-    first = np.concatenate([first, np.full(len(words) - len(kept), -1)])  # the words cut off
+    first = np.concatenate([first, np.full(len(words) - len(own), -1)])  # the words cut off
     body = np.concatenate([np.zeros(0, np.int32), *own])[:room].astype(np.int32)
     out.append((np.concatenate([start, body, end]), first.astype(np.int32)))
+  return out
+
+
+def _word_ids(tokenizer: Tokenizer, examples: list[list[str]], room: int) -> list[list]:
+  """Each example's first words' ids, each word's first `room` + 1 at most
+  (`Tokenizer.encode_leading`), up to the word that fills `room` ids: those after it could
+  show none. The words are read a group of about room * CHARS_PER_ID characters at a time,
+  all the examples' first groups in one call."""
+  def group(words: list[str], at: int) -> list[str]:
+    taken, chars = [], 0
+    for word in words[at:]:
+      if taken and chars + 1 + len(word) > max(room, 1) * CHARS_PER_ID:
+        break
+      taken.append(word)
+      chars += 1 + len(word)
+    return taken
+
+  def add(own: list, ids: list[np.ndarray]) -> bool:
+    """Appends `ids` to `own` up to the word that fills room; whether room is full."""
+    held = sum(len(i) for i in own)
+    for word in ids:
+      if held >= room:
+        return True
+      own.append(word)
+      held += len(word)
+    return held >= room
+
+  firsts = [group(words, 0) for words in examples]
+  encoded = iter(tokenizer.encode_leading([" " + w for ws in firsts for w in ws], room + 1))
+  out = []
+  for words, taken in zip(examples, firsts):
+    own: list = []
+    full = add(own, [next(encoded) for _ in taken])
+    while not full and len(own) < len(words):  # the first words made too few ids: read on
+      more = group(words, len(own))
+      full = add(own, tokenizer.encode_leading([" " + w for w in more], room + 1))
+    out.append(own)
   return out

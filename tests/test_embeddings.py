@@ -109,6 +109,16 @@ def test_the_vectors_are_sentence_transformers(loaded, name):
   np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["modes", "roberta", "mpnet"])
+def test_texts_whose_first_characters_make_few_ids_are_sentence_transformers(loaded, name):
+  """sentence-transformers tokenizes a text whole: thousands of spaces, tabs or zero-width
+  spaces before the words, or a long run of one word, still end in the text's own ids."""
+  from tests.test_hostile_inputs import SPARSE_STARTS
+  ours, theirs = loaded[name]
+  got, want = ours(SPARSE_STARTS), theirs.encode(SPARSE_STARTS)
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
 def test_what_the_folders_say_is_read(loaded):
   modes, legacy, dense = (loaded[n][0] for n in ("modes", "legacy", "dense"))
   assert modes.model.pooling.modes == ("lasttoken", "mean", "cls", "max", "weightedmean",

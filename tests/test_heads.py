@@ -153,6 +153,8 @@ def test_each_words_tag_sits_at_its_first_id_as_transformers_word_ids_say(data, 
   ours = Tokenizer.from_file("huggingface", os.path.join(bert, "tokenizer.json"))
   texts = [r["tokens"] for r in map(json.loads, open(files["tag"][0]))][:12]
   texts.append(["abcdefgh"] * 12 + ["fox", ""])  # cut off at 16 ids, an empty word
+  # Words of thousands of characters that tokenize to nothing, then words that show.
+  texts.append(["\u200b" * 3000, " " * 2000, "fox", "abcdefgh", "fox"])
   from train.tasks.tokenizing import template_of
   laid = encode_words(ours, texts, 16, template_of(ours))
   several = 0
@@ -163,7 +165,8 @@ def test_each_words_tag_sits_at_its_first_id_as_transformers_word_ids_say(data, 
     assert first.tolist() == [word_ids.index(w) if w in word_ids else -1
                               for w in range(len(words))]
     several += len(ids) - 2 > (first >= 0).sum()
-  assert several and laid[-1][1][-3:].tolist() == [-1, -1, -1]  # a word split; words cut
+  assert several and laid[-2][1][-3:].tolist() == [-1, -1, -1]  # a word split; words cut
+  assert laid[-1][1].tolist()[:3] == [-1, -1, 1]
 
   # The prepared labels: each word's tag at its first id, -1 (-100 in transformers) elsewhere.
   meta = examples.prepare_tagged({"train": files["tag"][0], "eval": files["tag"][1]},

@@ -51,6 +51,13 @@ def handed(monkeypatch):
     return encode(self, texts)
 
   monkeypatch.setattr(Tokenizer, "encode_batch", spy)
+  words = Tokenizer._encode_words
+
+  def spy_words(self, texts):
+    lengths.extend(len(t) for t in texts)
+    return words(self, texts)
+
+  monkeypatch.setattr(Tokenizer, "_encode_words", spy_words)
   return lengths
 
 
@@ -150,6 +157,63 @@ def test_the_librarys_layout_cuts_a_long_text_and_keeps_the_others(handed):
     np.testing.assert_array_equal(row, expected)
   uncut, _ = examples.example_ids(encode_bytes(LONG), encode_bytes(LONG), SEQ_LEN, 2)
   np.testing.assert_array_equal(rows[-1], uncut)
+
+
+# Texts whose first characters tokenize to few ids or none: sentence-transformers tokenizes
+# them whole, so their first ids lie far past seq_len * CHARS_PER_ID characters.
+SPARSE_STARTS = [" " * 20_000 + "the quick brown fox " * 50, "\t" * 9_000 + "hello world " * 40,
+                 "\u200b" * 30_000 + "zero width then words " * 30,
+                 "QUJD" * 900 + " then words " * 30, "x" * 100 + " y" * 3_000,
+                 ("a" * 70 + " ") * 500, "\u00fcn\u00efc\u00f6d\u00e9 " * 3_000, "fox, " * 4_000,
+                 "word " * 10_000, "  lead and trail  ", "", "short"]
+
+
+def _tokenizers(wordpiece):
+  """Each way of tokenizing a text: WordPiece, byte-level BPE (RoBERTa's, its offsets
+  trimmed), Unigram with Metaspace, SentencePiece."""
+  import io
+
+  import sentencepiece as spm
+  from tokenizers import Tokenizer as HF, models, normalizers, pre_tokenizers, processors, \
+      trainers
+  corpus = ENGLISH * 20
+  byte_bpe = HF(models.BPE())
+  byte_bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+  byte_bpe.train_from_iterator(corpus, trainers.BpeTrainer(
+      vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  byte_bpe.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+  unigram = HF(models.Unigram())
+  unigram.normalizer, unigram.pre_tokenizer = normalizers.NFKC(), pre_tokenizers.Metaspace()
+  unigram.train_from_iterator(corpus, trainers.UnigramTrainer(
+      vocab_size=60, special_tokens=["<unk>"], unk_token="<unk>"))
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=model,
+                                 vocab_size=60, hard_vocab_limit=False, minloglevel=2)
+  return {"wordpiece": Tokenizer.from_file("huggingface", wordpiece),
+          "byte_bpe": Tokenizer("huggingface", byte_bpe.to_str().encode()),
+          "unigram": Tokenizer("huggingface", unigram.to_str().encode()),
+          "sentencepiece": Tokenizer("sentencepiece", model.getvalue()),
+          "bytes": _bytes()}
+
+
+@pytest.mark.parametrize("count", [3, 16])
+def test_a_texts_first_ids_are_those_of_the_whole_text_in_bounded_pieces(
+    wordpiece, count, monkeypatch, handed):
+  """However few ids its first characters make, a text's first `count` ids are those of the
+  whole text, tokenized a piece at a time and never more than MAX_PIECE_CHARS at once (here
+  2^15: each text's words are shorter, Metaspace's of tabs or zero-width spaces included, as
+  a word longer than that is read only so far)."""
+  import flax_encoder.tokenizer as tokenizer_lib
+  tokenizers = _tokenizers(wordpiece)
+  handed.clear()
+  monkeypatch.setattr(tokenizer_lib, "MAX_PIECE_CHARS", 1 << 15)
+  for name, tokenizer in tokenizers.items():
+    whole = [ids[:count] for ids in tokenizer.encode_batch(SPARSE_STARTS)]
+    handed.clear()
+    got = tokenizer.encode_leading(SPARSE_STARTS, count)
+    assert max(handed) <= 1 << 15, name
+    for text, want, ids in zip(SPARSE_STARTS, whole, got):
+      np.testing.assert_array_equal(ids, want, err_msg=f"{name}: {text[:20]!r}")
 
 
 def _fine_tuned(task: str, labels: list | None) -> FineTuned:
