@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 from collections.abc import Sequence
 
@@ -43,7 +44,7 @@ from flax_encoder.config import EncoderConfig
 from flax_encoder.encoder import Encoder
 from flax_encoder.families import HFError, read_hf, read_hf_weights
 from flax_encoder.families.safetensors_file import write_safetensors
-from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
+from flax_encoder.hf_tokenizer import TokenizerError, is_panic, tokenizer_from_directory
 from flax_encoder import modules_json
 from flax_encoder.modules_json import (TRANSFORMER_CONFIGS, TRANSFORMERS, ModulesError,
                                        transformer_folder)
@@ -303,23 +304,8 @@ def call_rows(rows: int, per_call: int) -> list[int]:
 # Reading a folder
 
 
-def _read_json(file: str, required: bool = True) -> dict | list | None:
-  try:
-    with open(file, encoding="utf-8") as f:
-      return json.load(f)
-  except FileNotFoundError:
-    if not required:
-      return None
-    raise EmbeddingError(f"{file}: no such file") from None
-  except (OSError, ValueError) as e:
-    raise EmbeddingError(f"{file}: not readable JSON ({str(e).splitlines()[0]})") from None
-
-
 def _object(file: str, required: bool = True) -> dict | None:
-  value = _read_json(file, required)
-  if value is not None and not isinstance(value, dict):
-    raise EmbeddingError(f"{file}: holds a {type(value).__name__}, expected a JSON object")
-  return value
+  return modules_json.read_json(file, EmbeddingError, dict, required)
 
 
 def read_modules(path: str) -> list[tuple[str, str]]:
@@ -454,26 +440,27 @@ def read_settings(path: str) -> tuple[dict[str, str], str | None, str]:
   return dict(prompts), default, similarity
 
 
-def read_max_seq_length(path: str, module: str, max_len: int) -> int:
-  """The ids a text is cut to: the Transformer's sentence_*_config.json max_seq_length, else
-  its tokenizer's model_max_length (where sentence-transformers 6 saves it), at most the
-  encoder's `max_len` (the positions it has), as sentence-transformers caps the tokenizer's."""
+def read_max_seq_length(module: str, max_len: int) -> int:
+  """The ids a text is cut to: the Transformer module's (folder `module`'s)
+  sentence_*_config.json max_seq_length, else its tokenizer's model_max_length (where
+  sentence-transformers 6 saves it), at most the encoder's `max_len` (the positions it has),
+  as sentence-transformers caps the tokenizer's."""
+  key, value = "max_seq_length", None
   for name in TRANSFORMER_CONFIGS:
     file = os.path.join(module, name)
     config = _object(file, required=False)
     if config is not None:
+      value = config.get(key)
       break
-  value = (config or {}).get("max_seq_length")
-  if value is None:
-    for folder in dict.fromkeys((path, module)):
-      file = os.path.join(folder, "tokenizer_config.json")
-      value = (_object(file, required=False) or {}).get("model_max_length")
-      if value is not None:
-        break
+  if value is None:  # the tokenizer's, read where its tokenizer is (tokenizer_from_directory)
+    key, file = "model_max_length", os.path.join(module, "tokenizer_config.json")
+    value = (_object(file, required=False) or {}).get(key)
   if value is None:
     return max_len
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 3:
-    raise EmbeddingError(f"{file}: max_seq_length={value!r}, expected an integer >= 3")
+  # JSON's NaN and Infinity read as floats: no length
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+      math.isfinite(value) and value >= 3):
+    raise EmbeddingError(f"{file}: {key}={value!r}, expected an integer >= 3")
   return int(min(value, max_len))
 
 
@@ -561,15 +548,17 @@ class SentenceEncoder:
                max_seq_length: int, prompts: dict[str, str] | None = None,
                default_prompt_name: str | None = None, similarity: str = "cosine",
                row_lengths: Sequence[int] | None = None, max_segments: int | None = None,
-               template: Template | None = None):
+               template: Template | None = None, tokenizer_file: str = "the tokenizer"):
     self.model, self.tokenizer = model, tokenizer
+    self.tokenizer_file = tokenizer_file  # what an error of the tokenizer's names
     self.params = jax.device_put(params)
     self.max_seq_length = max_seq_length
     self.prompts, self.default_prompt_name = dict(prompts or {}), default_prompt_name
     self.similarity = similarity
     # the special ids around a text: the tokenizer's own unless the caller knows better (a
     # training run's, recorded with its data)
-    self.template = template if template is not None else tokenizer.template() or Template()
+    self.template = template if template is not None else self._tokenizers(
+        lambda: tokenizer.template() or Template(), "the template's 'a' and 'b'")
     if row_lengths is None:
       row_lengths = [n for n in ROW_LENGTHS if n < max_seq_length] + [max_seq_length]
     self.row_lengths = tuple(sorted(set(row_lengths)))
@@ -617,9 +606,13 @@ class SentenceEncoder:
       else:
         steps.append(read_normalize(folder))
     prompts, default, similarity = read_settings(path)
+    # a panic inside `tokenizers` comes of a tokenizer.json's own parts (a Split's regex):
+    # those built from vocabulary files are this library's
+    tokenizer_file = os.path.join(module, "tokenizer.json")
     return cls(SentenceModel(config, pooling, tuple(steps)), params, tokenizer,
-               read_max_seq_length(path, module, config.max_len), prompts, default,
-               similarity, **options)
+               read_max_seq_length(module, config.max_len), prompts, default,
+               similarity, **options,
+               tokenizer_file=tokenizer_file if os.path.isfile(tokenizer_file) else module)
 
   @property
   def dim(self) -> int:
@@ -656,13 +649,26 @@ class SentenceEncoder:
   def tokenize(self, texts: Sequence[str], prompt: str = "") -> list[np.ndarray]:
     """Each text's ids, the prompt before it, with the special ids around ([CLS] … [SEP]),
     cut to max_seq_length as sentence-transformers cuts them."""
-    ids = encode_examples(self.tokenizer, [prompt + t for t in texts], None,
-                          self.max_seq_length, 0, self.template)
+    ids = self._tokenizers(lambda: encode_examples(
+        self.tokenizer, [prompt + t for t in texts], None, self.max_seq_length, 0,
+        self.template), "a text")
     vocab = self.model.config.vocab_size
     if ids and max(int(i.max(initial=0)) for i in ids) >= vocab:
       raise EmbeddingError(f"the tokenizer gives ids past the model's vocabulary "
                            f"(vocab_size={vocab}): not this model's tokenizer")
     return ids
+
+  def _tokenizers(self, run, what: str):
+    """run(), a call into `tokenizers` on `what`; EmbeddingError naming the tokenizer's file
+    where `tokenizers` panics (a Split regex past Oniguruma's backtracking limit, say)."""
+    try:
+      return run()
+    except BaseException as e:  # noqa: BLE001 - a panic is no Exception
+      if not is_panic(e):
+        raise
+      said = (str(e).splitlines() or [""])[0]
+      raise EmbeddingError(f"{self.tokenizer_file}: the `tokenizers` library failed on {what} "
+                           f"({said}), expected a tokenizer that reads any text") from None
 
   def pack(self, ids: Sequence[np.ndarray], length: int | None = None) -> PackedRows:
     """Texts' ids (`tokenize`) packed into rows of `length` ids (default max_seq_length),

@@ -7,17 +7,20 @@ the files of transformers' slow tokenizers instead: vocab.txt (BERT's WordPiece)
 and merges.txt (RoBERTa's byte-level BPE), with their options and special tokens in
 tokenizer_config.json and special_tokens_map.json. These are built into a tokenizer.json with
 the `tokenizers` library, as transformers builds its tokenizer from them, so that no
-transformers is needed to read them. A sentence-transformers folder keeps its tokenizer files
-at its top or in its Transformer module's folder (modules.json), and may lower-case the texts
-before they are tokenized (the module's sentence_bert_config.json).
+transformers is needed to read them. A sentence-transformers folder's tokenizer is read where
+sentence-transformers reads it, from its Transformer module's folder (modules.json: the folder
+itself in newer ones, 0_Transformer in older ones, whose top may hold another tokenizer.json),
+and may lower-case the texts before they are tokenized (the module's sentence_bert_config.json).
+Each file is checked before `tokenizers` sees it: a regular file (a FIFO would block the
+reader), JSON Python reads, a vocab.json whose ids are those of its tokens.
 """
 
 from __future__ import annotations
 
-import json
 import os
 
-from flax_encoder.modules_json import TRANSFORMER_CONFIGS, ModulesError, transformer_folder
+from flax_encoder.modules_json import (TRANSFORMER_CONFIGS, ModulesError, not_a_file, read_json,
+                                       transformer_folder)
 from flax_encoder.tokenizer import Tokenizer
 
 LOOKED_FOR = "tokenizer.json, vocab.txt, or vocab.json and merges.txt"
@@ -35,52 +38,54 @@ class TokenizerError(ValueError):
   """A model directory whose tokenizer files this library cannot read."""
 
 
+def is_panic(error: BaseException) -> bool:
+  """Whether `error` is a Rust panic inside `tokenizers` (a Split regex that backtracks past
+  Oniguruma's limit, say), which pyo3 raises as a PanicException: a BaseException, which
+  `except Exception` lets through."""
+  return type(error).__name__ == "PanicException" and not isinstance(error, Exception)
+
+
 def tokenizer_from_directory(path: str | os.PathLike, offset: int = 0) -> Tokenizer:
   """The tokenizer of the model directory `path` (ids + `offset`): its tokenizer.json (its
   bytes as they are), else one built from its vocab.txt (WordPiece), else from its vocab.json
-  and merges.txt (byte-level BPE); in a sentence-transformers folder, from its top or its
-  Transformer module's folder, whichever holds them first, with a Lowercase normalizer first
+  and merges.txt (byte-level BPE); in a sentence-transformers folder, from its Transformer
+  module's folder (where sentence-transformers reads it), with a Lowercase normalizer first
   where the module lower-cases texts. Raises TokenizerError naming the directory or file and
   what it expected."""
   path = os.path.normpath(os.fspath(path))
   if not os.path.isdir(path):
     raise TokenizerError(f"{path}: not a directory (expected a model directory with its "
                          f"tokenizer files: {LOOKED_FOR})")
-  module = _transformer_module(path)
-  places = [path] + ([module] if module not in (None, path) else [])
-  for directory in places:
-    if _has(directory, "tokenizer.json"):
-      built = _read_tokenizer_json(os.path.join(directory, "tokenizer.json"))
-    elif _has(directory, "vocab.txt"):
-      built = _wordpiece(directory)
-    elif _has(directory, "vocab.json") and _has(directory, "merges.txt"):
-      built = _byte_level_bpe(directory)
-    else:
-      continue
-    if _lower_cases(module or path):
-      built = _lowercased(built)
-    return Tokenizer("huggingface", built, offset)
-  raise TokenizerError(f"{path}: no tokenizer files (looked for {LOOKED_FOR} in "
-                       f"{' and '.join(places)}); {SAVE_IT}")
+  # sentence-transformers reads the tokenizer (AutoTokenizer) from the Transformer module's
+  # folder only: an older folder's top may hold another one, which it never reads
+  directory = _transformer_module(path) or path
+  if _has(directory, "tokenizer.json"):
+    built = _read_tokenizer_json(os.path.join(directory, "tokenizer.json"))
+  elif _has(directory, "vocab.txt"):
+    built = _wordpiece(directory)
+  elif _has(directory, "vocab.json") and _has(directory, "merges.txt"):
+    built = _byte_level_bpe(directory)
+  else:
+    raise TokenizerError(f"{path}: no tokenizer files (looked for {LOOKED_FOR} in "
+                         f"{directory}); {SAVE_IT}")
+  if _lower_cases(directory):
+    built = _lowercased(built, directory)
+  return Tokenizer("huggingface", built, offset)
 
 
 def _has(directory: str, name: str) -> bool:
-  return os.path.isfile(os.path.join(directory, name))
+  """Whether `directory` holds the file `name`; TokenizerError where that is something else
+  (a directory, a FIFO, which would block the reader), rather than passing over it."""
+  file = os.path.join(directory, name)
+  what = not_a_file(file)
+  if what is not None:
+    raise TokenizerError(f"{file}: {what}, expected a file")
+  return os.path.isfile(file)
 
 
 def _read_json(file: str, kind: type = dict) -> dict | list | None:
   """The JSON object (or list: `kind`) in `file`; None where there is no such file."""
-  try:
-    with open(file, encoding="utf-8") as f:
-      value = json.load(f)
-  except FileNotFoundError:
-    return None
-  except (OSError, ValueError) as e:
-    raise TokenizerError(f"{file}: not readable JSON ({str(e).splitlines()[0]})") from None
-  if not isinstance(value, kind):
-    raise TokenizerError(f"{file}: holds a {type(value).__name__}, expected a JSON "
-                         f"{'object' if kind is dict else 'list'}")
-  return value
+  return read_json(file, TokenizerError, kind)
 
 
 def _transformer_module(path: str) -> str | None:
@@ -104,10 +109,10 @@ def _lower_cases(module: str) -> bool:
   return False
 
 
-def _lowercased(built: bytes) -> bytes:
+def _lowercased(built: bytes, directory: str) -> bytes:
   """The tokenizer.json `built` that lower-cases texts before anything else reads them."""
   from tokenizers import Tokenizer as HFTokenizer, normalizers
-  tokenizer = HFTokenizer.from_str(built.decode("utf-8"))
+  tokenizer = _built(lambda: HFTokenizer.from_str(built.decode("utf-8")), directory)
   steps = [normalizers.Lowercase()] + ([tokenizer.normalizer] if tokenizer.normalizer else [])
   tokenizer.normalizer = normalizers.Sequence(steps)
   return tokenizer.to_str().encode("utf-8")
@@ -117,13 +122,21 @@ def _read_tokenizer_json(file: str) -> bytes:
   """The bytes of the tokenizer.json `file`, checked to be one `tokenizers` reads."""
   with open(file, "rb") as f:
     model = f.read()
+  _built(lambda: Tokenizer("huggingface", model), file)
+  return model
+
+
+def _built(build, file: str):
+  """build(), a `tokenizers` object made from `file`; TokenizerError naming it where
+  `tokenizers` raises or panics."""
   try:
-    Tokenizer("huggingface", model)
-  except Exception as e:  # noqa: BLE001 - tokenizers raises bare Exceptions
+    return build()
+  except BaseException as e:  # noqa: BLE001 - tokenizers raises bare Exceptions, or panics
+    if not (isinstance(e, Exception) or is_panic(e)):
+      raise  # KeyboardInterrupt, SystemExit
     said = (str(e).splitlines() or [""])[0]
     raise TokenizerError(f"{file}: not a tokenizer the `tokenizers` library reads ({said})"
                          ) from None
-  return model
 
 
 def _flag(options: dict, key: str, default: bool | None, file: str) -> bool | None:
@@ -212,10 +225,13 @@ def _wordpiece(directory: str) -> bytes:
 
 
 def _read_bpe(directory: str) -> tuple[dict, list, str]:
-  """vocab.json and merges.txt, checked to be a BPE's: each merge's parts and result in the
-  vocabulary (`tokenizers` fails on a result outside it with a Rust panic)."""
+  """vocab.json and merges.txt, checked to be a BPE's: each id an integer of [0, tokens), no
+  two alike (`tokenizers` sizes its tables by the largest: an id of 10**12 took minutes and
+  gigabytes), each merge's parts and result in the vocabulary (`tokenizers` fails on a result
+  outside it with a Rust panic)."""
   from tokenizers import models
   vocab_file, merges_file = (os.path.join(directory, n) for n in ("vocab.json", "merges.txt"))
+  _check_ids(_read_json(vocab_file), vocab_file)
   try:
     vocab, merges = models.BPE.read_file(vocab_file, merges_file)
   except Exception as e:  # noqa: BLE001 - tokenizers raises bare Exceptions
@@ -226,6 +242,23 @@ def _read_bpe(directory: str) -> tuple[dict, list, str]:
       raise TokenizerError(f"{merges_file}: merges {a!r} and {b!r}, but vocab.json lacks "
                            f"{[t for t in (a, b, a + b) if t not in vocab]}")
   return vocab, merges, vocab_file
+
+
+def _check_ids(vocab: dict, file: str) -> None:
+  """vocab.json's ids: integers, each of [0, len(vocab)) and of one token."""
+  seen: dict[int, str] = {}
+  for token, i in vocab.items():
+    if isinstance(i, bool) or not isinstance(i, int):
+      kind = {str: "a string", float: "a number", bool: "a boolean", list: "a list",
+              dict: "an object"}.get(type(i), "null")
+      raise TokenizerError(f"{file}: id of {token!r} is {i!r} ({kind}), expected an integer")
+    if not 0 <= i < len(vocab):
+      raise TokenizerError(f"{file}: id of {token!r} is {i}, expected an id in "
+                           f"[0, {len(vocab)}) (the file holds {len(vocab)} tokens)")
+    if i in seen:
+      raise TokenizerError(f"{file}: {seen[i]!r} and {token!r} both have id {i}, expected an "
+                           f"id per token")
+    seen[i] = token
 
 
 def _byte_level_bpe(directory: str) -> bytes:

@@ -1,6 +1,7 @@
 """A sentence-transformers folder's modules.json: which of its folders is the Transformer
 module, the Hugging Face model directory (config.json, weights, tokenizer) the other modules
-(Pooling, Dense, Normalize) run on. It imports no JAX, so tokenizing workers can read it.
+(Pooling, Dense, Normalize) run on; and `read_json`, how every reader of such a folder reads
+its JSON files. It imports no JAX, so tokenizing workers can read it.
 
     transformer_folder("all-MiniLM-L6-v2")  # the folder itself (sentence-transformers >= 2)
     transformer_folder("older-model")       # older-model/0_Transformer
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import Any
 
 # The Transformer module's type as modules.json names it: where its class lives, which
@@ -28,19 +30,61 @@ class ModulesError(ValueError):
   """A modules.json that does not say where its Transformer is; one line naming the file."""
 
 
+def not_a_file(file: str) -> str | None:
+  """What the path `file` is where it is there but no regular file ("a directory", "a FIFO"
+  …), else None (a regular file, or a link to one; or nothing there). Opening a FIFO blocks
+  until something writes to it, so a folder's files are looked at before they are opened."""
+  try:
+    mode = os.stat(file).st_mode
+  except (FileNotFoundError, NotADirectoryError):
+    return "a broken link" if os.path.islink(file) else None
+  except OSError as e:
+    return f"not readable ({e.strerror})"
+  if stat.S_ISREG(mode):
+    return None
+  kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO (named pipe)",
+           stat.S_ISSOCK: "a socket", stat.S_ISCHR: "a character device",
+           stat.S_ISBLK: "a block device"}
+  return next((name for test, name in kinds.items() if test(mode)), "no regular file")
+
+
+def read_json(file: str, error: type[ValueError] = ModulesError, kind: type | None = None,
+              required: bool = False) -> Any:
+  """The JSON value in `file` (checked to be a `kind`, dict or list, where given); None where
+  there is no such file, unless `required`. Raises `error` (the caller's type) in one line
+  naming the file where it is no regular file (a directory, a FIFO), not UTF-8, not JSON or
+  nested too deeply for Python's parser."""
+  what = not_a_file(file)
+  if what is not None:
+    raise error(f"{file}: {what}, expected a JSON file")
+  try:
+    with open(file, encoding="utf-8") as f:
+      value = json.load(f)
+  except (FileNotFoundError, NotADirectoryError):
+    if not required:
+      return None
+    raise error(f"{file}: no such file") from None
+  except RecursionError:  # json's parser recurses once per level of nesting
+    raise error(f"{file}: not readable JSON (nested too deeply)") from None
+  except (OSError, ValueError) as e:  # ValueError: JSONDecodeError, UnicodeDecodeError
+    raise error(f"{file}: not readable JSON ({(str(e).splitlines() or [''])[0]})") from None
+  if kind is not None and not isinstance(value, kind):
+    raise error(f"{file}: holds a {type(value).__name__}, expected a JSON "
+                f"{'object' if kind is dict else 'list'}")
+  return value
+
+
 def read_modules(path: str | os.PathLike) -> list[dict] | None:
   """The entries of the sentence-transformers folder `path`'s modules.json (objects with a
   path, each a folder inside `path`), checked as far as every reader needs; None where
   `path` holds no modules.json."""
   path = os.fspath(path)
   file = os.path.join(path, "modules.json")
-  if not os.path.isfile(file):
+  # a modules.json that is no file (a directory, a FIFO) is refused by read_json, not taken
+  # for a folder without one: sentence-transformers fails on it too
+  modules = read_json(file)
+  if modules is None:
     return None
-  try:
-    with open(file, encoding="utf-8") as f:
-      modules = json.load(f)
-  except (OSError, ValueError) as e:
-    raise ModulesError(f"{file}: not readable JSON ({e})") from None
   if not isinstance(modules, list) or not modules or not all(
       isinstance(m, dict) and isinstance(m.get("path"), str) and "\0" not in m["path"]
       for m in modules):

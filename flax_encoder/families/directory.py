@@ -13,7 +13,6 @@ folder (modules.json) reads as its Transformer module's directory (`model_direct
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, NamedTuple
 
@@ -23,7 +22,7 @@ from flax_encoder.families.config_json import config_from_hf
 from flax_encoder.families.family import HFError
 from flax_encoder.families.safetensors_file import read_safetensors
 from flax_encoder.families.tensors import from_hf_state_dict
-from flax_encoder.modules_json import ModulesError, transformer_folder
+from flax_encoder.modules_json import ModulesError, not_a_file, read_json, transformer_folder
 
 # The weights files a directory may hold, in the order transformers prefers them.
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -63,15 +62,9 @@ def read_hf_config(path: str | os.PathLike) -> dict:
   if not os.path.isdir(path):
     raise HFError(f"{path}: not a directory (expected a Hugging Face model directory with "
                   f"config.json and its weights)")
-  try:
-    with open(file, encoding="utf-8") as f:
-      hf = json.load(f)
-  except FileNotFoundError:
-    raise HFError(f"{file}: no such file (a Hugging Face model directory has one)") from None
-  except (OSError, ValueError) as e:
-    raise HFError(f"{file}: not readable JSON ({e})") from None
-  if not isinstance(hf, dict):
-    raise HFError(f"{file}: holds a {type(hf).__name__}, expected a JSON object")
+  hf = read_json(file, HFError, dict)
+  if hf is None:
+    raise HFError(f"{file}: no such file (a Hugging Face model directory has one)")
   model_type = hf.get("model_type")
   if not isinstance(model_type, str) or model_type not in families.MODEL_TYPES:
     raise HFError(f"{file}: model_type {model_type!r} is not one load_hf takes; it takes "
@@ -101,14 +94,16 @@ def read_hf_weights(path: str | os.PathLike) -> dict:
   path = model_directory(path)
   for name in WEIGHT_FILES:
     file = os.path.join(path, name)
+    what = not_a_file(file)
+    if what is not None:  # passed over, another file would be read in its place
+      raise HFError(f"{file}: {what}, expected a weights file")
     if not os.path.isfile(file):
       continue
     if not name.endswith(".index.json"):
       return _read_file(file)
     try:
-      with open(file, encoding="utf-8") as f:
-        shards = sorted(set(json.load(f)["weight_map"].values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+      shards = sorted(set(read_json(file, HFError, dict)["weight_map"].values()))
+    except (KeyError, TypeError, AttributeError) as e:
       raise HFError(f"{file}: not an index of shards ({type(e).__name__}: {e})") from None
     state = {}
     for shard in shards:

@@ -71,8 +71,10 @@ from flax_encoder.pytorch.layouts import (
     find_encoder,
     strip_wrappers,
 )
+from flax_encoder.modules_json import read_json
 from flax_encoder.pytorch.report import (
     Row,
+    check_finite,
     format_table,
     hooked,
     random_tokens,
@@ -234,8 +236,7 @@ def _positive(text: str) -> int:
 def _fields_from_args(args) -> dict:
   fields = {}
   if args.config:
-    with open(args.config) as f:
-      fields.update(json.load(f))
+    fields.update(read_json(args.config, ValueError, dict, required=True))
   for flag, _ in _SIZE_FLAGS:
     name = flag.replace("-", "_")
     if getattr(args, name) is not None:
@@ -375,6 +376,7 @@ def _report(args) -> int:
   with jax.enable_x64(args.float64):
     build = _users_module if args.module else _reference_module
     module, config, found, heading = build(args, checkpoint, fields)
+    check_finite(module, args.checkpoint or args.module or "the random weights")
     tokens = _tokens(args, config)
     call = _load(args.call, "--call") if args.call else None
     rows, absent = _compare(module, found, config, tokens, call)
@@ -402,6 +404,7 @@ def _hf_report(args) -> int:
       raise ValueError("transformers is not installed: pip install 'transformers>=4.46' "
                        "(or flax-encoder[test])") from None
     model = base_model(transformers, args.hf)
+    check_finite(model, args.hf)
     tokens = _tokens(args, config)
     rows = compare_hf(model, config, variables, tokens)
   print(f"parity: {args.hf} in transformers' {type(model).__name__} (model_type "

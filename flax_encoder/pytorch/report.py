@@ -40,6 +40,17 @@ def row(name: str, ours: np.ndarray, theirs: np.ndarray) -> Row:
              scale)
 
 
+def check_finite(module, what: str) -> None:
+  """ValueError naming the first of the torch `module`'s parameters that holds NaN or inf:
+  every stage after it would differ, and the report would name a stage, not them."""
+  for name, tensor in module.named_parameters():
+    values = tensor.detach()
+    if values.is_floating_point() and not bool(values.isfinite().all()):
+      nan, bad = int(values.isnan().sum()), int((~values.isfinite()).sum())
+      raise ValueError(f"{what}: weights not finite: {name} holds {nan} NaN and {bad - nan} "
+                       f"inf of its {values.numel()} values, expected finite numbers")
+
+
 def hooked(modules: dict, names: Sequence[str], run: Callable[[], Any]):
   """run() with a forward hook on each module of `names` -> ({name: its output as numpy},
   run()'s result)."""
