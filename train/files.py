@@ -48,6 +48,22 @@ def _running(pid: int) -> bool:
   return True
 
 
+def left_by_killed(stem: str, suffix: str = "") -> list[str]:
+  """The paths STEM.tmp-HOST-PID[SUFFIX] of this host whose process runs no more: what one
+  killed before it could clean up (kill -9) left. Another host's are left alone: its process
+  may still run there, on a file system both see."""
+  prefix = f"{stem}.tmp-{_host()}-"
+  found = glob.glob(f"{glob.escape(prefix)}*{glob.escape(suffix)}")
+  pids = [left[len(prefix):len(left) - len(suffix)] for left in found]
+  return sorted(left for left, pid in zip(found, pids)
+                if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)))
+
+
+def _said_removed(left: str) -> None:
+  print(f"removed {left}, left by a process that was stopped before it finished",
+        file=sys.stderr)
+
+
 @contextlib.contextmanager
 def temporary_directory(out: str):
   """A fresh directory beside `out` (OUT.tmp-HOST-PID), renamed to `out` if the block
@@ -55,12 +71,10 @@ def temporary_directory(out: str):
   is the directory replaced and the link stays). What a process of this host killed before it
   could clean up (kill -9) left beside `out` is removed first, and said so."""
   out = os.path.realpath(out)
-  for left in glob.glob(f"{glob.escape(out)}.tmp-{glob.escape(_host())}-*"):
-    pid = left.rsplit("-", 1)[1]
-    if pid.isdigit() and not _running(int(pid)) and os.path.isdir(left):
+  for left in left_by_killed(out):
+    if os.path.isdir(left) and not os.path.islink(left):
       shutil.rmtree(left, ignore_errors=True)
-      print(f"removed {left}, left by a process that was stopped before it finished",
-            file=sys.stderr)
+      _said_removed(left)
   tmp = f"{out}.tmp-{_host()}-{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
   os.makedirs(tmp)
@@ -82,33 +96,46 @@ def stream(path: str) -> bool:
   return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
 
 
-def unwritable_kind(path: str) -> str | None:
-  """What `path` is, where it is neither a regular file (or a new name) nor a stream, so that
-  nothing can be written there without replacing it: 'a directory', 'a socket', 'a block
-  device'; None where it can be written."""
+def special_kind(path: str) -> str | None:
+  """What `path` is where it is no regular file, links followed: 'a directory', 'a FIFO (a
+  stream)', 'a character device (a stream)', 'a socket', 'a block device'; None for a regular
+  file or a name with nothing there."""
   try:
     mode = os.stat(path).st_mode
   except OSError:
     return None
-  for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"),
-                     (stat.S_ISBLK, "a block device")):
+  for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (a stream)"),
+                     (stat.S_ISCHR, "a character device (a stream)"),
+                     (stat.S_ISSOCK, "a socket"), (stat.S_ISBLK, "a block device")):
     if test(mode):
       return kind
   return None
 
 
+def unwritable_kind(path: str) -> str | None:
+  """What `path` is, where it is neither a regular file (or a new name) nor a stream, so that
+  nothing can be written there without replacing it: 'a directory', 'a socket', 'a block
+  device'; None where it can be written."""
+  return None if stream(path) else special_kind(path)
+
+
 @contextlib.contextmanager
 def written_whole(path: str):
   """A name to write the file at `path` to, which appears whole or not at all: a file beside
-  `path` (PATH.tmp-PID, its suffix kept) renamed to it if the block completes, else removed.
-  Where `path` is a link, its target is the file replaced and the link stays. A stream at
-  `path` (a FIFO, /dev/stdout: `stream`) is never replaced: the file is written in the
-  temporary directory, then copied into the stream."""
+  `path` (PATH.tmp-HOST-PID, its suffix kept) renamed to it if the block completes, else
+  removed. What a process of this host killed before it could clean up (kill -9) left there is
+  removed first, and said so. Where `path` is a link, its target is the file replaced and the
+  link stays. A stream at `path` (a FIFO, /dev/stdout: `stream`) is never replaced: the file
+  is written in the temporary directory, then copied into the stream."""
   path = os.path.realpath(path)
   into_stream = stream(path)
   stem, suffix = os.path.splitext(os.path.join(tempfile.gettempdir(), os.path.basename(path))
                                   if into_stream else path)
-  tmp = f"{stem}.tmp-{os.getpid()}{suffix}"
+  for left in left_by_killed(stem, suffix):
+    if os.path.isfile(left) and not os.path.islink(left):
+      os.remove(left)
+      _said_removed(left)
+  tmp = f"{stem}.tmp-{_host()}-{os.getpid()}{suffix}"
   try:
     yield tmp
     if into_stream:

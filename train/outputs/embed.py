@@ -21,14 +21,23 @@ newest checkpoint, pooling and normalization, its texts cut as its pairs were).
 
 Texts are embedded 4096 at a time, fewer where they are long (packed several to a row by
 `flax_encoder.embeddings.SentenceEncoder`) and each chunk is written before the next is read,
-so the input may be far larger than memory. --out appears once every text is embedded, never
-half-written; Ctrl-C or SIGTERM leave nothing behind.
+so the input may be far larger than memory. --input is read twice (counted, then embedded), so
+it is a regular file, not a stream.
+
+--out appears once every text is embedded, never half-written: an error, a full disk, Ctrl-C
+or SIGTERM leave nothing behind. kill -9 leaves OUT.tmp-HOST-PID.npy (or .parquet, .jsonl),
+which the next embed to the same --out removes, saying so. An embedding that is not finite
+(NaN or inf: a broken model, an overflow in bfloat16) stops the command before anything is
+written, naming the texts and the model's first parameter that is not finite, if one is;
+--allow-nonfinite writes them and warns instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import lzma
 import os
 import signal
 import sys
@@ -38,29 +47,30 @@ import numpy as np
 
 from train.data import examples, sources
 from train.errors import RunError
-from train.files import unwritable_kind, written_whole
+from train.files import special_kind, unwritable_kind, written_whole
 
 _CHUNK = 4096  # texts in memory at once
 OUT_FORMATS = (".npy", ".parquet", ".jsonl")
+_SHOWN = 5  # ids of texts whose embeddings are not finite that a message names
 
 
 def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
           id_field: str = "id", prompt: str | None = None, prompt_name: str | None = None,
-          dtype: str = "float32", show: bool = False) -> int:
-  """Writes the embeddings of `input_path`'s texts to `out_path`; returns how many."""
+          dtype: str = "float32", show: bool = False, allow_nonfinite: bool = False) -> int:
+  """Writes the embeddings of `input_path`'s texts to `out_path`; returns how many. An
+  embedding that is not finite is a RunError before anything is written, unless
+  `allow_nonfinite` (then written, and warned of on stderr)."""
   suffix = check_arguments(input_path, out_path)
+  check_columns(input_path, text_field)
   encoder = load_encoder(model, dtype)
+  from flax_encoder.embeddings import EmbeddingError
   if prompt_name is not None and prompt_name not in encoder.prompts:
     raise RunError(f"--prompt-name {prompt_name}: not among the model's prompts "
                    f"{sorted(encoder.prompts)}")
   source = sources.Source(input_path)
-  try:
-    total = source.count()
-  except (OSError, sources.PrepareError) as e:
-    raise RunError(f"--input {input_path}: cannot read it ({getattr(e, 'strerror', None) or e})"
-                   ) from None
+  total = count_texts(source, input_path)
   from tqdm import tqdm
-  count = 0
+  count, nonfinite = 0, _NonFinite()
   try:  # an error, Ctrl-C or SIGTERM (main) leave no half-written file behind
     with written_whole(out_path) as tmp, _WRITERS[suffix](tmp, total, encoder.dim) as writer, \
         tqdm(desc="embed", unit="text", total=total, dynamic_ncols=True,
@@ -68,15 +78,103 @@ def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
       for chunk in examples.chunked(texts_of(source, input_path, text_field, id_field),
                                     _CHUNK, lambda item: (item[1],)):
         ids, texts = zip(*chunk)
-        writer.write(list(ids), encoder(list(texts), prompt=prompt, prompt_name=prompt_name))
+        try:
+          vectors = encoder(list(texts), prompt=prompt, prompt_name=prompt_name)
+        except EmbeddingError as e:  # another model's tokenizer, found as it runs
+          raise RunError(f"--model {model}: {_tokenizer_file(encoder)}{e}") from None
         count += len(chunk)
+        # checked a chunk at a time, so that a broken model stops before hours of NaN
+        if nonfinite.add(ids, vectors) and not allow_nonfinite:
+          raise nonfinite.error(model, encoder.params, count, total)
+        writer.write(list(ids), vectors)
         bar.update(len(chunk))
       if count != total:
         raise RunError(f"--input {input_path}: {count} texts read, {total} counted before: "
                        f"it changed while it was read")
-  except OSError as e:
-    raise RunError(f"--out {out_path}: cannot write it ({e.strerror or e})") from None
+  except OSError as e:  # a full disk: the resource failed, not the request (exit 1)
+    raise RunError(f"--out {out_path}: cannot write it ({e.strerror or e})", 1) from None
+  if nonfinite.count:
+    print(f"embed: warning: {nonfinite.said(count)} are not finite (NaN or inf); written as "
+          f"they came (--allow-nonfinite)", file=sys.stderr)
   return count
+
+
+class _NonFinite:
+  """The texts whose embeddings are not finite, counted a chunk at a time: the first ids."""
+
+  def __init__(self):
+    self.count, self.ids = 0, []
+
+  def add(self, ids, vectors: np.ndarray) -> bool:
+    """Counts the rows of `vectors` that are not finite; whether this chunk has one."""
+    bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1))
+    self.count += len(bad)
+    self.ids += [ids[i] for i in bad[:_SHOWN - len(self.ids)]]
+    return len(bad) > 0
+
+  def said(self, read: int) -> str:
+    shown = ", ".join(json.dumps(i, default=str) for i in self.ids)
+    more = f" and {self.count - len(self.ids)} more" if self.count > len(self.ids) else ""
+    return f"the embeddings of {self.count} of {read} texts (ids {shown}{more})"
+
+  def error(self, model: str, params, read: int, total: int) -> RunError:
+    """A broken model's parameters are what was asked (exit 2); where they are all finite,
+    the computation overflowed (bfloat16, say): the run failed, not the request (exit 1)."""
+    so_far = " read so far" if read < total else ""
+    where = first_nonfinite(params)
+    cause = (f"the model's parameter {where} holds NaN or inf" if where else
+             "the model's parameters are finite (an overflow: try --dtype float32)")
+    return RunError(f"--model {model}: {self.said(read)}{so_far} are not finite; {cause}; "
+                    f"nothing written (--allow-nonfinite writes them)", 2 if where else 1)
+
+
+def _tokenizer_file(encoder) -> str:
+  """'FILE: ' of a run's tokenizer (train.data.tokens' says its file); '' for a folder's, which
+  --model names."""
+  spec = getattr(encoder.tokenizer, "spec", None)
+  return f"{spec.path}: " if spec is not None and spec.path else ""
+
+
+def first_nonfinite(params) -> str | None:
+  """The path (encoder/…/kernel) of the first array of `params` holding NaN or inf; None
+  where there is none."""
+  import jax
+  import jax.numpy as jnp
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    if not bool(jnp.isfinite(leaf).all()):
+      return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+  return None
+
+
+def count_texts(source: sources.Source, input_path: str) -> int:
+  """The records of `source` (a progress bar's total); RunError naming --input where it cannot
+  be read through (a compressed file cut short, say)."""
+  try:
+    return source.count()
+  except (OSError, sources.PrepareError) as e:
+    raise RunError(f"--input {input_path}: cannot read it ({getattr(e, 'strerror', None) or e})"
+                   ) from None
+  except EOFError as e:  # how gzip, bz2, lzma and sources' .zst reader end a cut stream
+    raise RunError(f"--input {input_path}: truncated: it ends inside its compressed "
+                   f"{source.compression} stream ({e})") from None
+  except lzma.LZMAError as e:
+    raise RunError(f"--input {input_path}: not a readable {source.compression} file ({e})"
+                   ) from None
+
+
+def check_columns(input_path: str, text_field: str) -> None:
+  """RunError naming the columns of a Parquet --input without `text_field`, before the model
+  is read."""
+  if sources.stored_format(input_path)[0] != "parquet":
+    return
+  import pyarrow.parquet as pq
+  try:
+    names = pq.read_schema(input_path).names
+  except Exception:  # noqa: BLE001 - count_texts says what is wrong with the file
+    return
+  if text_field not in names:
+    raise RunError(f"--input {input_path}: no column {text_field!r} (--text-field), columns: "
+                   f"{names}")
 
 
 def load_encoder(model: str, dtype: str):
@@ -111,7 +209,37 @@ def _run_encoder(workdir: str, dtype: str):
   if definition.sentence_encoder is None:
     raise RunError(f"--model {workdir}: a {task} run, which embeds no sentences; expected a "
                    f"contrastive run (configs/embed.py) or a sentence-transformers folder")
-  return definition.sentence_encoder(workdir, dtype)
+  check_run_tokenizer(workdir)
+  try:
+    return definition.sentence_encoder(workdir, dtype)
+  except OSError as e:  # a file of the run gone or unreadable since it was written
+    raise RunError(f"--model {workdir}: {e.filename or workdir}: cannot read it "
+                   f"({e.strerror or e})") from None
+
+
+def check_run_tokenizer(workdir: str) -> None:
+  """RunError naming the tokenizer file of the run `workdir` (its data/tokenizer.json) where
+  it is gone, not a tokenizer, or another than the one the run's data was prepared with (its
+  vocabulary's size differs from the one dataset.json records)."""
+  from train.data import dataset, tokens
+  directory = os.path.join(workdir, "data")
+  meta = dataset.read_meta(directory, None)
+  spec = tokens.spec_of_dataset(directory, meta)
+  if spec.path is None:  # the project's own byte ids: no file
+    return
+  if not os.path.isfile(spec.path):
+    raise RunError(f"--model {workdir}: {spec.path}: no such file, expected the {spec.kind} "
+                   f"tokenizer the run's data was prepared with")
+  try:
+    tokenizer = spec.load(meta["tokenizer"]["offset"])
+  except Exception as e:  # noqa: BLE001 - tokenizers' errors are bare Exceptions: name the file
+    said = (str(e).splitlines() or [""])[0]
+    raise RunError(f"--model {workdir}: {spec.path}: not a readable {spec.kind} tokenizer "
+                   f"({type(e).__name__}: {said})") from None
+  if meta.get("vocab_size") not in (None, tokenizer.vocab_size):
+    raise RunError(f"--model {workdir}: {spec.path}: a vocabulary of {tokenizer.vocab_size} "
+                   f"ids, expected the {meta['vocab_size']} of the tokenizer the run was "
+                   f"trained with (another model's tokenizer)")
 
 
 def texts_of(source: sources.Source, input_path: str, text_field: str,
@@ -137,23 +265,44 @@ def texts_of(source: sources.Source, input_path: str, text_field: str,
 
 
 class _Npy:
-  """float32 [total, dim], filled a chunk at a time through a memory map of the file."""
+  """float32 [total, dim]: the .npy header, then each chunk's rows written after it. Its size
+  is known at the start, so its space is reserved then: a disk without room for it is an
+  OSError before any text is embedded. (Not a memory map: a page the full disk cannot hold
+  would kill the process with SIGBUS, leaving the file behind.)"""
 
   def __init__(self, path: str, total: int, dim: int):
-    self.array = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32,
-                                           shape=(total, dim))
-    self.at = 0
+    self.file = open(path, "wb")
+    try:
+      np.lib.format.write_array_header_1_0(self.file, {
+          "descr": np.lib.format.dtype_to_descr(np.dtype("<f4")), "fortran_order": False,
+          "shape": (total, dim)})
+      self.file.flush()
+      _reserve(self.file.fileno(), self.file.tell() + total * dim * 4)
+    except BaseException:
+      self.file.close()
+      raise
 
   def write(self, ids: list, embeddings: np.ndarray) -> None:
-    self.array[self.at:self.at + len(embeddings)] = embeddings
-    self.at += len(embeddings)
+    self.file.write(np.ascontiguousarray(embeddings, "<f4").tobytes())
 
   def __enter__(self):
     return self
 
   def __exit__(self, *exc):
-    self.array.flush()
-    del self.array  # closes the map before the file is renamed or removed
+    self.file.close()
+
+
+def _reserve(fd: int, size: int) -> None:
+  """Reserves `size` bytes of the file `fd` on its disk; OSError (ENOSPC) where they are not
+  there. Where the system or file system cannot reserve (macOS), a full disk is found as the
+  rows are written instead."""
+  try:
+    os.posix_fallocate(fd, 0, size)
+  except AttributeError:
+    pass
+  except OSError as e:
+    if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+      raise
 
 
 class _Parquet:
@@ -201,9 +350,12 @@ _WRITERS = {".npy": _Npy, ".parquet": _Parquet, ".jsonl": _Jsonl}
 def check_arguments(input_path: str, out_path: str) -> str:
   """--out's format (its suffix); RunError naming the argument where the paths cannot be used,
   before the model is loaded and before the input could be overwritten."""
-  if os.path.isdir(input_path):
+  kind = special_kind(input_path)
+  if kind == "a directory":
     raise RunError(f"--input {input_path}: a directory, expected a .txt, .jsonl or .parquet "
                    f"file")
+  if kind:  # a FIFO or /dev/stdin could be read once only, and the texts are counted first
+    raise RunError(f"--input {input_path}: {kind}, expected a regular file")
   if not os.path.isfile(input_path):
     raise RunError(f"--input {input_path}: no such file")
   suffix = os.path.splitext(out_path)[1].lower()
@@ -238,13 +390,16 @@ def main(argv=None) -> int:
   parser.add_argument("--prompt", help="text put before each text (e.g. 'query: ')")
   parser.add_argument("--prompt-name", help="one of the model's prompts, by name")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  parser.add_argument("--allow-nonfinite", action="store_true",
+                      help="write embeddings that are NaN or inf (warned of), not stop")
   args = parser.parse_args(argv)
   if args.prompt is not None and args.prompt_name is not None:
     parser.error("--prompt and --prompt-name: both given, expected one")
   previous = signal.signal(signal.SIGTERM, _interrupt)
   try:
     count = embed(args.model, args.input, args.out, args.text_field, args.id_field,
-                  args.prompt, args.prompt_name, args.dtype, show=True)
+                  args.prompt, args.prompt_name, args.dtype, show=True,
+                  allow_nonfinite=args.allow_nonfinite)
   except RunError as e:
     print(f"embed: error: {e}", file=sys.stderr)
     return e.exit_code
