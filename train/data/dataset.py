@@ -124,13 +124,18 @@ def dataset_directory(config, workdir: str) -> str:
 def run_tokenizer(config, workdir: str) -> TokenizerSpec:
   """The tokenizer the data of the run in `workdir` was encoded with."""
   directory = dataset_directory(config, workdir)
-  return tokens.spec_of_dataset(directory, read_meta(directory))
+  meta = read_meta(directory, given=bool(config.data.prepared))
+  return tokens.spec_of_dataset(directory, meta)
 
 
-def read_meta(directory: str, expected: str | None = prepare.FORMAT) -> dict:
+def read_meta(directory: str, expected: str | None = prepare.FORMAT, given: bool = False) -> dict:
   """The dataset.json of the prepared `directory`, of the format `expected` (None: any);
-  RunError naming what is wrong with it."""
+  RunError naming what is wrong with it: config.data.prepared where it `given` the directory,
+  else the file missing from the run's own (WORKDIR/data)."""
   path = os.path.join(directory, "dataset.json")
+  if not given and not os.path.isfile(path):
+    raise RunError(f"{path}: missing, expected the description of the examples the run "
+                   f"prepared into {directory} (written last, when they were complete)")
   if not os.path.isdir(directory):
     raise RunError(f"config.data.prepared: {directory!r}: no such directory, expected one "
                    f"python -m train.prepare wrote")
@@ -236,7 +241,7 @@ def _tokenizer_identity(spec: TokenizerSpec) -> str:
 def _load_directory(directory: str, seq_len: int) -> Windows:
   """The windows of one prepared directory, memory-mapped, their sizes and ids checked
   against its dataset.json."""
-  meta = read_meta(directory)
+  meta = read_meta(directory, given=True)
   if meta["seq_len"] != seq_len:
     raise RunError(f"config.train.seq_len: {seq_len}, expected the windows' length "
                    f"{meta['seq_len']} ({directory} was prepared with --seq-len "

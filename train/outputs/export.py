@@ -28,6 +28,7 @@ import os
 import sys
 
 from flax_encoder.inference import export_encoder
+from flax_encoder.pytorch.layouts import LAYOUTS as TORCH_LAYOUTS
 from flax_encoder.weights import save_weights
 from train import tasks
 from train.errors import RunError
@@ -44,25 +45,25 @@ class ExportError(Exception):
   """A request this command cannot carry out: reported as one line."""
 
 
-def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None = None) -> str:
+def export(workdir: str, out: str, layout: str | None = None,
+           seq_len: int | None = None) -> str:
   """Writes the newest verified checkpoint's encoder to `out`; returns the path.
 
-  For a .jaxexport file, `seq_len` defaults to the run's config.train.seq_len. With layout
-  "hf", `out` is a new directory (train.outputs.hf_export).
+  For a .jaxexport file, `seq_len` defaults to the run's config.train.seq_len. `layout` names
+  the PyTorch weights' names (TORCH_LAYOUTS, "tutorial" where None) or, "hf" or
+  "sentence-transformers", a new directory `out` (train.outputs.hf_export); a .msgpack or
+  .jaxexport file takes none.
   """
+  _check_layout(out, layout)
   if layout in DIRECTORY_LAYOUTS:
     return _export_directory(workdir, out, layout)
-  if not out.endswith(SUFFIXES):
-    raise ExportError(f"--out must end in {', '.join(SUFFIXES)}, got {out!r}")
   if out.endswith(_TORCH):
     try:
       import torch  # noqa: F401 - the converters need it; the bridge's names load lazily
-      from flax_encoder.pytorch import LAYOUTS
     except ImportError as e:
       raise ExportError(f"--out {out}: PyTorch weights need the torch extra "
                         f"(pip install -e '.[torch]'): {e}") from None
-    if layout not in LAYOUTS:
-      raise ExportError(f"--layout must be one of {LAYOUTS}, got {layout!r}")
+    layout = layout or "tutorial"
   if not os.path.isdir(workdir):
     raise ExportError(f"--workdir {workdir}: no such directory")
   problem = out_problem(out, workdir)
@@ -71,6 +72,23 @@ def export(workdir: str, out: str, layout: str = "tutorial", seq_len: int | None
   with written_whole(out) as tmp, os_errors_of_safetensors():  # whatever stops the export
     _export(workdir, tmp, os.path.splitext(out)[1], layout, seq_len)
   return out if stream(out) else readable_as_umask_allows(out)
+
+
+def _check_layout(out: str, layout: str | None) -> None:
+  """Refuses a --layout there is none of, and one the file --out names does not take."""
+  torch_files = ", ".join(_TORCH)
+  if layout is not None and layout not in (*TORCH_LAYOUTS, *DIRECTORY_LAYOUTS):
+    raise ExportError(f"--layout {layout}: unknown, expected {' or '.join(TORCH_LAYOUTS)} "
+                      f"(PyTorch weights: --out {torch_files}) or "
+                      f"{' or '.join(DIRECTORY_LAYOUTS)} (--out DIR)")
+  if layout in DIRECTORY_LAYOUTS:
+    return
+  if not out.endswith(SUFFIXES):
+    raise ExportError(f"--out must end in {', '.join(SUFFIXES)}, got {out!r}")
+  if layout is not None and not out.endswith(_TORCH):
+    raise ExportError(f"--layout {layout}: a {os.path.splitext(out)[1]} file takes no layout "
+                      f"(it names the parameters of PyTorch weights: {torch_files}), expected "
+                      f"it left out")
 
 
 def _export_directory(workdir: str, out: str, layout: str) -> str:
@@ -120,10 +138,11 @@ def main(argv=None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--out", required=True)
-  parser.add_argument("--layout", default="tutorial",
-                      help="PyTorch weights: tutorial (the tutorial port's names) or torch_nn; "
-                           "hf: a Hugging Face directory (--out DIR); sentence-transformers: "
-                           "a sentence-transformers folder of a contrastive run (--out DIR)")
+  parser.add_argument("--layout", default=None,
+                      help="PyTorch weights: tutorial (the tutorial port's names, the default) "
+                           "or torch_nn; hf: a Hugging Face directory (--out DIR); "
+                           "sentence-transformers: a sentence-transformers folder of a "
+                           "contrastive run (--out DIR); none for .msgpack and .jaxexport")
   parser.add_argument("--seq-len", type=int, default=None,
                       help=".jaxexport: input length (default: the run's train.seq_len)")
   args = parser.parse_args(argv)
@@ -140,7 +159,7 @@ def main(argv=None) -> int:
           file=sys.stderr)
     return 1
   except ValueError as e:  # what the converters refuse of a model: one line naming it
-    print(f"export: error: --layout {args.layout}: {e}", file=sys.stderr)
+    print(f"export: error: --layout {args.layout or 'tutorial'}: {e}", file=sys.stderr)
     return 2
   return 0
 

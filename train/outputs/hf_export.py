@@ -12,7 +12,8 @@ ModernBERT, an offset RoBERTa, token types BERT, else DistilBERT); `hf_config` s
 differs where the run's encoder is no model of the family. The export keeps the starting
 directory's entries the family carries (`Family.carried`: ModernBERT's special ids), its
 dropout rates (the model's settings for whoever trains it next, whatever this run trained
-with) and its tokenizer files.
+with) and its tokenizer files, as the run took them when it started (WORKDIR/start:
+`train.tasks.start.start_folder`), whatever became of the directory since.
 
 `--layout sentence-transformers` writes that directory as the Transformer module of a
 sentence-transformers folder and the modules the run's `sentence_encoder` computes after it
@@ -33,6 +34,7 @@ from train import tasks
 from train.errors import RunError
 from train.files import os_errors_of_safetensors, readable_as_umask_allows, temporary_directory
 from train.run.load import load_config
+from train.tasks.start import start_folder
 
 # The files of a tokenizer directory besides tokenizer.json, copied where the run started.
 _TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
@@ -52,19 +54,20 @@ def check_out(out: str, layout: str = "hf") -> str | None:
   return None
 
 
-def _start(config) -> str | None:
-  """The Hugging Face directory the run started from (config.init.hf), or None."""
-  return config.init.get("hf") if "init" in config else None
+def _start(workdir: str, config) -> str | None:
+  """The folder of what the run took from the Hugging Face directory it started from
+  (config.init.hf; `start_folder`), or None."""
+  return start_folder(workdir, config.init.get("hf") if "init" in config else None)
 
 
-def _family(config, model) -> families.Family:
+def _family(start: str | None, model) -> families.Family:
   """The family the run exports as: the one it recorded; for a run recorded before runs
   recorded it, its starting directory's; else its architecture's."""
   if model.family:
     return families.get(model.family)
-  if _start(config):
+  if start:
     try:
-      return families.of_directory(_start(config))
+      return families.of_directory(start)
     except ValueError:
       pass  # the starting directory is gone: the architecture decides
   return families.of_architecture(model.encoder)
@@ -118,12 +121,13 @@ def _writer(workdir: str, config, layout: str):
   if definition.hf_model is None:
     raise RunError(f"--layout {layout}: a {task} run has no Hugging Face model")
   model = definition.hf_model(workdir, config)
-  cfg, family = model.encoder, _family(config, model)
+  start = _start(workdir, config)
+  cfg, family = model.encoder, _family(start, model)
   try:
     families.hf_config(cfg, family.name)  # says what differs, before anything is converted
     state, entries = model.state(family)
-    contents = families.hf_config(_with_starting_rates(cfg, config), family.name,
-                                  **{**_carried(config, family), **entries})
+    contents = families.hf_config(_with_starting_rates(cfg, start), family.name,
+                                  **{**_carried(start, family), **entries})
   except families.HFError as e:
     raise RunError(f"--layout {layout}: {e}") from None
 
@@ -136,41 +140,39 @@ def _writer(workdir: str, config, layout: str):
                                 metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json"), "w") as f:
       json.dump(contents, f, indent=2)
-    _tokenizer(model.tokenizer, _start(config), directory, config.train.seq_len)
+    _tokenizer(model.tokenizer, start, directory, config.train.seq_len)
 
   return write
 
 
-def _carried(config, family: families.Family) -> dict:
+def _carried(start: str | None, family: families.Family) -> dict:
   """The entries of the directory the run started from that its family carries."""
-  init = _start(config)
-  if not family.carried or not init:
+  if not family.carried or not start:
     return {}
   try:
-    hf = families.read_hf_config(init)
+    hf = families.read_hf_config(start)
   except ValueError:
     return {}  # the starting directory is gone: transformers' defaults
   return {k: hf[k] for k in family.carried if k in hf}
 
 
-def _with_starting_rates(cfg, config):
+def _with_starting_rates(cfg, start: str | None):
   """`cfg` with the dropout rates of the directory the run started from, read by its family
   (transformers applies attention dropout whatever this run's kernel did); as it is where the
   run started elsewhere or the directory is gone."""
-  init = _start(config)
   try:
-    start = families.config_from_hf(families.read_hf_config(init), attention_impl="reference")
+    rates = families.config_from_hf(families.read_hf_config(start), attention_impl="reference")
   except (TypeError, ValueError):  # no start (None), or the directory is gone
     return cfg
-  return dataclasses.replace(cfg, dropout=start.dropout, attention_dropout=start.attention_dropout,
+  return dataclasses.replace(cfg, dropout=rates.dropout, attention_dropout=rates.attention_dropout,
                              attention_impl="reference")
 
 
 def _tokenizer(file: str | None, start: str | None, out: str, seq_len: int) -> None:
-  """Copies the tokenizer.json whose ids the run's are, and the starting directory's other
-  tokenizer files, its tokenizer_config.json saying the run's length (`model_max_length`,
-  what transformers' tokenizer truncates to); nothing where the run's ids are this project's
-  numbering."""
+  """Copies the tokenizer.json whose ids the run's are, and the other tokenizer files the run
+  took from its starting directory (`start`), its tokenizer_config.json saying the run's
+  length (`model_max_length`, what transformers' tokenizer truncates to); nothing where the
+  run's ids are this project's numbering."""
   if file is None:
     return
   shutil.copyfile(file, os.path.join(out, "tokenizer.json"))
@@ -182,5 +184,8 @@ def _tokenizer(file: str | None, start: str | None, out: str, seq_len: int) -> N
   if os.path.isfile(path):
     with open(path, encoding="utf-8") as f:
       settings = json.load(f)
+    if not isinstance(settings, dict):  # the run checked it; an edit since in WORKDIR/start
+      raise RunError(f"{os.path.join(start, 'tokenizer_config.json')}: holds a "
+                     f"{type(settings).__name__}, expected a JSON object")
   with open(path, "w", encoding="utf-8") as f:
     json.dump({**settings, "model_max_length": seq_len}, f, indent=2)

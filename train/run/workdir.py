@@ -38,7 +38,7 @@ def check_workdir(workdir: str) -> None:
 
 # What a run keeps in its workdir: files and directories another command must not replace.
 RUN_FILES = (LOCK, "metrics.jsonl", "checkpoints", "checkpoints_corrupt", "data", "vocabulary",
-             "tensorboard", "plots", "profile")
+             "start", "tensorboard", "plots", "profile")
 
 
 def run_file(workdir: str, path: str) -> str | None:

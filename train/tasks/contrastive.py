@@ -35,7 +35,7 @@ import numpy as np
 from flax_encoder import EncoderConfig, families
 from flax_encoder.classifier import pool
 from flax_encoder.encoder import Encoder
-from flax_encoder.tokenizer import Template, example_ids, is_cut, visible
+from flax_encoder.tokenizer import Template, example_ids
 from train.data import dataset, examples, sources
 from train.errors import RunError
 from train.files import sha256_bytes
@@ -43,7 +43,7 @@ from train.run.load import load_params, recorded_encoder_config
 from train.task import FREE, Definition, Field, HFModel, Plots, Resume, Setup, boolean, choice
 from train.task import integer, number, string
 from train.tasks import finetune, tokenizing
-from train.tasks.start import start_params
+from train.tasks.start import start_params, start_pooler
 
 POOLINGS = ("mean", "cls")
 FORMAT = "flax-encoder pairs 1"
@@ -329,7 +329,8 @@ def prepare_pairs(paths: dict, directory: str, tokenizer, tokenizer_file, seq_le
       arrays = {}
       for name in TEXTS[:2] + (TEXTS[2:] if with_negatives else ()):
         texts = columns[name]
-        encoded = tokenizer.encode_batch([visible(t or "", seq_len) for t in texts])
+        # One id more than a row holds, so that example_ids knows what it truncates.
+        encoded = tokenizer.encode_leading([t or "" for t in texts], seq_len + 1)
         rows = np.full((len(chunk), seq_len), pad_id, dtype)
         for i, (text, ids, line) in enumerate(zip(texts, encoded, chunk)):
           if text is None:
@@ -337,7 +338,6 @@ def prepare_pairs(paths: dict, directory: str, tokenizer, tokenizer_file, seq_le
           row, truncated = laid(ids)
           rows[i, :len(row)] = row
           counts.truncated += truncated
-          counts.cut += is_cut(text, seq_len)
           counts.tokenized(line[0], text, ids, tokenizer.unk_id)
         arrays["tokens" if name == "anchor" else name] = rows
       if with_negatives:
@@ -529,21 +529,12 @@ def hf_model(workdir: str, config) -> HFModel:
   cfg, params, record = read_trained(workdir)
   tokenizer = tokenizing.run_tokenizer(workdir, read_meta(os.path.join(workdir, "data")))
   own = tokenizer.spec.kind == "huggingface" and tokenizer.offset == 0
-  variables = {"params": params["encoder"], "heads": _start_pooler(record.get("start"))}
+  # the pooler as the run took it when it started, whatever became of its directory since
+  variables = {"params": params["encoder"], "heads": start_pooler(
+      workdir, record.get("start") if config.init.get("hf") else None)}
   return HFModel(cfg, record.get("family"), lambda family: (
       families.to_hf_state_dict(variables, cfg, family.name),
       {"architectures": [f"{family.stem}Model"]}), tokenizer.spec.path if own else None)
-
-
-def _start_pooler(start: str | None) -> dict:
-  """{'pooler': …} of the Hugging Face directory `start`; {} where it has none or is gone."""
-  if not start or not os.path.isdir(start):
-    return {}
-  try:
-    heads = families.read_hf(start).variables.get("heads", {})
-  except (ValueError, OSError):
-    return {}
-  return {"pooler": heads["pooler"]} if "pooler" in heads else {}
 
 
 def _dims_field(value):

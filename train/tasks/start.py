@@ -2,15 +2,27 @@
 (`config.init.run`: its sizes and tokenizer), a PyTorch checkpoint (`config.init.torch_checkpoint`,
 sizes read off the weights), a Hugging Face directory (`config.init.hf`: its family's encoder and
 heads, its tokenizer.json with its own ids and padding), or scratch; and the encoder config and
-starting parameters that follow from it."""
+starting parameters that follow from it.
+
+What of a Hugging Face directory outlives the start is taken into WORKDIR/start when the run
+starts (`START_COPIED`): the files its exports give on and BERT's pooler, which a contrastive run
+exports untrained. The exports read that copy, never the directory, which may have changed or
+gone since. Each file the run reads of the directory is one of its own (a link within it, or
+into huggingface_hub's cache it lies in) and a regular file: a link leading out of it is
+refused, since the run, and whatever it exports, would hold another file (a private one, say).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
+import stat
 
 import jax
 import numpy as np
+from flax import serialization
 
 from flax_encoder import EncoderConfig, families
 from flax_encoder.classifier import HEAD_POOLINGS
@@ -24,6 +36,16 @@ from train.run import settings
 # remat) are the fine-tuning run's own. pad_id is the data's.
 ARCHITECTURE = tuple(name for role in ("architecture", "parameters")
                      for name in EncoderConfig.fields(role) if name != "pad_id")
+
+START = "start"  # WORKDIR/start: what the run took of its Hugging Face directory
+# The files of the directory an export gives on (config.json's carried entries and dropout
+# rates, the tokenizer's settings), copied as they are; each must hold a JSON object.
+START_COPIED = ("config.json", "tokenizer_config.json", "special_tokens_map.json")
+POOLER = "pooler.msgpack"  # the directory's pooler (BERT's), which a contrastive run exports
+# The files of a Hugging Face or sentence-transformers directory the run reads (the shards an
+# index names are checked where they are read: flax_encoder.families.directory._shard).
+START_READ = (*START_COPIED, *families.WEIGHT_FILES, "tokenizer.json", "vocab.txt",
+              "vocab.json", "merges.txt", "modules.json", "sentence_bert_config.json")
 
 
 @dataclasses.dataclass
@@ -86,12 +108,16 @@ def _from_hf(config, workdir: str) -> Start:
   """A Hugging Face (or sentence-transformers) directory's encoder, heads and tokenizer: its
   tokenizer.json, or one built from its vocabulary files into WORKDIR/vocabulary/hf."""
   path = config.init.hf
+  copied = _copied(start_files(path))
   try:
     model = families.read_hf(path)
     tokenizer = hf_tokenizer_file(path, os.path.join(workdir, "vocabulary", "hf"))
   except (FileNotFoundError, ValueError, TypeError) as e:
     raise RunError(f"config.init.hf: {e}".splitlines()[0]) from None
   cfg, heads = model.config, model.variables.get("heads", {})
+  if "pooler" in heads:
+    copied[POOLER] = serialization.msgpack_serialize(jax.tree.map(np.asarray, heads["pooler"]))
+  _keep(copied, os.path.join(workdir, START))
   fields = {name: getattr(cfg, name) for name in ARCHITECTURE}
   fields["param_dtype"] = np.dtype(fields["param_dtype"]).name
   from_pooler = families.get(model.family).classifier.from_pooler
@@ -102,6 +128,134 @@ def _from_hf(config, workdir: str) -> Start:
                    # transformers' classifiers that apply a prediction head read the
                    # masked-LM head's dense and norm as theirs (ModernBERT's)
                    "head": heads.get("prediction_head")})
+
+
+def _roots(directory: str) -> list[str]:
+  """The folders the files of `directory` may lie in once links are resolved: its own, and in
+  huggingface_hub's cache (SNAPSHOTS/REV/NAME links to ../../blobs/HASH) the cache's blobs, as
+  flax_encoder.families.directory._shard allows them."""
+  root = os.path.realpath(directory)
+  parts = root.split(os.sep)
+  if "snapshots" not in parts[:-1]:
+    return [root]
+  at = len(parts) - 1 - parts[::-1].index("snapshots")
+  return [root, os.sep.join(parts[:at] + ["blobs"])]
+
+
+def _kind(mode: int) -> str:
+  kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO (named pipe)",
+           stat.S_ISSOCK: "a socket", stat.S_ISCHR: "a character device",
+           stat.S_ISBLK: "a block device"}
+  return next((name for test, name in kinds.items() if test(mode)), "no regular file")
+
+
+def start_files(directory: str) -> dict[str, list[str]]:
+  """{name: its paths} of the files of START_READ the Hugging Face `directory` holds (at its
+  top, then in its Transformer module's folder, where it is a sentence-transformers folder),
+  each checked to be a regular file of the directory: a RunError (config.init.hf: FILE: …)
+  names a link leading out of it, and a directory, FIFO or device in a file's place."""
+  try:
+    folders = dict.fromkeys((directory, families.model_directory(directory)))
+  except ValueError as e:
+    raise RunError(f"config.init.hf: {e}".splitlines()[0]) from None
+  roots, found = _roots(directory), {}
+  for folder in folders:
+    for name in START_READ:
+      file = os.path.join(folder, name)
+      if not os.path.lexists(file):
+        continue
+      real = os.path.realpath(file)
+      if not any(os.path.commonpath([root, real]) == root for root in roots):
+        raise RunError(f"config.init.hf: {file}: a link to {real}, outside {directory}, "
+                       f"expected a file of the directory (the run and its exports would "
+                       f"hold another file)")
+      try:
+        mode = os.stat(file).st_mode
+      except FileNotFoundError:
+        continue  # a link to nothing within it: no such file, as every reader finds it
+      if not stat.S_ISREG(mode):
+        raise RunError(f"config.init.hf: {file}: {_kind(mode)}, expected a regular file")
+      found.setdefault(name, []).append(file)
+  return found
+
+
+def _copied(files: dict[str, list[str]]) -> dict[str, bytes]:
+  """{name: bytes} of the files of START_COPIED among `files` (start_files'), each a JSON
+  object: config.json the model's (its Transformer's, in a sentence-transformers folder), the
+  tokenizer's files the first found, as the run's tokenizer is read (train.data.tokens)."""
+  copied = {}
+  for name in START_COPIED:
+    if name not in files:
+      continue
+    file = files[name][-1 if name == "config.json" else 0]
+    try:
+      with open(file, "rb") as f:
+        data = f.read()
+    except OSError as e:
+      raise RunError(f"config.init.hf: {file}: not readable ({e.strerror})") from None
+    try:
+      value = json.loads(data)
+    except (ValueError, RecursionError) as e:
+      said = (str(e).splitlines() or [""])[0]
+      raise RunError(f"config.init.hf: {file}: not readable JSON ({said})") from None
+    if not isinstance(value, dict):
+      raise RunError(f"config.init.hf: {file}: holds a {type(value).__name__}, expected a "
+                     f"JSON object")
+    copied[name] = data
+  return copied
+
+
+def _keep(copied: dict[str, bytes], kept: str) -> None:
+  """Writes `copied` ({name: bytes}) into `kept` (WORKDIR/start), each file whole, and removes
+  what an earlier start of the run took that this one does not. Every process writes the same
+  bytes, each through its own temporary name."""
+  os.makedirs(kept, exist_ok=True)
+  for name in (*START_COPIED, POOLER):
+    file = os.path.join(kept, name)
+    if name not in copied:
+      with contextlib.suppress(FileNotFoundError):  # another process may have removed it
+        os.remove(file)
+      continue
+    tmp = f"{file}.tmp-{jax.process_index()}"
+    with open(tmp, "wb") as f:
+      f.write(copied[name])
+    os.replace(tmp, file)
+
+
+def start_folder(workdir: str, start: str | None) -> str | None:
+  """The folder an export of the run in `workdir` reads what its start directory (`start`:
+  config.init.hf, or None) gave: WORKDIR/start, taken when the run started; for a run that
+  started before runs took it, the directory itself where it is still there, checked as a
+  start is (`start_files`: RunError naming a link out); None where the run started elsewhere
+  or its directory is gone."""
+  if not start:
+    return None
+  kept = os.path.join(workdir, START)
+  if os.path.isdir(kept):
+    return kept
+  if not os.path.isdir(start):
+    return None
+  _copied(start_files(start))  # what an export reads of it: JSON objects
+  return start
+
+
+def start_pooler(workdir: str, start: str | None) -> dict:
+  """{'pooler': …} of the start directory as the run took it (`start_folder`); {} where it has
+  none, or the run started elsewhere or before runs took it and the directory is gone."""
+  folder = start_folder(workdir, start)
+  if folder is None:
+    return {}
+  if folder == os.path.join(workdir, START):
+    file = os.path.join(folder, POOLER)
+    if not os.path.isfile(file):
+      return {}
+    with open(file, "rb") as f:
+      return {"pooler": serialization.msgpack_restore(f.read())}
+  try:  # a run from before runs took a copy: the directory's weights
+    heads = families.read_hf(folder).variables.get("heads", {})
+  except (ValueError, OSError):
+    return {}
+  return {"pooler": heads["pooler"]} if "pooler" in heads else {}
 
 
 def start_of(config, workdir: str) -> Start:
