@@ -169,9 +169,10 @@ def test_a_fine_tuning_from_a_run_for_epochs_follows_the_recipe(reference_run, t
           "set)\n") in result.stderr
   records = runs.read_metrics(os.path.join(workdir, "metrics.jsonl"))
   rates = {r["step"]: r["lr"] for r in records if r["split"] == "train"}
-  # Step s runs at the rate of s - 1 updates done: 0 up to 5e-5 over 3, then down to 0 at 50.
-  expected = {1: 0.0, 2: 5e-5 / 3, 4: 5e-5, 5: 5e-5 * 46 / 47, 27: 5e-5 * 24 / 47,
-              50: 5e-5 / 47}
+  # Step s runs at 5e-5 * s / 3 up to the peak at the warm-up's last step (the first above 0,
+  # so that a run of one step trains), then from the peak down to 0 at step 51.
+  expected = {1: 5e-5 / 3, 2: 2 * 5e-5 / 3, 3: 5e-5, 4: 5e-5, 5: 5e-5 * 46 / 47,
+              27: 5e-5 * 24 / 47, 50: 5e-5 / 47}
   assert {s: rates[s] for s in expected} == pytest.approx(expected, rel=1e-5, abs=1e-12)
   assert max(rates) == 50
   assert [r["step"] for r in records if r["split"] == "eval"] == [25, 50]

@@ -215,9 +215,6 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     length = settings.length(train_config, len(jax.tree.leaves(setup.train)[0]))
     num_steps = length.num_steps
     optimizer = optim.resolve(config, num_steps)
-    note = optim.warmup_note(optimizer, num_steps)
-    if note and primary:
-      print(note, file=sys.stderr)
     if primary:
       print(f"{length}; {optim.describe(config, optimizer, setup.encoder.d_model, num_steps)}",
             file=sys.stderr)
@@ -243,6 +240,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     if resume is None:
       state = init_state(task, tx, train_config.seed, train_config.seq_len, mesh)
       if setup.start_params is not None:
+        _check_finite(setup.start_params, config, setup.record.get("start"))
         state = _with_params(state, setup.start_params)
     else:
       state = checkpointer.restore(resume[0], target, train_iter)
@@ -329,6 +327,23 @@ def _compiled_step(task, tx, schedule, state, rows, config, mesh):
     print(f"memory: {needs}", file=sys.stderr)
   memory.check_fits(needs)
   return compiled
+
+
+def _check_finite(start_params: dict, config, source: str | None) -> None:
+  """RunError naming the first starting parameter that holds a NaN or an infinity, and where
+  it came from (`source`): trained from, it makes every loss non-finite, which the loop would
+  put down to the data or the learning rate."""
+  init = config.get("init") or {}
+  given = next((f"config.init.{name}" for name in optim.INITS if init.get(name)), "config.init")
+  for path, leaf in jax.tree_util.tree_flatten_with_path(start_params)[0]:
+    if not jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact):
+      continue
+    xp = np if isinstance(leaf, np.ndarray) else jax.numpy  # a jax.Array is checked in place
+    what = "NaN" if xp.isnan(leaf).any() else None if xp.isfinite(leaf).all() else "infinity"
+    if what:
+      name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+      raise RunError(f"{given}: {source}: its parameter {name} holds {what}, expected finite "
+                     f"weights to start from")
 
 
 def _with_params(state, start_params: dict):

@@ -283,6 +283,9 @@ class Source:
         record = json.loads(line)
       except ValueError as e:
         raise PrepareError(f"{self.path}:{number}: not valid JSON ({e})") from None
+      except RecursionError:  # json's decoder recurses once per level of nesting
+        raise PrepareError(f"{self.path}:{number}: JSON nested too deeply to read, expected "
+                           f"a JSON object of a few levels") from None
       if not isinstance(record, dict):
         raise PrepareError(f"{self.path}:{number}: not a JSON object")
       yield number, record

@@ -92,10 +92,23 @@ def paper_schedule(d_model: int, warmup_steps: int, lr_scale: float = 1.0) -> op
 
 
 def warmup_then_linear_decay(peak: float, warmup_steps: int, num_steps: int) -> optax.Schedule:
-  """0 -> `peak` over `warmup_steps` updates, then linearly to 0 at `num_steps`."""
-  return optax.join_schedules(
-      [optax.linear_schedule(0.0, peak, warmup_steps),
-       optax.linear_schedule(peak, 0.0, max(num_steps - warmup_steps, 1))], [warmup_steps])
+  """`peak` * step / `warmup_steps` for the first `warmup_steps` updates (step counted from 1),
+  then linearly to 0 at `num_steps`.
+
+  optax calls a schedule with the updates done so far (0 for the first): a warm-up from 0 at
+  count 0 would run the first update at learning rate 0, and a one-step run would never move
+  its weights. Counted from 1, the first update runs at peak / warmup_steps and the warm-up's
+  last at `peak`; the decay from there, to 0 at `num_steps`, is as it always was.
+  """
+  decay = max(num_steps - warmup_steps, 1)
+
+  def schedule(count):
+    count = jnp.asarray(count, jnp.float32)
+    rising = (count + 1.0) / warmup_steps
+    falling = (num_steps - count) / decay
+    return peak * jnp.clip(jnp.minimum(rising, falling), 0.0, 1.0)
+
+  return schedule
 
 
 def warmup_steps(optim, num_steps: int) -> int:
@@ -107,12 +120,13 @@ def warmup_steps(optim, num_steps: int) -> int:
 
 
 def warmup_note(optim, num_steps: int) -> str | None:
-  """The one line that says a run warms up for fewer steps than config.optim.warmup_steps."""
+  """What the start line says of a run that warms up for fewer steps than
+  config.optim.warmup_steps, or None."""
   steps = warmup_steps(optim, num_steps)
   if steps == optim.warmup_steps:
     return None
-  return (f"config.optim.warmup_steps: {optim.warmup_steps} is not shorter than the run's "
-          f"{num_steps} steps; warming up for its first tenth ({steps} steps) instead")
+  return (f"config.optim.warmup_steps {optim.warmup_steps} is not shorter than the run's "
+          f"{num_steps} steps: warming up for its first tenth ({steps} steps) instead")
 
 
 def decays(params):
@@ -125,24 +139,31 @@ def decays(params):
 
 def describe(config, optim, d_model: int, num_steps: int) -> str:
   """The line that says the optimizer a run of `num_steps` gets (`optim`: `resolve`'s) and
-  where its values came from (`config`: as given)."""
+  where its values came from (`config`: as given): the warm-up it runs, and why where that is
+  not config.optim.warmup_steps."""
   warmup = warmup_steps(optim, num_steps)
+  cut = warmup_note(optim, num_steps)
   if optim.recipe == "paper":
     peak = optim.lr_scale * d_model**-0.5 * warmup**-0.5
     line = (f"optimizer: paper, Adam({optim.b1:g}, {optim.b2:g}, {optim.eps:g}), warm-up "
             f"{warmup} steps to a peak learning rate of {peak:.2g}, then 1/sqrt(step)")
   else:
     line = (f"optimizer: adamw, peak learning rate {optim.learning_rate:g}, warm-up {warmup} "
-            f"steps ({warmup / num_steps:.0%}), linear decay, weight decay "
-            f"{optim.weight_decay:g}")
+            f"steps ({warmup / num_steps:.0%}{'; ' + cut if cut else ''}), linear decay, "
+            f"weight decay {optim.weight_decay:g}")
   filled = unset(config)
   if not filled:
     return line
   recipe, why = recipe_for(config)
   if len(filled) == len(RECIPE_FIELDS):
     return f"{line} (the {recipe.name} recipe: {why})"
-  given = ", ".join(f"config.optim.{f}" for f in RECIPE_FIELDS if f not in filled)
-  return f"{line} ({given} as given, the rest the {recipe.name} recipe's: {why})"
+  # A warm-up given but cut is not what the run runs "as given".
+  given = [f"config.optim.{f}" for f in RECIPE_FIELDS
+           if f not in filled and not (cut and f == "warmup_steps")]
+  said = [f"{', '.join(given)} as given"] if given else []
+  if cut and "warmup_steps" not in filled:
+    said.append("config.optim.warmup_steps given but cut to fit the run")
+  return f"{line} ({', '.join(said)}, the rest the {recipe.name} recipe's: {why})"
 
 
 def make_optimizer(optim, d_model: int,

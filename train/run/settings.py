@@ -89,10 +89,28 @@ def _mesh_axis(value):
   return None if ok else "a positive integer, or -1 for the devices left over"
 
 
+# The step lives in the state as an int32, as does optax's count that the schedules read: a
+# run of more steps would overflow them (an OverflowError once the workdir is made).
+MAX_STEPS = 2**31 - 1
+_COUNTED = f"at most {MAX_STEPS:,} (the steps an int32 step counter holds)"
+
+
+def _num_steps(value):
+  expected = integer(1)(value)
+  return expected or (f"an integer >= 1 and {_COUNTED}" if value > MAX_STEPS else None)
+
+
+def _epochs(value):
+  # A bound on the field alone, checked before anything is made; `length` checks the steps the
+  # epochs come to once the data is counted.
+  expected = number(0)(value)
+  return expected or (f"a number > 0 and {_COUNTED}" if value > MAX_STEPS else None)
+
+
 COMMON: dict[str, Field] = {
     "task.name": Field(string, FIXES_STATE),
-    "train.num_steps": Field(optional(integer(1)), FREE),
-    "train.epochs": Field(optional(number(0)), FREE),
+    "train.num_steps": Field(optional(_num_steps), FREE),
+    "train.epochs": Field(optional(_epochs), FREE),
     "train.batch_size": Field(integer(1)),
     "train.seq_len": Field(integer(2)),
     "train.seed": Field(integer(0)),
@@ -232,6 +250,11 @@ def length(train, examples: int) -> Length:
     # Exact: 0.1 * 30 / 3 in floats is 1.0000000000000002, which would round up to 2.
     num_steps = math.ceil(Fraction(str(epochs)) * examples / train.batch_size)
     every = math.ceil(examples / train.batch_size)
+    if num_steps > MAX_STEPS:
+      most = math.floor(Fraction(MAX_STEPS * train.batch_size, examples))
+      raise RunError(f"config.train.epochs: {epochs!r}, expected at most {most:,} epochs of "
+                     f"the {examples:,} examples in batches of {train.batch_size} "
+                     f"({num_steps:,} steps; an int32 step counter holds {MAX_STEPS:,})")
   return Length(num_steps, train.eval_every or every, train.checkpoint_every or every,
                 epochs, examples, train.batch_size)
 
