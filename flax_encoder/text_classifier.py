@@ -11,7 +11,7 @@ record), its parameters (encoder and head), the pooling, the classes, the tokeni
 and how an example is laid out (seq_len, the ids of padding and of the separator between a
 text and its pair, or the special ids a Hugging Face tokenizer puts around them). How it
 runs (compute dtype, attention kernel) is the reader's: `load` takes EncoderConfig's
-execution fields. A text is cut to what seq_len ids can show before it is tokenized; texts
+execution fields. Of a text only the ids seq_len can hold are tokenized; texts
 are padded to the smallest of a few lengths that holds them and batches to a fixed size, so
 it compiles once per length.
 """

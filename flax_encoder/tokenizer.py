@@ -254,19 +254,9 @@ class Template:
 
 
 def visible(text: str, seq_len: int) -> str:
-  """The part of `text` an example of `seq_len` ids can show: its first seq_len *
-  CHARS_PER_ID characters."""
+  """The first seq_len * CHARS_PER_ID characters of `text`: about what an example of
+  `seq_len` ids shows, as a sample to train a vocabulary on."""
   return text[:seq_len * CHARS_PER_ID]
-
-
-def is_cut(example: str | Sequence[str] | None, seq_len: int) -> bool:
-  """Whether `visible` (`example` a text) or `visible_words` (a list of words) leaves part of
-  it out; None, no text, is not."""
-  if example is None:
-    return False
-  if isinstance(example, str):
-    return len(example) > seq_len * CHARS_PER_ID
-  return sum(1 + len(word) for word in example) > seq_len * CHARS_PER_ID
 
 
 def example_ids(first: np.ndarray, second: np.ndarray | None, seq_len: int,
@@ -296,8 +286,9 @@ def encode_examples(tokenizer: Tokenizer, texts: list[str], pairs: list[str | No
   """Each example's ids (`example_ids`; a pair of None: the text alone), not padded; of
   each text only the ids an example can hold are tokenized (`Tokenizer.encode_leading`)."""
   pairs = [None] * len(texts) if pairs is None else pairs
-  firsts = tokenizer.encode_leading(texts, seq_len)
-  seconds = tokenizer.encode_leading([p or "" for p in pairs], seq_len)
+  # One id more than an example holds, so that `example_ids` knows what it truncates.
+  firsts = tokenizer.encode_leading(texts, seq_len + 1)
+  seconds = tokenizer.encode_leading([p or "" for p in pairs], seq_len + 1)
   return [example_ids(a, b if p is not None else None, seq_len, separator_id, template)[0]
           for a, b, p in zip(firsts, seconds, pairs)]
 

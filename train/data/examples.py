@@ -27,8 +27,8 @@ and "rows" counts the rows), several short examples share a row of seq_len ids (
   {train,eval}.labels.bin    int32 [rows, k]: the row's examples' classes in order, then -1
 
 Files of any size are read line by line, twice (the classes first), and written as they go;
-a text is cut to what seq_len ids can show before it is tokenized (`visible`: "cut" counts
-those examples), so that lines of any length take bounded memory. A file whose tokens are
+of a text only the ids an example can hold are tokenized, a piece at a time
+(`Tokenizer.encode_leading`), so that lines of any length take bounded memory. A file whose tokens are
 all the tokenizer's unknown token is refused, one where more than a fifth are is warned of.
 `BUILTIN` is a labelled task that ships with this checkout: which standard-library package a
 few lines of its source come from.
@@ -51,7 +51,6 @@ from train.data import sources
 from train.errors import RunError
 from train.files import sha256_bytes, temporary_directory
 from flax_encoder import tokenizer as tokenizer_lib
-from flax_encoder.tokenizer import is_cut, visible
 from train.data.tokens import UNKNOWN_WARNING, Tokenizer
 
 FORMAT = "flax-encoder examples 1"
@@ -206,13 +205,12 @@ def chunked(items: Iterator, size: int, example: Callable) -> Iterator[list]:
 @dataclasses.dataclass
 class _Counts:
   """What a file's examples came to: how many, in how many rows, how many truncated to seq_len
-  ids, cut before that (`visible`), with words left untagged; their text ids, how many of
+  ids, with words left untagged; their text ids, how many of
   those the tokenizer's unknown token, and the first line that had one (line number, text)."""
 
   examples: int = 0
   rows: int = 0
   truncated: int = 0
-  cut: int = 0
   untagged: int = 0
   tokens: int = 0
   unknown: int = 0
@@ -247,15 +245,15 @@ def prepare_examples(paths: dict, directory: str, tokenizer: Tokenizer, tokenize
 
   def encode(source, counts):
     for chunk in chunked(_examples(source, fields, classes), CHUNK, lambda e: e[1:3]):
-      texts = tokenizer.encode_batch([visible(t, seq_len) for _, t, _, _ in chunk])
-      pairs = tokenizer.encode_batch([visible(p or "", seq_len) for _, _, p, _ in chunk])
+      # One id more than an example holds, so that example_ids knows what it truncates.
+      texts = tokenizer.encode_leading([t for _, t, _, _ in chunk], seq_len + 1)
+      pairs = tokenizer.encode_leading([p or "" for _, _, p, _ in chunk], seq_len + 1)
       laid = []
       for first, second, (number, text, pair, _) in zip(texts, pairs, chunk):
         second = second if pair is not None else None
         ids, truncated = example_ids(first, second, seq_len, separator_id, template)
         laid.append(ids)
         counts.truncated += truncated
-        counts.cut += is_cut(text, seq_len) or is_cut(pair, seq_len)
         counts.tokenized(number, text, first, tokenizer.unk_id)
         if pair is not None:
           counts.tokenized(number, pair, second, tokenizer.unk_id)
@@ -339,7 +337,6 @@ def prepare_tagged(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_
         labels[i, first[seen]] = np.asarray(indices, np.int32)[seen]
         counts.truncated += int(not seen.all())
         counts.untagged += int((~seen).sum())
-        counts.cut += is_cut(words, seq_len)
         text_ids = ids[specials[0]:len(ids) - specials[1]]
         counts.tokenized(number, " ".join(words[:20]), text_ids, tokenizer.unk_id)
       yield {"tokens": rows, "labels": labels}
@@ -416,7 +413,7 @@ def write_splits(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_fi
             "tokenizer": {"kind": tokenizer.spec.kind, "file": tokenizer_file,
                           "offset": tokenizer.offset},
             "vocab_size": tokenizer.vocab_size, "examples": each("examples"),
-            "truncated": each("truncated"), "cut": each("cut"),
+            "truncated": each("truncated"),
             **({"untagged": each("untagged")} if meta["label_kind"] == "tag" else {}),
             **({"rows": each("rows")} if meta.get("packed") else {}),
             "inputs": inputs}

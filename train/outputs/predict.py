@@ -16,8 +16,8 @@ Where lines carry labels (the run's label or tags field), the command also repor
 what the run's evaluation reports: accuracy and macro-F1; the mean squared error, Pearson's and
 Spearman's correlation; the accuracy over the words, macro-F1 and, for BIO tags, entity F1.
 Lines are read, predicted and written a chunk at a time (1024, fewer where they are long), and
-a text is cut to what the run's seq_len ids can show before it is tokenized, so any number of
-lines of any length takes bounded memory; in a chunk, examples are padded to the smallest of a
+of a text only the ids the run's seq_len can hold are tokenized, so any number of lines of
+any length takes bounded memory; in a chunk, examples are padded to the smallest of a
 few lengths that holds them (16, 32, …, the run's seq_len), so the model compiles once per
 length. The parameters are the newest verified checkpoint's; the tokenizer, layout and classes
 are the run's. For a classifier it computes what the file `python -m train.export --out
@@ -35,7 +35,6 @@ import sys
 
 import numpy as np
 
-from flax_encoder.tokenizer import is_cut
 from train import tasks
 from train.data import examples, sources
 from train.errors import RunError
@@ -59,14 +58,12 @@ def read_run(workdir: str) -> supervised.FineTuned:
 
 @dataclasses.dataclass(frozen=True)
 class Predicted:
-  """What a prediction run did: `count` lines predicted, `cut` of them cut to what the run's
-  seq_len ids show before they were tokenized; of the `labelled` ones, `scores` (what the
-  run's evaluation reports), or None where no line had a label."""
+  """What a prediction run did: `count` lines predicted; of the `labelled` ones, `scores`
+  (what the run's evaluation reports), or None where no line had a label."""
 
   count: int
   labelled: int = 0
   scores: dict | None = None
-  cut: int = 0
 
 
 def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
@@ -96,8 +93,7 @@ def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
       raise RunError(f"--input {input_path}: cannot read it ({e.strerror or e})") from None
 
   from tqdm import tqdm
-  true, predicted, cut = [], [], 0
-  seq_len = run.meta["seq_len"]
+  true, predicted = [], []
   # Chunks of bounded characters: a line of any length is held with few others.
   chunks = examples.chunked(lines(), _CHUNK, lambda line: line[0])
   try:  # an error, Ctrl-C or SIGTERM (main) leaves no half-written file behind
@@ -109,13 +105,11 @@ def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
         out.writelines(json.dumps(line) + "\n" for line in written)
         true += [label for _, label in chunk]
         predicted += list(predictions)
-        cut += sum(_is_cut(example, seq_len) for example, _ in chunk)
         bar.update(len(chunk))
   except OSError as e:
     raise RunError(f"--out {out_path}: cannot write it ({e.strerror or e})") from None
   labelled = sum(not _unlabelled(t) for t in true)
-  return Predicted(len(true), labelled, predictor.scores(true, predicted) if labelled else None,
-                   cut)
+  return Predicted(len(true), labelled, predictor.scores(true, predicted) if labelled else None)
 
 
 def _total(source: sources.Source) -> int | None:
@@ -127,11 +121,6 @@ def _total(source: sources.Source) -> int | None:
     return None
 
 
-def _is_cut(example, seq_len: int) -> bool:
-  """Whether a line's text or pair, or its words, were cut before they were tokenized."""
-  if isinstance(example, tuple):
-    return any(is_cut(text, seq_len) for text in example)
-  return is_cut(example, seq_len)
 
 
 def _unlabelled(label) -> bool:
@@ -185,9 +174,7 @@ def main(argv=None) -> int:
   if done.scores is not None:
     scored = (f"; over the {done.labelled} labelled lines: "
               + ", ".join(f"{_NAMES.get(k, k)} {v:.3f}" for k, v in done.scores.items()))
-  cut = (f"; {done.cut} line{'s' * (done.cut > 1)} cut before tokenizing, to what the run's "
-         f"seq_len ids can show" if done.cut else "")
-  print(f"{args.out}: {done.count} predictions{cut}{scored}")
+  print(f"{args.out}: {done.count} predictions{scored}")
   return 0
 
 

@@ -16,7 +16,6 @@ from collections.abc import Callable
 import jax
 
 from flax_encoder import EncoderConfig
-from flax_encoder import tokenizer as tokenizer_lib
 from flax_encoder.classifier import POOLINGS, segments_per_row
 from train.data import dataset, examples
 from train.errors import RunError
@@ -142,12 +141,10 @@ def say_prepared(prepared: Prepared, what: str, seq_len: int, note: str = "") ->
     return
   meta = prepared.meta
   counted = lambda counts: ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-  truncated, cut = counted(meta["truncated"]), counted(meta.get("cut", {}))
+  truncated = counted(meta["truncated"])
   print(f"fine-tuning from {prepared.start.source}: {what}, {meta['examples']['train']} "
         f"training and {meta['examples']['eval']} held-out examples"
         + (f"; truncated to {seq_len} ids: {truncated}" if truncated else "")
-        + (f"; cut to the first {tokenizer_lib.CHARS_PER_ID * seq_len} characters before "
-           f"tokenizing (more than {seq_len} ids show): {cut}" if cut else "")
         + note, file=sys.stderr)
 
 
