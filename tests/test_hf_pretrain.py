@@ -130,6 +130,27 @@ def test_a_further_pretraining_run_exports_what_transformers_loads_as_itself(che
   before = transformers.AutoModelForMaskedLM.from_pretrained(directory).state_dict()
   after = again.state_dict()
   assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
+  _the_export_reads_what_the_run_took(directory, workdir, out, tmp_path)
+
+
+def _the_export_reads_what_the_run_took(directory, workdir, out, tmp_path):
+  """The start directory's files changed after training change nothing the export writes:
+  it reads the copy the run took into WORKDIR/start when it started."""
+  from train.outputs.export import main as export
+  changed = os.path.join(directory, "tokenizer_config.json")
+  with open(changed, "rb") as f:
+    kept = f.read()
+  try:
+    with open(changed, "w") as f:
+      f.write("[1, 2]")
+    again = str(tmp_path / "again")
+    assert export(["--workdir", workdir, "--layout", "hf", "--out", again]) == 0
+  finally:
+    with open(changed, "wb") as f:
+      f.write(kept)
+  for name in sorted(os.listdir(out)):
+    with open(os.path.join(out, name), "rb") as a, open(os.path.join(again, name), "rb") as b:
+      assert a.read() == b.read(), name
 
 
 def test_a_corpus_of_other_ids_is_refused_in_one_line(checkpoint, tmp_path):

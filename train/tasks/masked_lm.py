@@ -26,6 +26,7 @@ from train.errors import RunError
 from train.run import settings
 from train.run.load import load_encoder, load_params, recorded_encoder_config
 from train.run.optim import smoothed_loss_sum
+from train.tasks import start as start_lib
 from train.task import (FIXES_STATE, FREE, Definition, Field, HFModel, Plots, Resume, Setup,
                         boolean, integer, number, optional, paths, string)
 
@@ -253,7 +254,9 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   start = config.init.get("hf") if "init" in config else None
   family = None  # the Hugging Face checkpoint's family (its name), for the run's record
   if start:
-    cfg, params, family = _from_hf(config, start, windows)
+    copied = start_lib.read_start(start)  # what its exports read, taken before the weights
+    cfg, params, family, heads = _from_hf(config, start, windows)
+    start_lib.keep_start(copied, heads, workdir)
   else:
     cfg, params = settings.encoder_config(config.model, windows.vocab_size, windows.source,
                                           config.train.seq_len), None
@@ -267,9 +270,9 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
 
 
 def _from_hf(config, path: str, windows: dataset.Windows):
-  """(EncoderConfig, starting parameters, family name) of the Hugging Face checkpoint at
-  `path`, run as config.model's training and execution fields say; the windows must hold its
-  own ids."""
+  """(EncoderConfig, starting parameters, family name, its heads) of the Hugging Face
+  checkpoint at `path`, run as config.model's training and execution fields say; the windows
+  must hold its own ids."""
   from flax_encoder.families import read_hf
   run = {name: config.model[name] for name in EncoderConfig.fields("training") +
          EncoderConfig.fields("execution") if config.model.get(name) is not None}
@@ -297,7 +300,7 @@ def _from_hf(config, path: str, windows: dataset.Windows):
     raise RunError(f"config.data.prepared: ids up to {windows.vocab_size - 1}, but {path}'s "
                    f"embedding has {cfg.vocab_size} rows")
   settings.check_seq_len(cfg, config.train.seq_len)
-  return cfg, params, family
+  return cfg, params, family, variables.get("heads", {})
 
 
 def _same_tokenizer(directory: str, prepared: str) -> bool:

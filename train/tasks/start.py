@@ -108,16 +108,14 @@ def _from_hf(config, workdir: str) -> Start:
   """A Hugging Face (or sentence-transformers) directory's encoder, heads and tokenizer: its
   tokenizer.json, or one built from its vocabulary files into WORKDIR/vocabulary/hf."""
   path = config.init.hf
-  copied = _copied(start_files(path))
+  copied = read_start(path)
   try:
     model = families.read_hf(path)
     tokenizer = hf_tokenizer_file(path, os.path.join(workdir, "vocabulary", "hf"))
   except (FileNotFoundError, ValueError, TypeError) as e:
     raise RunError(f"config.init.hf: {e}".splitlines()[0]) from None
   cfg, heads = model.config, model.variables.get("heads", {})
-  if "pooler" in heads:
-    copied[POOLER] = serialization.msgpack_serialize(jax.tree.map(np.asarray, heads["pooler"]))
-  _keep(copied, os.path.join(workdir, START))
+  keep_start(copied, heads, workdir)
   fields = {name: getattr(cfg, name) for name in ARCHITECTURE}
   fields["param_dtype"] = np.dtype(fields["param_dtype"]).name
   from_pooler = families.get(model.family).classifier.from_pooler
@@ -203,6 +201,22 @@ def _copied(files: dict[str, list[str]]) -> dict[str, bytes]:
                      f"JSON object")
     copied[name] = data
   return copied
+
+
+def read_start(directory: str) -> dict[str, bytes]:
+  """What the exports of a run from the Hugging Face `directory` read of it, {name: bytes},
+  read once when the run starts (`start_files`: RunError naming a file that is no regular
+  file of the directory)."""
+  return _copied(start_files(directory))
+
+
+def keep_start(copied: dict[str, bytes], heads: dict, workdir: str) -> None:
+  """Keeps `copied` (`read_start`'s) and the pooler among the start's `heads` in
+  WORKDIR/start, which the run's exports read instead of the start directory."""
+  if "pooler" in heads:
+    copied = {**copied, POOLER: serialization.msgpack_serialize(
+        jax.tree.map(np.asarray, heads["pooler"]))}
+  _keep(copied, os.path.join(workdir, START))
 
 
 def _keep(copied: dict[str, bytes], kept: str) -> None:
