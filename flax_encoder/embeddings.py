@@ -44,11 +44,12 @@ from flax_encoder.config import EncoderConfig
 from flax_encoder.encoder import Encoder
 from flax_encoder.families import HFError, read_hf, read_hf_weights
 from flax_encoder.families.safetensors_file import write_safetensors
-from flax_encoder.hf_tokenizer import TokenizerError, is_panic, tokenizer_from_directory
+from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
 from flax_encoder import modules_json
 from flax_encoder.modules_json import (TRANSFORMER_CONFIGS, TRANSFORMERS, ModulesError,
                                        transformer_folder)
-from flax_encoder.tokenizer import Template, Tokenizer, encode_examples
+from flax_encoder.tokenizer import (Template, Tokenizer, TokenizerFailure, encode_examples,
+                                    is_panic)
 
 # modules.json's type of each module this reads -> its kind. sentence-transformers names a
 # module by where its class lives: sentence_transformers.models.* up to 5, base.modules and
@@ -663,6 +664,8 @@ class SentenceEncoder:
     where `tokenizers` panics (a Split regex past Oniguruma's backtracking limit, say)."""
     try:
       return run()
+    except TokenizerFailure as e:
+      raise EmbeddingError(f"{self.tokenizer_file}: {e}") from None
     except BaseException as e:  # noqa: BLE001 - a panic is no Exception
       if not is_panic(e):
         raise

@@ -21,7 +21,7 @@ import os
 
 from flax_encoder.modules_json import (TRANSFORMER_CONFIGS, ModulesError, not_a_file, read_json,
                                        transformer_folder)
-from flax_encoder.tokenizer import Tokenizer
+from flax_encoder.tokenizer import Tokenizer, is_panic
 
 LOOKED_FOR = "tokenizer.json, vocab.txt, or vocab.json and merges.txt"
 SAVE_IT = ("save it with transformers: AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR) "
@@ -36,13 +36,6 @@ BPE_CLASSES = ("RobertaTokenizer", "LongformerTokenizer", "BartTokenizer")
 
 class TokenizerError(ValueError):
   """A model directory whose tokenizer files this library cannot read."""
-
-
-def is_panic(error: BaseException) -> bool:
-  """Whether `error` is a Rust panic inside `tokenizers` (a Split regex that backtracks past
-  Oniguruma's limit, say), which pyo3 raises as a PanicException: a BaseException, which
-  `except Exception` lets through."""
-  return type(error).__name__ == "PanicException" and not isinstance(error, Exception)
 
 
 def tokenizer_from_directory(path: str | os.PathLike, offset: int = 0) -> Tokenizer:

@@ -27,6 +27,29 @@ import numpy as np
 
 KINDS = ("bytes", "sentencepiece", "huggingface")
 
+
+class TokenizerFailure(ValueError):
+  """The `tokenizers` library failed on a text: a Rust panic inside it (a Split regex that
+  backtracks past Oniguruma's limit, say), which pyo3 raises as a BaseException."""
+
+
+def is_panic(error: BaseException) -> bool:
+  """Whether `error` is a Rust panic inside `tokenizers`: a PanicException, which `except
+  Exception` lets through."""
+  return type(error).__name__ == "PanicException" and not isinstance(error, Exception)
+
+
+def _reading(call):
+  """call(), into `tokenizers`; TokenizerFailure where it panics."""
+  try:
+    return call()
+  except BaseException as e:  # noqa: BLE001 - a panic is no Exception
+    if not is_panic(e):
+      raise
+    said = (str(e).splitlines() or [""])[0]
+    raise TokenizerFailure(f"the `tokenizers` library failed on a text ({said}), expected a "
+                           f"tokenizer that reads any text") from None
+
 # Characters of a text per id wanted that are tokenized first (`encode_leading`). Tokens
 # average 3 to 5 characters and SentencePiece's are 16 at most by default, so one piece
 # nearly always holds the ids wanted; the tokenizers hold 130 to 200 bytes per character of a
@@ -110,7 +133,8 @@ class Tokenizer:
     elif self.kind == "sentencepiece":
       ids = self._model.encode(list(texts))
     else:
-      ids = [e.ids for e in self._model.encode_batch(list(texts), add_special_tokens=False)]
+      ids = [e.ids for e in _reading(
+          lambda: self._model.encode_batch(list(texts), add_special_tokens=False))]
     return [np.asarray(i, np.int32) + self.offset for i in ids]
 
   def encode_leading(self, texts: Sequence[str], count: int) -> list[np.ndarray]:
@@ -178,7 +202,8 @@ class Tokenizer:
     text at which each ends."""
     if self.kind == "huggingface":
       out = []
-      for e in self._model.encode_batch(list(texts), add_special_tokens=False):
+      for e in _reading(lambda: self._model.encode_batch(list(texts),
+                                                         add_special_tokens=False)):
         words = [w if w is not None else -1 for w in e.word_ids]
         out.append((list(e.ids), words, [end for _, end in e.offsets]))
       return out

@@ -2,6 +2,7 @@
 text the tokenizer cannot read is said or refused, and labels no float or class holds, broken
 tokenizer files and special ids past the vocabulary are one line naming the file."""
 
+import dataclasses
 import json
 import os
 
@@ -213,6 +214,34 @@ def test_a_texts_first_ids_are_those_of_the_whole_text_in_bounded_pieces(
     assert max(handed) <= 1 << 15, name
     for text, want, ids in zip(SPARSE_STARTS, whole, got):
       np.testing.assert_array_equal(ids, want, err_msg=f"{name}: {text[:20]!r}")
+
+
+def test_a_tokenizer_that_panics_on_a_text_is_one_line_naming_it_and_the_data(
+    wordpiece, tmp_path, monkeypatch):
+  """A Split regex that backtracks past Oniguruma's limit makes `tokenizers` panic (a
+  BaseException) on some texts only: fine-tuning data and predict name the file in one line."""
+  with open(wordpiece) as f:
+    spec = json.load(f)
+  spec["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a+)+$"},
+                           "behavior": "Isolated", "invert": False}
+  path = str(tmp_path / "tokenizer.json")
+  with open(path, "w") as f:
+    json.dump(spec, f)
+  tokenizer = TokenizerSpec("huggingface", path).load(0)
+  rows = SHORT[:4] + [{"text": "a" * 40 + "b", "label": "a"}]
+  with pytest.raises(RunError) as raised:
+    _prepare(tmp_path, rows, SHORT[:4], tokenizer=tokenizer)
+  said = str(raised.value)
+  assert said.startswith(f"{tmp_path / 'train.jsonl'}: its tokenizer {path}: the `tokenizers` "
+                         f"library failed on a text (") and "\n" not in said, said
+  run = _fine_tuned("classify", ["a", "b"])
+  run = dataclasses.replace(run, tokenizer=Tokenizer.from_file("huggingface", path))
+  monkeypatch.setattr(predict, "read_run", lambda workdir: run)
+  (tmp_path / "run").mkdir()
+  given = _write(tmp_path / "in.jsonl", [{"text": "a" * 40 + "b"}])
+  with pytest.raises(RunError, match=r"^--input \S*in.jsonl: the run's tokenizer: the "
+                                     r"`tokenizers` library failed on a text \("):
+    predict.predict(str(tmp_path / "run"), given, str(tmp_path / "p.jsonl"))
 
 
 def _fine_tuned(task: str, labels: list | None) -> FineTuned:

@@ -383,6 +383,14 @@ def _check_unknown(path: str, counts: _Counts, tokenizer: Tokenizer) -> None:
           f"not tell apart what they stand for", file=sys.stderr)
 
 
+def _tokenized(chunks, tokenizer: Tokenizer, path: str):
+  """`chunks`, where the tokenizer failed on a text of `path` a RunError naming both."""
+  try:
+    yield from chunks
+  except tokenizer_lib.TokenizerFailure as e:
+    raise RunError(f"{path}: its tokenizer {tokenizer.spec.path}: {e}") from None
+
+
 def write_splits(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_file, encode,
            wanted: str, meta: dict) -> dict:
   """Writes each split's chunks, as `encode(source, counts)` yields them ({'tokens': rows of
@@ -395,7 +403,7 @@ def write_splits(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_fi
       source, counts[split] = sources.Source(path), _Counts()
       with contextlib.ExitStack() as files:
         opened = {}
-        for arrays in encode(source, counts[split]):
+        for arrays in _tokenized(encode(source, counts[split]), tokenizer, path):
           for name, array in arrays.items():
             if name not in opened:
               opened[name] = files.enter_context(

@@ -35,6 +35,7 @@ import sys
 
 import numpy as np
 
+from flax_encoder.tokenizer import TokenizerFailure
 from train import tasks
 from train.data import examples, sources
 from train.errors import RunError
@@ -108,6 +109,8 @@ def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
         bar.update(len(chunk))
   except OSError as e:
     raise RunError(f"--out {out_path}: cannot write it ({e.strerror or e})") from None
+  except TokenizerFailure as e:
+    raise RunError(f"--input {input_path}: the run's tokenizer: {e}") from None
   labelled = sum(not _unlabelled(t) for t in true)
   return Predicted(len(true), labelled, predictor.scores(true, predicted) if labelled else None)
 
