@@ -48,8 +48,7 @@ from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
 from flax_encoder import modules_json
 from flax_encoder.modules_json import (TRANSFORMER_CONFIGS, TRANSFORMERS, ModulesError,
                                        transformer_folder)
-from flax_encoder.tokenizer import (Template, Tokenizer, TokenizerFailure, encode_examples,
-                                    is_panic)
+from flax_encoder.tokenizer import Template, Tokenizer, TokenizerFailure, encode_examples
 
 # modules.json's type of each module this reads -> its kind. sentence-transformers names a
 # module by where its class lives: sentence_transformers.models.* up to 5, base.modules and
@@ -559,7 +558,7 @@ class SentenceEncoder:
     # the special ids around a text: the tokenizer's own unless the caller knows better (a
     # training run's, recorded with its data)
     self.template = template if template is not None else self._tokenizers(
-        lambda: tokenizer.template() or Template(), "the template's 'a' and 'b'")
+        lambda: tokenizer.template() or Template())
     if row_lengths is None:
       row_lengths = [n for n in ROW_LENGTHS if n < max_seq_length] + [max_seq_length]
     self.row_lengths = tuple(sorted(set(row_lengths)))
@@ -652,26 +651,20 @@ class SentenceEncoder:
     cut to max_seq_length as sentence-transformers cuts them."""
     ids = self._tokenizers(lambda: encode_examples(
         self.tokenizer, [prompt + t for t in texts], None, self.max_seq_length, 0,
-        self.template), "a text")
+        self.template))
     vocab = self.model.config.vocab_size
     if ids and max(int(i.max(initial=0)) for i in ids) >= vocab:
       raise EmbeddingError(f"the tokenizer gives ids past the model's vocabulary "
                            f"(vocab_size={vocab}): not this model's tokenizer")
     return ids
 
-  def _tokenizers(self, run, what: str):
-    """run(), a call into `tokenizers` on `what`; EmbeddingError naming the tokenizer's file
-    where `tokenizers` panics (a Split regex past Oniguruma's backtracking limit, say)."""
+  def _tokenizers(self, run):
+    """run(), a call into `tokenizers`; EmbeddingError naming the tokenizer's file where
+    `tokenizers` panics (a Split regex past Oniguruma's backtracking limit, say)."""
     try:
       return run()
     except TokenizerFailure as e:
       raise EmbeddingError(f"{self.tokenizer_file}: {e}") from None
-    except BaseException as e:  # noqa: BLE001 - a panic is no Exception
-      if not is_panic(e):
-        raise
-      said = (str(e).splitlines() or [""])[0]
-      raise EmbeddingError(f"{self.tokenizer_file}: the `tokenizers` library failed on {what} "
-                           f"({said}), expected a tokenizer that reads any text") from None
 
   def pack(self, ids: Sequence[np.ndarray], length: int | None = None) -> PackedRows:
     """Texts' ids (`tokenize`) packed into rows of `length` ids (default max_seq_length),

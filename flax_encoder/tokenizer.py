@@ -220,7 +220,7 @@ class Tokenizer:
     None for a tokenizer without one."""
     if self.kind != "huggingface" or self._model.post_processor is None:
       return None
-    encoding = self._model.encode("a", "b", add_special_tokens=True)
+    encoding = _reading(lambda: self._model.encode("a", "b", add_special_tokens=True))
     parts: list[list[int]] = [[], [], []]
     place = 0  # 0 before the first text, 1 between the texts, 2 after the second
     for token, sequence in zip(encoding.ids, encoding.sequence_ids):
@@ -228,7 +228,7 @@ class Tokenizer:
         parts[place].append(token + self.offset)
       else:
         place = 1 if sequence == 0 else 2
-    single = self._model.encode("a", add_special_tokens=True)
+    single = _reading(lambda: self._model.encode("a", add_special_tokens=True))
     if [t + self.offset for t, s in zip(single.ids, single.sequence_ids) if s is None] != (
         parts[0] + parts[2]):
       raise ValueError("the tokenizer's post-processor puts other special tokens around one "
