@@ -1,5 +1,6 @@
 """train.run.host: glibc malloc keeps a step's freed temporaries for the next step."""
 
+import os
 import platform
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import textwrap
 import pytest
 
 from tests.runs import ROOT
+from train.run import host
 
 # Allocates and frees a block of argv[2] MiB, as XLA:CPU does with a step's temporaries, and
 # prints (bytes newly mmapped while it is held, bytes of heap left after the free). Only the
@@ -53,3 +55,29 @@ def test_keep_freed_memory_keeps_blocks_over_2_gib():
   mmapped, heap_after_free = _probe("keep", mib=3 << 10)
   assert mmapped == 0
   assert heap_after_free >= 3 << 30
+
+
+def test_jemalloc_is_preloaded_where_installed_unless_glibc_is_asked_for(tmp_path, monkeypatch):
+  library = tmp_path / "libjemalloc.so.2"
+  monkeypatch.setattr(host, "JEMALLOC", (str(tmp_path / "absent.so"), str(library)))
+  assert host.jemalloc_environment({"PATH": "/bin"}) is None  # none installed
+  library.write_bytes(b"")
+  env = host.jemalloc_environment({"PATH": "/bin", "LD_PRELOAD": "libother.so"})
+  assert env == {"PATH": "/bin", "LD_PRELOAD": f"{library} libother.so"}
+  assert host.jemalloc_environment({host.MALLOC_ENV: "glibc"}) is None
+  assert host.jemalloc_environment({"LD_PRELOAD": str(library)}) is None  # preloaded already
+
+
+@pytest.mark.skipif(not any(os.path.isfile(p) for p in host.JEMALLOC),
+                    reason="jemalloc is not installed (Debian: libjemalloc2)")
+def test_the_program_runs_itself_again_with_jemalloc_and_says_when_it_cannot(tmp_path):
+  """With jemalloc the step's announced memory holds; with glibc's malloc (asked for) the
+  memory line says it may not."""
+  from tests import runs
+  note = "glibc's malloc: resident memory may grow past this"
+  ran = runs.train(str(tmp_path / "jemalloc"), "--config.train.num_steps=1",
+                   env=runs.environment())
+  assert "memory: the training step needs" in ran.stderr and note not in ran.stderr
+  ran = runs.train(str(tmp_path / "glibc"), "--config.train.num_steps=1",
+                   env={**runs.environment(), "FLAX_ENCODER_MALLOC": "glibc"})
+  assert note in ran.stderr

@@ -16,7 +16,7 @@ from ml_collections import config_flags
 import configs
 from train.errors import RunError
 from train.run import launch
-from train.run.host import keep_freed_memory
+from train.run.host import jemalloc_environment, keep_freed_memory
 
 
 def _no_such_field(error: BaseException) -> None:
@@ -137,4 +137,7 @@ def main(argv, given: dict | None = None):
 
 
 if __name__ == "__main__":
+  with_jemalloc = jemalloc_environment()  # see train/run/host.py
+  if with_jemalloc is not None:
+    os.execve(sys.executable, sys.orig_argv, with_jemalloc)  # the same command, same pid
   app.run(main, flags_parser=parse_flags)

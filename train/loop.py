@@ -19,7 +19,7 @@ from flax_encoder import sharding
 from train import tasks
 from train.data import pipeline
 from train.errors import RunError
-from train.run import launch, memory, optim, settings, throughput
+from train.run import host, launch, memory, optim, settings, throughput
 from train.run.checkpoint import Checkpointer
 from train.run.metrics import MetricWriter, read_metrics
 from train.run.plots import plot_run
@@ -324,7 +324,12 @@ def _compiled_step(task, tx, schedule, state, rows, config, mesh):
     compiled = step.lower(state, batch).compile()
   needs = memory.step_memory(compiled)
   if jax.process_index() == 0:
-    print(f"memory: {needs}", file=sys.stderr)
+    # On a CPU the step's temporaries are host memory, which glibc's heap fragments (see
+    # train/run/host.py): the figure holds with jemalloc.
+    held = ("" if jax.default_backend() != "cpu" or host.allocator() == "jemalloc" else
+            " (glibc's malloc: resident memory may grow past this as its heap fragments; "
+            "with jemalloc installed, libjemalloc2, python -m train holds it)")
+    print(f"memory: {needs}{held}", file=sys.stderr)
   memory.check_fits(needs)
   return compiled
 
