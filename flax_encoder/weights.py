@@ -91,3 +91,16 @@ def load_weights(path: str | os.PathLike, **settings) -> tuple[EncoderConfig, di
   dropout), the library's defaults where not given."""
   config, params, _ = read(path, ENCODER_FORMAT, **settings)
   return config, {"params": params}
+
+
+def first_nonfinite(params) -> tuple[str, str] | None:
+  """(path, 'NaN' or 'infinity') of the first floating array of `params` (numpy or jax, a
+  path as 'encoder/layers_0/w_o/kernel') that holds one; None where every value is finite."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    if not jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact):
+      continue
+    xp = np if isinstance(leaf, np.ndarray) else jax.numpy  # a jax.Array is checked in place
+    what = "NaN" if xp.isnan(leaf).any() else None if xp.isfinite(leaf).all() else "infinity"
+    if what:
+      return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path), what
+  return None

@@ -16,6 +16,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from flax_encoder import sharding
+from flax_encoder.weights import first_nonfinite
 from train import tasks
 from train.data import pipeline
 from train.errors import RunError
@@ -340,15 +341,10 @@ def _check_finite(start_params: dict, config, source: str | None) -> None:
   put down to the data or the learning rate."""
   init = config.get("init") or {}
   given = next((f"config.init.{name}" for name in optim.INITS if init.get(name)), "config.init")
-  for path, leaf in jax.tree_util.tree_flatten_with_path(start_params)[0]:
-    if not jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact):
-      continue
-    xp = np if isinstance(leaf, np.ndarray) else jax.numpy  # a jax.Array is checked in place
-    what = "NaN" if xp.isnan(leaf).any() else None if xp.isfinite(leaf).all() else "infinity"
-    if what:
-      name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-      raise RunError(f"{given}: {source}: its parameter {name} holds {what}, expected finite "
-                     f"weights to start from")
+  found = first_nonfinite(start_params)
+  if found:
+    raise RunError(f"{given}: {source}: its parameter {found[0]} holds {found[1]}, expected "
+                   f"finite weights to start from")
 
 
 def _with_params(state, start_params: dict):

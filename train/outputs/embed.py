@@ -121,7 +121,8 @@ class _NonFinite:
     """A broken model's parameters are what was asked (exit 2); where they are all finite,
     the computation overflowed (bfloat16, say): the run failed, not the request (exit 1)."""
     so_far = " read so far" if read < total else ""
-    where = first_nonfinite(params)
+    from flax_encoder.weights import first_nonfinite
+    where = (first_nonfinite(params) or (None,))[0]
     cause = (f"the model's parameter {where} holds NaN or inf" if where else
              "the model's parameters are finite (an overflow: try --dtype float32)")
     return RunError(f"--model {model}: {self.said(read)}{so_far} are not finite; {cause}; "
@@ -133,17 +134,6 @@ def _tokenizer_file(encoder) -> str:
   --model names."""
   spec = getattr(encoder.tokenizer, "spec", None)
   return f"{spec.path}: " if spec is not None and spec.path else ""
-
-
-def first_nonfinite(params) -> str | None:
-  """The path (encoder/…/kernel) of the first array of `params` holding NaN or inf; None
-  where there is none."""
-  import jax
-  import jax.numpy as jnp
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    if not bool(jnp.isfinite(leaf).all()):
-      return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-  return None
 
 
 def count_texts(source: sources.Source, input_path: str) -> int:
