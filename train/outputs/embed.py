@@ -19,7 +19,7 @@ newest checkpoint, pooling and normalization, its texts cut as its pairs were).
   .parquet  columns id (a string) and embedding (float32 [dim]), in input order
   .jsonl    {"id": ..., "embedding": [...]} a line, in input order
 
-Texts are embedded 4096 at a time, fewer where they are long (packed several to a row by
+Texts are embedded 1024 at a time, fewer where they are long (packed several to a row by
 `flax_encoder.embeddings.SentenceEncoder`) and each chunk is written before the next is read,
 so the input may be far larger than memory. --input is read twice (counted, then embedded), so
 it is a regular file, not a stream.
@@ -49,7 +49,7 @@ from train.data import examples, sources
 from train.errors import RunError
 from train.files import special_kind, unwritable_kind, written_whole
 
-_CHUNK = 4096  # texts in memory at once
+_CHUNK = 1024  # texts in memory at once, and between moves of the progress bar
 OUT_FORMATS = (".npy", ".parquet", ".jsonl")
 _SHOWN = 5  # ids of texts whose embeddings are not finite that a message names
 
