@@ -118,6 +118,20 @@ def read_hf_weights(path: str | os.PathLike) -> dict:
   raise HFError(f"{path}: no weights (expected one of {', '.join(WEIGHT_FILES)})")
 
 
+def lies_within(directory: str, file: str) -> bool:
+  """Whether `file`, its links resolved, is a file of `directory`: inside it, or, where it is a
+  snapshot of huggingface_hub's cache (each file a link to ../../blobs/<hash>), in the cache's
+  blobs."""
+  root = os.path.realpath(directory)
+  roots = [root]
+  parts = root.split(os.sep)
+  if "snapshots" in parts[:-1]:
+    at = len(parts) - 1 - parts[::-1].index("snapshots")
+    roots.append(os.sep.join(parts[:at] + ["blobs"]))
+  real = os.path.realpath(file)
+  return any(os.path.commonpath([r, real]) == r for r in roots)
+
+
 def _shard(directory: str, name: Any, index: str) -> str:
   """The file of the shard `name` that `index` names, refused where it is not a file within
   `directory` once resolved: an absolute path, `..` or a link out would load another model's
@@ -125,13 +139,7 @@ def _shard(directory: str, name: Any, index: str) -> str:
   if not isinstance(name, str):
     raise HFError(f"{index}: shard {name!r}, expected a file name")
   file = os.path.realpath(os.path.join(directory, name))
-  root = os.path.realpath(directory)
-  roots = [root]
-  parts = root.split(os.sep)
-  if "snapshots" in parts[:-1]:  # huggingface_hub's cache: each file links to ../../blobs/<hash>
-    at = len(parts) - 1 - parts[::-1].index("snapshots")
-    roots.append(os.sep.join(parts[:at] + ["blobs"]))
-  if not any(os.path.commonpath([r, file]) == r for r in roots):
+  if not lies_within(directory, file):
     raise HFError(f"{index}: shard {name!r} leads out of {directory} (to {file}), expected a "
                   f"file of the model directory")
   if not os.path.isfile(file):

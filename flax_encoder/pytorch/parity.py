@@ -56,6 +56,7 @@ import torch
 from flax_encoder.config import EncoderConfig
 from flax_encoder.embedding import sinusoidal_positions
 from flax_encoder.families import load_hf
+from flax_encoder.modules_json import read_json
 from flax_encoder.pytorch import reference
 from flax_encoder.pytorch.convert import (
     config_from_torch_state_dict,
@@ -71,7 +72,6 @@ from flax_encoder.pytorch.layouts import (
     find_encoder,
     strip_wrappers,
 )
-from flax_encoder.modules_json import read_json
 from flax_encoder.pytorch.report import (
     Row,
     check_finite,

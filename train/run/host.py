@@ -58,8 +58,11 @@ def jemalloc_environment(environ=None) -> dict | None:
 
 def allocator() -> str:
   """The malloc this process runs: 'jemalloc' where it is preloaded, else 'glibc'."""
-  with open("/proc/self/maps") if os.path.exists("/proc/self/maps") else open(os.devnull) as f:
-    return "jemalloc" if "libjemalloc" in f.read() else "glibc"
+  try:
+    with open("/proc/self/maps") as f:  # the libraries mapped into this process
+      return "jemalloc" if "libjemalloc" in f.read() else "glibc"
+  except OSError:  # no /proc: not Linux
+    return "glibc"
 
 
 def keep_freed_memory() -> bool:

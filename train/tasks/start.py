@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import stat
 
 import jax
 import numpy as np
@@ -26,6 +25,8 @@ from flax import serialization
 
 from flax_encoder import EncoderConfig, families
 from flax_encoder.classifier import HEAD_POOLINGS
+from flax_encoder.families.directory import lies_within
+from flax_encoder.modules_json import not_a_file
 from train.data import dataset
 from train.data.tokens import TokenizerSpec, hf_tokenizer_file
 from train.errors import RunError
@@ -128,25 +129,6 @@ def _from_hf(config, workdir: str) -> Start:
                    "head": heads.get("prediction_head")})
 
 
-def _roots(directory: str) -> list[str]:
-  """The folders the files of `directory` may lie in once links are resolved: its own, and in
-  huggingface_hub's cache (SNAPSHOTS/REV/NAME links to ../../blobs/HASH) the cache's blobs, as
-  flax_encoder.families.directory._shard allows them."""
-  root = os.path.realpath(directory)
-  parts = root.split(os.sep)
-  if "snapshots" not in parts[:-1]:
-    return [root]
-  at = len(parts) - 1 - parts[::-1].index("snapshots")
-  return [root, os.sep.join(parts[:at] + ["blobs"])]
-
-
-def _kind(mode: int) -> str:
-  kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO (named pipe)",
-           stat.S_ISSOCK: "a socket", stat.S_ISCHR: "a character device",
-           stat.S_ISBLK: "a block device"}
-  return next((name for test, name in kinds.items() if test(mode)), "no regular file")
-
-
 def start_files(directory: str) -> dict[str, list[str]]:
   """{name: its paths} of the files of START_READ the Hugging Face `directory` holds (at its
   top, then in its Transformer module's folder, where it is a sentence-transformers folder),
@@ -156,23 +138,21 @@ def start_files(directory: str) -> dict[str, list[str]]:
     folders = dict.fromkeys((directory, families.model_directory(directory)))
   except ValueError as e:
     raise RunError(f"config.init.hf: {e}".splitlines()[0]) from None
-  roots, found = _roots(directory), {}
+  found = {}
   for folder in folders:
     for name in START_READ:
       file = os.path.join(folder, name)
       if not os.path.lexists(file):
         continue
-      real = os.path.realpath(file)
-      if not any(os.path.commonpath([root, real]) == root for root in roots):
-        raise RunError(f"config.init.hf: {file}: a link to {real}, outside {directory}, "
-                       f"expected a file of the directory (the run and its exports would "
-                       f"hold another file)")
-      try:
-        mode = os.stat(file).st_mode
-      except FileNotFoundError:
+      if not lies_within(directory, file):
+        raise RunError(f"config.init.hf: {file}: a link to {os.path.realpath(file)}, outside "
+                       f"{directory}, expected a file of the directory (the run and its "
+                       f"exports would hold another file)")
+      if not os.path.exists(file):
         continue  # a link to nothing within it: no such file, as every reader finds it
-      if not stat.S_ISREG(mode):
-        raise RunError(f"config.init.hf: {file}: {_kind(mode)}, expected a regular file")
+      what = not_a_file(file)
+      if what is not None:
+        raise RunError(f"config.init.hf: {file}: {what}, expected a regular file")
       found.setdefault(name, []).append(file)
   return found
 
