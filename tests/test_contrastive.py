@@ -21,7 +21,7 @@ from train.data import pipeline
 from train.errors import RunError
 from train.loop import evaluate
 from train.task import Resume
-from train.tasks import contrastive
+from train.tasks import contrastive, packed_pairs
 from train.tasks.contrastive import ContrastiveTask, RankingLoss, SentenceEmbedder
 
 
@@ -113,14 +113,44 @@ def _tokens(rng, rows, seq=12):
   return np.where(np.arange(seq)[None] < lengths[:, None], ids, 0).astype(np.int32)
 
 
-@pytest.mark.parametrize("mini_batch", [2, 4])
-def test_gradcache_gives_the_plain_loss_and_gradient(mini_batch):
-  rng = np.random.default_rng(0)
-  batch = {"anchor": _tokens(rng, 8), "positive": _tokens(rng, 8), "negative": _tokens(rng, 8),
-           "has_negative": np.array([1, 1, 0, 1, 0, 1, 1, 1], np.uint8)}
+def _packed(rows: dict, seq: int = 12, shards: int = 1, chunks: int = 1) -> dict:
+  """The pairs `rows` ({'anchor': [b, seq], …}) as one packed batch, as the pipeline packs it."""
+  packer = packed_pairs.PairPacker(packed_pairs.text_lengths(rows, TINY.pad_id), seq,
+                                   TINY.pad_id, len(rows["anchor"]), shards, chunks)
+  return packer(np.arange(len(rows["anchor"])), rows, 0)
+
+
+def _pairs(seed: int, b: int = 8) -> dict:
+  rng = np.random.default_rng(seed)
+  return {"anchor": _tokens(rng, b), "positive": _tokens(rng, b), "negative": _tokens(rng, b),
+          "has_negative": np.array([1, 1, 0, 1, 0, 1, 1, 1], np.uint8)[:b]}
+
+
+def test_a_packed_batch_gives_the_loss_and_gradient_of_each_text_encoded_alone():
+  rows, loss = _pairs(0), RankingLoss(symmetric=True, dims=(32, 8))
+  rows["anchor"][0, 5] = TINY.pad_id  # a pad id within a text is padding there too
+  task = _task(loss=loss, eval_pairs=2)
+  params, key = _params(task), jax.random.PRNGKey(1)
+  batch = _packed(rows)
+  assert len(batch["tokens"]) < 24  # the 22 texts share rows
+
+  def alone(params):
+    texts = [task.embed(params, (rows[name],)) for name in ("anchor", "positive", "negative")]
+    return loss(*texts, rows["has_negative"])
+
+  packed_loss, packed_grads = jax.jit(jax.value_and_grad(task.loss_sum))(params, batch, key)
+  alone_loss, alone_grads = jax.value_and_grad(alone)(params)
+  assert float(packed_loss) == pytest.approx(float(alone_loss), rel=1e-6)
+  assert _norm(alone_grads) > 1e-2  # a gradient to compare
+  chex.assert_trees_all_close(packed_grads, alone_grads, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("chunks", [2, 4])
+def test_gradcache_gives_the_plain_loss_and_gradient(chunks):
+  batch = _packed(_pairs(0), chunks=chunks)
+  assert len(batch["tokens"]) % chunks == 0
   loss = RankingLoss(symmetric=True, dims=(32, 8))
-  plain, cached = _task(loss=loss, eval_pairs=2), _task(loss=loss, eval_pairs=2,
-                                                        mini_batch=mini_batch)
+  plain, cached = _task(loss=loss, eval_pairs=2), _task(loss=loss, eval_pairs=2, chunks=chunks)
   params, key = _params(plain), jax.random.PRNGKey(1)
   grad = lambda task: jax.jit(jax.value_and_grad(task.loss_sum))(params, batch, key)
   (plain_loss, plain_grads), (cached_loss, cached_grads) = grad(plain), grad(cached)
@@ -144,7 +174,7 @@ def test_the_held_out_embeddings_are_put_together_over_padded_batches():
   sums = evaluate(jax.jit(task.eval_sums), params, batches)
   assert sums["count"] == 5
   for name in ("anchor", "positive"):
-    np.testing.assert_allclose(sums[name + "s"], task.embed(params, rows[name]), atol=1e-6)
+    np.testing.assert_allclose(sums[name + "s"], task.embed(params, (rows[name],)), atol=1e-6)
   metrics = task.eval_metrics(sums)
   similarity = _unit(sums["anchors"]) @ _unit(sums["positives"]).T
   assert metrics["mrr_at_10"] == pytest.approx(
@@ -158,9 +188,9 @@ def test_cls_pooling_takes_the_first_token_and_mean_pooling_leaves_padding_out()
   tokens = _tokens(rng, 3)
   mean, cls = _task(eval_pairs=2), _task(eval_pairs=2, pooling="cls")
   params = _params(mean)
-  alone = [mean.embed(params, tokens[i:i + 1, :int((tokens[i] > 0).sum())]) for i in range(3)]
-  np.testing.assert_allclose(mean.embed(params, tokens), np.concatenate(alone), atol=1e-5)
-  assert not np.allclose(cls.embed(params, tokens), mean.embed(params, tokens))
+  alone = [mean.embed(params, (tokens[i:i + 1, :int((tokens[i] > 0).sum())],)) for i in range(3)]
+  np.testing.assert_allclose(mean.embed(params, (tokens,)), np.concatenate(alone), atol=1e-5)
+  assert not np.allclose(cls.embed(params, (tokens,)), mean.embed(params, (tokens,)))
 
 
 # ---------------------------------------------------------------------------------------------

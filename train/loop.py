@@ -146,6 +146,9 @@ class _Progress:
               "data_wait_fraction": self.data_wait_s / (now - self.start), **shares}
     if self.flops_at_peak:
       window["mfu"] = self.flops_at_peak * len(fetched) / (now - self.start)
+    resident = host.resident_bytes()
+    if resident is not None:  # the process's, at the end of the window: it should stay flat
+      window["host_resident_gb"] = resident / 1e9
     if self.profiled:
       window["profiled"] = 1.0
     self.start, self.tokens, self.data_wait_s, self.profiled = now, 0, 0.0, False
@@ -223,8 +226,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     mesh = _mesh(config)
     record = {"config": config.to_json(), **setup.record}
 
+    packer = setup.packer and setup.packer(mesh.shape["data"] * mesh.shape["fsdp"])
     train_iter = pipeline.TrainBatches(setup.train, train_config.batch_size, train_config.seed,
-                                   config.data.workers, sources=setup.sources)
+                                   config.data.workers, sources=setup.sources, pack=packer)
     stack.callback(train_iter.close)
     writer = MetricWriter(workdir) if primary else None
     if writer:
@@ -237,7 +241,13 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
                      setup.eval, train_config.batch_size, setup.eval_fill))]
     # Compiled for the state's shapes and layout, and checked to fit, before it is allocated.
     target = abstract_state(task, tx, train_config.seq_len, mesh)
-    train_step = _compiled_step(task, tx, schedule, target, setup.train, config, mesh)
+    train_step = _Steps(task, tx, schedule, target, config, mesh)
+    if packer is None:
+      train_step.compile(jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+          (train_config.batch_size, *x.shape[1:]), x.dtype), setup.train))
+    else:  # the shape that holds the first batches: most batches, with texts' lengths as random
+      train_step.compile(packer.spec(max(packer.rows(train_iter.batch_indices(k))
+                                         for k in range(min(num_steps, _PACKED_SAMPLE)))))
     if resume is None:
       state = init_state(task, tx, train_config.seed, train_config.seq_len, mesh)
       if setup.start_params is not None:
@@ -252,7 +262,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
     step = int(state.step)
     bar = stack.enter_context(tqdm(total=num_steps, initial=step, desc="train",
                                    unit="step", dynamic_ncols=True, disable=not primary))
-    flops, peak = throughput.step_flops(train_step), throughput.flops_per_second_peak()
+    flops, peak = throughput.step_flops(train_step.first), throughput.flops_per_second_peak()
     progress = _Progress(writer, bar, train_config.log_every,
                          flops / peak if flops and peak else None)
     profiler = _Profiler(train_config.profile_start, train_config.profile_steps,
@@ -309,30 +319,60 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
   return exit_code
 
 
-def _compiled_step(task, tx, schedule, state, rows, config, mesh):
-  """The training step for `state` (arrays or their shapes, dtypes and shardings), compiled
-  before the first batch, its memory and the state's checked against the devices' (a
-  RunError if they cannot fit) and logged."""
-  # The state keeps its layout from step to step (no recompiles, donation reuses its buffers).
-  state_shardings = jax.tree.map(lambda x: x.sharding, state)
-  step = jax.jit(make_train_step(task, tx, schedule, config.train.grad_accum_steps),
-                 out_shardings=(state_shardings, None), donate_argnums=0)
-  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-      (config.train.batch_size, *x.shape[1:]), x.dtype, sharding=sharding.batch_sharding(mesh)),
-                       rows)
-  # The mesh and the rules in context let the encoder constrain its activations' layout.
-  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.RULES):
-    compiled = step.lower(state, batch).compile()
-  needs = memory.step_memory(compiled)
-  if jax.process_index() == 0:
-    # On a CPU the step's temporaries are host memory, which glibc's heap fragments (see
-    # train/run/host.py): the figure holds with jemalloc.
-    held = ("" if jax.default_backend() != "cpu" or host.allocator() == "jemalloc" else
-            " (glibc's malloc: resident memory may grow past this as its heap fragments; "
-            "with jemalloc installed, libjemalloc2, python -m train holds it)")
-    print(f"memory: {needs}{held}", file=sys.stderr)
-  memory.check_fits(needs)
-  return compiled
+# The batches whose packed shape the step is compiled for first.
+_PACKED_SAMPLE = 100
+
+
+class _Steps:
+  """The training step, compiled for each shape of batch before a batch of it runs, its
+  memory checked against the devices' (a RunError if it cannot fit) and logged: one shape,
+  or a few counts of rows for packed batches (train.tasks.packed_pairs), the first compiled
+  for the most rows the first batches need."""
+
+  def __init__(self, task, tx, schedule, state, config, mesh):
+    self.state, self.mesh, self.compiled, self.first = state, mesh, {}, None
+    # The state keeps its layout from step to step (no recompiles, donation reuses its buffers).
+    self.jitted = jax.jit(make_train_step(task, tx, schedule, config.train.grad_accum_steps),
+                          out_shardings=(jax.tree.map(lambda x: x.sharding, state), None),
+                          donate_argnums=0)
+
+  def compile(self, batch):
+    """The step compiled for `batch` (arrays or their shapes and dtypes)."""
+    spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=sharding.batch_sharding(self.mesh)), batch)
+    # The mesh and the rules in context let the encoder constrain its activations' layout.
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.RULES):
+      compiled = self.jitted.lower(self.state, spec).compile()
+    needs = memory.step_memory(compiled)
+    # Packed batches that need fewer rows than the first compile steps of their own that fit
+    # in its memory: no need to say each.
+    quiet = self.first is not None and needs.needed <= memory.step_memory(self.first).needed
+    if jax.process_index() == 0 and not quiet:
+      # On a CPU the step's temporaries are host memory, which glibc's heap fragments (see
+      # train/run/host.py): the figure holds with jemalloc.
+      held = ("" if jax.default_backend() != "cpu" or host.allocator() == "jemalloc" else
+              " (glibc's malloc: resident memory may grow past this as its heap fragments; "
+              "with jemalloc installed, libjemalloc2, python -m train holds it)")
+      rows = spec["tokens"].shape if isinstance(spec, dict) and "tokens" in spec else None
+      said = str(needs)
+      if rows and self.first is None:
+        held = (f" (batches packed into {rows[0]} rows of {rows[1]} ids; a batch that needs "
+                f"more compiles a step of its own){held}")
+      elif rows:
+        said = f"a batch needs {rows[0]} packed rows: {said}"
+      print(f"memory: {said}{held}", file=sys.stderr)
+    memory.check_fits(needs)
+    self.compiled[_shapes(batch)] = compiled
+    self.first = self.first or compiled
+    return compiled
+
+  def __call__(self, state, batch):
+    compiled = self.compiled.get(_shapes(batch)) or self.compile(batch)
+    return compiled(state, batch)
+
+
+def _shapes(batch) -> tuple:
+  return tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(batch))
 
 
 def _check_finite(start_params: dict, config, source: str | None) -> None:

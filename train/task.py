@@ -102,6 +102,9 @@ class Setup:
     start_params: parameters to start from by their top-level name (the encoder's, a
       classifier's), replacing the fresh ones; None: a fresh init.
     sources: where the training rows are those of several datasets (train.data.dataset.Sources).
+    packer: for a task whose batches are packed on the host: shards -> a packer
+      (train.tasks.packed_pairs.PairPacker) of batches split over that many devices; None:
+      a batch is its rows as they are.
   """
 
   task: Task
@@ -112,6 +115,7 @@ class Setup:
   record: dict
   start_params: dict | None = None
   sources: Any = None
+  packer: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

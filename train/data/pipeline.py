@@ -80,16 +80,18 @@ class _MappedFile:
 
 class _ReadRows(grain.transforms.Map):
   """A batch of row indices -> this process's rows of those rows of `source`, an array or a
-  dict of arrays with one leading axis (one fancy index each); with `starts` (Sources.starts),
-  also how many rows of the whole batch each source gave."""
+  dict of arrays with one leading axis (one fancy index each), packed by `pack` where given;
+  with `starts` (Sources.starts), also how many rows of the whole batch each source gave."""
 
-  def __init__(self, source, rows: slice, starts: tuple[int, ...] | None = None):
-    self.source, self.rows, self.starts = source, rows, starts
+  def __init__(self, source, rows: slice, starts: tuple[int, ...] | None = None, pack=None):
+    self.source, self.rows, self.starts, self.pack = source, rows, starts, pack
 
   def map(self, indices):
     indices = np.asarray(indices)
     at = indices[self.rows]
     rows = jax.tree.map(lambda x: np.asarray(x[at]), self.source)
+    if self.pack is not None:
+      rows = self.pack(indices, rows, self.rows.indices(len(indices))[0])
     if self.starts is None:
       return rows
     of = np.searchsorted(self.starts, indices, side="right") - 1
@@ -97,10 +99,10 @@ class _ReadRows(grain.transforms.Map):
 
   def __getstate__(self):
     return {"source": jax.tree.map(_MappedFile.of, self.source), "rows": self.rows,
-            "starts": self.starts}
+            "starts": self.starts, "pack": self.pack}
 
   def __setstate__(self, state):
-    self.rows, self.starts = state["rows"], state["starts"]
+    self.rows, self.starts, self.pack = state["rows"], state["starts"], state["pack"]
     self.source = jax.tree.map(lambda x: x.open() if isinstance(x, _MappedFile) else x,
                                state["source"])
 
@@ -124,10 +126,13 @@ class TrainBatches:
   With `sources` (the rows of several datasets), `shares()` tells how many of the rows
   delivered came from each; with their weights, each source is reshuffled every epoch of its
   own and grain's mixing draws from them in those proportions.
+
+  With `pack` (train.tasks.packed_pairs.PairPacker), each batch is its packing of the rows:
+  pack(the global batch's row indices, this process's rows, its first row in the batch).
   """
 
   def __init__(self, source, batch_size: int, seed: int, workers: int = 0,
-               rows: slice | None = None, sources: Sources | None = None):
+               rows: slice | None = None, sources: Sources | None = None, pack=None):
     count = len(jax.tree.leaves(source)[0])
     if count < batch_size:
       raise RunError(f"config.train.batch_size: {batch_size}, expected at most the "
@@ -144,9 +149,8 @@ class TrainBatches:
           sources.weights)
     else:
       indices = grain.MapDataset.range(count).shuffle(seed=seed).repeat()
-    self._dataset = (indices
-                     .batch(batch_size, drop_remainder=True)
-                     .map(_ReadRows(source, rows, sources and sources.starts)))
+    self._indices = indices.batch(batch_size, drop_remainder=True)
+    self._dataset = self._indices.map(_ReadRows(source, rows, sources and sources.starts, pack))
     self._iterator = None
     self._start(0)
 
@@ -161,6 +165,10 @@ class TrainBatches:
 
   def __iter__(self):
     return self
+
+  def batch_indices(self, position: int) -> np.ndarray:
+    """The row indices of global batch `position` (counting from 0)."""
+    return np.asarray(self._indices[position])
 
   def __next__(self) -> np.ndarray:
     if self._iterator is None:

@@ -65,6 +65,15 @@ def allocator() -> str:
     return "glibc"
 
 
+def resident_bytes() -> int | None:
+  """This process's resident memory now (None where there is no /proc: not Linux)."""
+  try:
+    with open("/proc/self/statm") as f:
+      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  except (OSError, ValueError, IndexError):
+    return None
+
+
 def keep_freed_memory() -> bool:
   """Sets glibc malloc to keep and reuse freed memory. Returns False where libc is not glibc.
 

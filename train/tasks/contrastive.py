@@ -24,6 +24,7 @@ config.data.eval_pairs lines), not only those of its batch: MRR@10, nDCG@10, rec
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Iterator
 
@@ -34,6 +35,8 @@ import numpy as np
 
 from flax_encoder import EncoderConfig, families
 from flax_encoder.classifier import pool
+from flax_encoder.embeddings import pool as pool_segments
+from flax_encoder.embeddings import segments_per_row
 from flax_encoder.encoder import Encoder
 from flax_encoder.tokenizer import Template, example_ids
 from train.data import dataset, examples, sources
@@ -42,7 +45,7 @@ from train.files import sha256_bytes
 from train.run.load import load_params, recorded_encoder_config
 from train.task import FREE, Definition, Field, HFModel, Plots, Resume, Setup, boolean, choice
 from train.task import integer, number, string
-from train.tasks import finetune, tokenizing
+from train.tasks import finetune, packed_pairs, tokenizing
 from train.tasks.start import start_params, start_pooler
 
 POOLINGS = ("mean", "cls")
@@ -63,13 +66,20 @@ class SentenceEmbedder(nn.Module):
   check_traced_ids: bool = True  # as Encoder's
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
-    """int [batch, seq] -> [batch, d_model]."""
+  def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None, *, deterministic: bool = True) -> jax.Array:
+    """int [batch, seq] -> [batch, d_model]; packed rows (`segment_ids`, `positions` as
+    flax_encoder.embeddings.embed takes them) -> [batch, segments_per_row(seq), d_model],
+    each text pooled as if alone, zeros where a row has no such segment."""
     hidden = Encoder(self.config, self.check_traced_ids, name="encoder")(
-        tokens, deterministic=deterministic)
-    pooled = pool(hidden, tokens != self.config.pad_id,
-                  "first" if self.pooling == "cls" else "mean")
-    return pooled.astype(jnp.float32)
+        tokens, segment_ids=segment_ids, positions=positions, deterministic=deterministic)
+    if segment_ids is None:
+      pooled = pool(hidden, tokens != self.config.pad_id,
+                    "first" if self.pooling == "cls" else "mean")
+      return pooled.astype(jnp.float32)
+    segments = segments_per_row(tokens.shape[1])
+    pooled, _ = pool_segments((self.pooling,), hidden, segment_ids, positions, segments)
+    return pooled.reshape(tokens.shape[0], segments, -1)
 
 
 def unit(x):
@@ -129,11 +139,13 @@ def _unchunk(x):
   return jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:])
 
 
-Embed = Callable[[object, jax.Array, jax.Array], jax.Array]  # (params, tokens, rng) -> [n, d]
+# (params, rows: a tuple of arrays [n, ...], rng) -> [n, ...]
+Embed = Callable[[object, tuple, jax.Array], jax.Array]
 
 
-def cached(embed: Embed, mini_batch: int) -> Embed:
-  """`embed` over all rows, `mini_batch` rows at a time, keeping no activations: GradCache.
+def cached(embed: Embed, chunks: int) -> Embed:
+  """`embed` over all rows in `chunks` chunks, one at a time, keeping no activations:
+  GradCache.
 
   The step differentiates the loss with jax.value_and_grad, which would keep every row's
   activations; a custom VJP instead runs the encoder forward chunk by chunk without them
@@ -145,18 +157,19 @@ def cached(embed: Embed, mini_batch: int) -> Embed:
   def run_chunk(params, c, chunk, rng):
     return embed(params, chunk, jax.random.fold_in(rng, c))
 
-  @jax.custom_vjp
-  def embed_all(params, tokens, rng):
-    k = tokens.shape[0] // mini_batch
-    chunked = (jnp.arange(k), _chunks(tokens, k))
-    return _unchunk(jax.lax.map(lambda c: run_chunk(params, *c, rng), chunked))
+  def split(rows):
+    return jax.tree.map(lambda x: _chunks(x, chunks), rows)
 
-  def forward(params, tokens, rng):
-    return embed_all(params, tokens, rng), (params, tokens, rng)
+  @jax.custom_vjp
+  def embed_all(params, rows, rng):
+    return _unchunk(jax.lax.map(lambda c: run_chunk(params, *c, rng),
+                                (jnp.arange(chunks), split(rows))))
+
+  def forward(params, rows, rng):
+    return embed_all(params, rows, rng), (params, rows, rng)
 
   def backward(saved, grad_embeddings):
-    params, tokens, rng = saved
-    k = tokens.shape[0] // mini_batch
+    params, rows, rng = saved
 
     def add(total, inputs):
       c, chunk, grad_chunk = inputs
@@ -164,8 +177,8 @@ def cached(embed: Embed, mini_batch: int) -> Embed:
       return jax.tree.map(lambda t, g: t + g.astype(jnp.float32), total, vjp(grad_chunk)[0]), None
 
     zero = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)  # bf16 sums drift
-    total, _ = jax.lax.scan(add, zero, (jnp.arange(k), _chunks(tokens, k),
-                                        _chunks(grad_embeddings, k)))
+    total, _ = jax.lax.scan(add, zero, (jnp.arange(chunks), split(rows),
+                                        _chunks(grad_embeddings, chunks)))
     return jax.tree.map(lambda t, p: t.astype(p.dtype), total, params), None, None
 
   embed_all.defvjp(forward, backward)
@@ -201,15 +214,16 @@ def _unit_np(x: np.ndarray) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class ContrastiveTask:
   """Contrastive training as `train.run.step` runs it (`train.task.Task`). A training batch
-  holds 'anchor' and 'positive' [batch, seq] ids, and 'negative' [batch, seq] with
-  'has_negative' [batch] where the training file has hard negatives. A held-out batch holds
-  'anchor', 'positive' and 'index' [batch], the pair's row among the `eval_pairs` (-1 pads
-  the last batch)."""
+  is packed (train.tasks.packed_pairs): 'tokens', 'segment_ids' and 'positions' [rows, seq]
+  hold the texts, and 'anchor_slot', 'positive_slot' [batch] say where each pair's texts are
+  among the rows' segments; 'negative_slot' and 'has_negative' [batch] where the training
+  file has hard negatives. A held-out batch holds 'anchor', 'positive' [batch, seq] and
+  'index' [batch], the pair's row among the `eval_pairs` (-1 pads the last batch)."""
 
   model: SentenceEmbedder
   loss: RankingLoss
   eval_pairs: int
-  mini_batch: int | None = None  # GradCache's, None: the batch at once
+  chunks: int | None = None  # GradCache's: the rows embedded in this many chunks; None: at once
 
   def init(self, rng: jax.Array, seq_len: int):
     return self.model.init(rng, jnp.ones((1, seq_len), jnp.int32))["params"]
@@ -217,21 +231,23 @@ class ContrastiveTask:
   def batch(self, rows: dict, key: jax.Array) -> dict:
     return rows  # nothing drawn
 
-  def embed(self, params, tokens: jax.Array, dropout_rng: jax.Array | None = None):
+  def embed(self, params, rows: tuple, dropout_rng: jax.Array | None = None):
+    """SentenceEmbedder of `rows`: (tokens,) or packed (tokens, segment_ids, positions)."""
     if dropout_rng is None:
-      return self.model.apply({"params": params}, tokens)
-    return self.model.apply({"params": params}, tokens, deterministic=False,
+      return self.model.apply({"params": params}, *rows)
+    return self.model.apply({"params": params}, *rows, deterministic=False,
                             rngs={"dropout": dropout_rng})
 
   def loss_count(self, batch: dict) -> jax.Array:
-    return jnp.asarray(batch["anchor"].shape[0], jnp.float32)
+    return jnp.asarray(batch["anchor_slot"].shape[0], jnp.float32)
 
   def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
-    texts = [batch[name] for name in TEXTS if name in batch]
-    tokens = jnp.concatenate(texts)  # one pass over anchors, positives (and negatives)
-    embed = cached(self.embed, self.mini_batch) if self.mini_batch else self.embed
-    embeddings = jnp.split(embed(params, tokens, dropout_rng), len(texts))
-    return self.loss(*embeddings, batch.get("has_negative"))
+    rows = (batch["tokens"], batch["segment_ids"], batch["positions"])
+    embed = cached(self.embed, self.chunks) if self.chunks else self.embed
+    pooled = embed(params, rows, dropout_rng)  # [rows, segments, d]
+    flat = pooled.reshape(-1, pooled.shape[-1])
+    texts = [flat[batch[f"{name}_slot"]] for name in TEXTS if f"{name}_slot" in batch]
+    return self.loss(*texts, batch.get("has_negative"))
 
   def eval_sums(self, params, batch: dict) -> dict:
     """Each pair's embeddings at its row of [eval_pairs, d] arrays (zeros elsewhere): the
@@ -242,7 +258,7 @@ class ContrastiveTask:
     rows = jnp.where(valid, index, self.eval_pairs)  # past the end: dropped
 
     def place(tokens):
-      embeddings = self.embed(params, tokens)
+      embeddings = self.embed(params, (tokens,))
       empty = jnp.zeros((self.eval_pairs, embeddings.shape[-1]), embeddings.dtype)
       return empty.at[rows].add(embeddings, mode="drop")
 
@@ -270,7 +286,7 @@ class ContrastiveTask:
 
   @staticmethod
   def token_count(rows: dict) -> int:
-    return int(sum(rows[name].size for name in TEXTS if name in rows))
+    return int(rows["tokens"].size)  # the packed rows', padding included
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,9 +436,12 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   count = len(held_out["anchor"])
   held_out["index"] = np.arange(count, dtype=np.int32)
   model = SentenceEmbedder(cfg, config.task.pooling, check_traced_ids=False)  # tokenized here
+  texts = sum(name in loaded["train"] for name in TEXTS) * config.train.batch_size
+  # GradCache's chunks hold mini_batch texts each, on average
+  chunks = texts // config.task.mini_batch if config.task.cached else None
   task = ContrastiveTask(model, RankingLoss(float(config.task.scale), config.task.symmetric,
-                                            dims),
-                         count, config.task.mini_batch if config.task.cached else None)
+                                            dims), count, chunks)
+  lengths = packed_pairs.text_lengths(loaded["train"], prepared.pad_id)
   negatives = "with hard negatives" if "negative" in loaded["train"] else "no hard negatives"
   ranked = (f", the first {count} of them ranked" if count < loaded["meta"]["examples"]["eval"]
             else "")
@@ -436,7 +455,10 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                        "pooling": model.pooling, "normalize": config.task.normalize,
                        "matryoshka_dims": list(dims), "similarity": "cosine",
                        "scale": float(config.task.scale)},
-               start_params=start_params(prepared.start, cfg, config, 0))
+               start_params=start_params(prepared.start, cfg, config, 0),
+               packer=functools.partial(packed_pairs.PairPacker, lengths, config.train.seq_len,
+                                        prepared.pad_id, config.train.batch_size,
+                                        multiple=chunks or 1))
 
 
 def check(config) -> None:

@@ -1,0 +1,153 @@
+"""A batch of pairs packed for the contrastive step: the texts of each device's pairs laid
+one after another in rows of seq_len ids, as train.embed packs a corpus.
+
+The batch's B pairs are split over its `shards` (the devices the batch is split over), B /
+shards each. A shard's texts (anchors, positives and hard negatives) are packed first-fit,
+longest first, into `rows` rows of its own, at most `segments_per_row(seq_len)` texts a row;
+every shard has the same count of rows, the smallest of a few fixed counts (`row_counts`)
+that holds the fullest shard's texts, so that the step compiles for a few shapes only. Each
+text's embedding is then found at its slot, row * segments + its segment - 1, of the flat
+[all rows * segments] embeddings the step pools.
+
+The count of rows depends only on the lengths of the batch's texts, which every process
+knows (`text_lengths`, read once from the prepared rows), so processes that each pack only
+their own shards agree on it, and a resumed run packs each batch as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from flax_encoder.embeddings import assign_rows, fill_rows, segments_per_row
+
+TEXTS = ("anchor", "positive", "negative")
+SHRINK = 0.8  # each row count of `row_counts` is at most this fraction of the next
+_CHUNK_ROWS = 1 << 16  # prepared rows measured at a time
+
+
+def text_lengths(rows: dict, pad_id: int) -> dict[str, np.ndarray]:
+  """{text: int32 [n]}: the ids of each prepared text of `rows` ({'anchor': [n, seq_len], …})
+  up to its last non-padding one (0: a line without a hard negative)."""
+  lengths = {}
+  for name in TEXTS:
+    if name not in rows:
+      continue
+    ids = rows[name]
+    out = np.zeros(len(ids), np.int32)
+    for start in range(0, len(ids), _CHUNK_ROWS):
+      real = np.asarray(ids[start:start + _CHUNK_ROWS]) != pad_id
+      last = real.shape[1] - np.argmax(real[:, ::-1], axis=1)
+      out[start:start + len(real)] = np.where(real.any(axis=1), last, 0)
+    lengths[name] = out
+  return lengths
+
+
+def row_counts(most: int, multiple: int) -> list[int]:
+  """The counts of rows a shard may have, ascending: `most` (rounded up to a multiple of
+  `multiple`), then each about SHRINK times the next, each a multiple of `multiple`."""
+  counts, n = [], -(-most // multiple) * multiple
+  while n >= multiple and (not counts or n < counts[-1]):
+    counts.append(n)
+    n = int(np.ceil(n * SHRINK / multiple)) * multiple
+    if n == counts[-1]:
+      n -= multiple
+  return counts[::-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class PairPacker:
+  """Packs batches of pairs (module docstring). `lengths`: `text_lengths` of the training
+  rows; `batch_size`: pairs in a global batch, split over `shards`; `multiple`: each shard's
+  rows are a multiple of it (GradCache's chunks, which take rows c, c + k, … of a shard)."""
+
+  lengths: dict
+  seq_len: int
+  pad_id: int
+  batch_size: int
+  shards: int
+  multiple: int = 1
+
+  @property
+  def segments(self) -> int:
+    return segments_per_row(self.seq_len)
+
+  @property
+  def counts(self) -> list[int]:
+    texts = len(self.lengths) * self.batch_size // self.shards  # one text a row at most
+    return row_counts(texts, self.multiple)
+
+  def _assign(self, lengths: list[int]) -> tuple[np.ndarray, int]:
+    row_of, kinds = assign_rows(lengths, [self.seq_len], [self.segments])
+    return row_of, len(kinds)
+
+  def _shard_lengths(self, indices: np.ndarray, shard: int) -> list[int]:
+    """The lengths of shard `shard`'s texts, anchors first, then positives, then negatives
+    (a line without one: none)."""
+    per = self.batch_size // self.shards
+    mine = indices[shard * per:(shard + 1) * per]
+    out = []
+    for name in TEXTS:
+      if name in self.lengths:
+        out.extend(int(n) for n in self.lengths[name][mine] if n)
+    return out
+
+  def rows(self, indices) -> int:
+    """The rows each shard has in the batch of global pair indices `indices`."""
+    indices = np.asarray(indices)
+    need = max(self._assign(self._shard_lengths(indices, s))[1] for s in range(self.shards))
+    return next(n for n in self.counts if n >= need)
+
+  def spec(self, rows: int) -> dict:
+    """The global shapes and dtypes of a packed batch whose shards have `rows` rows each."""
+    total = (self.shards * rows, self.seq_len)
+    spec = {name: jax.ShapeDtypeStruct(total, np.int32)
+            for name in ("tokens", "segment_ids", "positions")}
+    for name in self.lengths:
+      spec[f"{name}_slot"] = jax.ShapeDtypeStruct((self.batch_size,), np.int32)
+    if "negative" in self.lengths:
+      spec["has_negative"] = jax.ShapeDtypeStruct((self.batch_size,), np.uint8)
+    return spec
+
+  def __call__(self, indices, rows: dict, first_pair: int) -> dict:
+    """This process's part of the packed batch: `rows` are its pairs' ids ({'anchor': [b,
+    seq_len], …}), pairs first_pair … first_pair + b - 1 of the batch of global indices
+    `indices`; its shards' rows, and each of its pairs' slots in the global batch."""
+    indices = np.asarray(indices)
+    count = self.rows(indices)
+    per = self.batch_size // self.shards
+    local = len(rows["anchor"])
+    if first_pair % per or local % per:
+      raise ValueError(f"pairs {first_pair} … {first_pair + local - 1}: not whole shards of "
+                       f"{per} pairs")
+    names = [name for name in TEXTS if name in self.lengths]
+    parts, slots = [], {name: np.zeros(local, np.int32) for name in names}
+    for i in range(local // per):
+      shard = first_pair // per + i
+      mine = slice(i * per, (i + 1) * per)
+      ids, owners = [], []  # each text's ids, and (its text's name, its pair in the shard)
+      for name in names:
+        for j, (row, n) in enumerate(zip(rows[name][mine],
+                                         self.lengths[name][indices[shard * per:][:per]])):
+          if n:
+            ids.append(np.asarray(row[:n]))
+            owners.append((name, i * per + j))
+      row_of, used = self._assign([len(x) for x in ids])
+      packed = fill_rows(ids, range(len(ids)), row_of, range(used), self.seq_len, self.pad_id)
+      extra = count - used
+      pad = lambda x, fill: np.concatenate([x, np.full((extra, self.seq_len), fill, x.dtype)])
+      # a pad id within a text is padding, as the unpacked encoder and pooling take it
+      segment_ids = np.where(packed.tokens == self.pad_id, 0, packed.segment_ids)
+      parts.append((pad(packed.tokens, self.pad_id), pad(segment_ids, 0),
+                    pad(packed.positions, 0)))
+      first_slot = shard * count * self.segments
+      for (name, pair), (row, segment) in zip(owners, packed.where):
+        slots[name][pair] = first_slot + row * self.segments + segment
+    out = {key: np.concatenate([p[k] for p in parts])
+           for k, key in enumerate(("tokens", "segment_ids", "positions"))}
+    out.update({f"{name}_slot": slots[name] for name in names})
+    if "has_negative" in rows:
+      out["has_negative"] = np.asarray(rows["has_negative"], np.uint8)
+    return out
