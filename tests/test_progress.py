@@ -3,6 +3,7 @@ has a total, and a plot of a single evaluation shows every line of it."""
 
 import gzip
 import json
+import time
 
 import numpy as np
 from PIL import Image
@@ -27,7 +28,7 @@ class _Bar:
 
 
 class _Loss:
-  """A step's loss on the device, computed only when waited for (a slow device)."""
+  """A step's loss on a slow device: computed only while the host waits for it."""
 
   def __init__(self):
     self.ready = False
@@ -35,21 +36,39 @@ class _Loss:
   def is_ready(self):
     return self.ready
 
-  def block_until_ready(self):
-    self.ready = True
+
+def _device(monkeypatch, steps: int) -> list[_Loss]:
+  """The losses of `steps` steps; each sleep of the waiting host finishes the oldest one."""
+  losses = [_Loss() for _ in range(steps)]
+
+  def sleep(seconds):
+    next(loss for loss in losses if not loss.ready).ready = True
+
+  monkeypatch.setattr(time, "sleep", sleep)
+  return losses
 
 
-def test_the_bar_moves_at_every_step_however_far_ahead_the_loop_is():
+def test_the_bar_moves_at_every_step_however_far_ahead_the_loop_is(monkeypatch):
   bar = _Bar()
   progress = _Progress(None, bar, log_every=1000)
   progress.SHOW_EVERY_S = 0.0
-  losses = [_Loss() for _ in range(10)]
+  losses = _device(monkeypatch, 10)
   for step, loss in enumerate(losses, 1):
     progress.add(step, {"loss": loss}, tokens=64, data_wait_s=0.0)
     # The loop runs no more than IN_FLIGHT steps ahead: the older ones were waited for.
     assert bar.n == max(step - _Progress.IN_FLIGHT, 0)
     assert all(loss.ready for loss in losses[:bar.n])
   assert float(bar.postfix["tok_s"].replace(",", "")) > 0  # before any log step
+
+
+def test_slow_steps_run_one_at_a_time_so_that_a_stop_waits_for_one_step(monkeypatch):
+  bar = _Bar()
+  progress = _Progress(None, bar, log_every=1000)
+  progress.SLOW_STEP_S = 0.0  # every step counts as slow
+  losses = _device(monkeypatch, 5)
+  for step, loss in enumerate(losses, 1):
+    progress.add(step, {"loss": loss}, tokens=64, data_wait_s=0.0)
+    assert bar.n == step and loss.ready  # nothing left in flight when the loop reads a stop
 
 
 def test_the_input_is_counted_for_the_predict_bar(tmp_path):

@@ -152,7 +152,8 @@ def test_sigterm_saves_at_the_step_reached_then_resumes_with_other_data_workers(
   assert runs.losses(workdir) == runs.losses(reference_run)
 
 
-def test_a_signal_landing_late_in_a_step_still_saves_the_step_that_stops(tmp_path, monkeypatch):
+def test_a_signal_landing_late_in_a_step_still_saves_the_step_that_stops(tmp_path, monkeypatch,
+                                                                         capfd):
   # The signal arrives while step 5 logs its metrics, after the step decided whether to save.
   from train import loop
   write = loop.MetricWriter.write
@@ -168,6 +169,8 @@ def test_a_signal_landing_late_in_a_step_still_saves_the_step_that_stops(tmp_pat
   stopped_at = max(runs.losses(str(tmp_path)))
   assert stopped_at == 6  # the next step sees the signal, saves and stops
   assert os.listdir(tmp_path / "checkpoints") == [str(stopped_at)]
+  # said when it lands, not only once the step in flight is done
+  assert "SIGTERM: stopping after the step in flight, with a checkpoint" in capfd.readouterr().err
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_an_older_one(reference_run, tiny_step,

@@ -61,6 +61,9 @@ class StopRequest:
     if why:
       print(f"[{jax.process_index()}] {why}; stopping at the next step all processes agree on",
             file=sys.stderr, flush=True)
+    elif jax.process_count() == 1:  # said now: the step in flight may take a while
+      print(f"\n{signal.Signals(signum).name}: stopping after the step in flight, with a "
+            f"checkpoint", file=sys.stderr, flush=True)
 
   def stopping(self, step: int, log_every: int, after) -> bool:
     """Whether to stop after `step`. Several processes must stop (and save) at the same step:
@@ -92,9 +95,12 @@ class _Progress:
   the progress bar, which counts the steps that have finished, not those dispatched, with the
   window's tokens/s so far every few seconds. The loop runs at most `IN_FLIGHT` steps ahead of
   the device: enough to keep it busy, few enough that the bar moves at every step (unbounded,
-  a window of log_every steps was dispatched at once and the bar moved once per window)."""
+  a window of log_every steps was dispatched at once and the bar moved once per window).
+  Where steps take SLOW_STEP_S or more, it runs none ahead: the host's work between two steps
+  is then a small part of one, and a stop request waits for one step only."""
 
   IN_FLIGHT = 3
+  SLOW_STEP_S = 1.0
   SHOW_EVERY_S = 2.0  # the throughput on the bar, at most this often
 
   def __init__(self, writer: MetricWriter | None, bar: tqdm, log_every: int,
@@ -112,18 +118,22 @@ class _Progress:
     # length); `profiled` marks a window that held profiled steps (slower).
     self.start, self.tokens, self.data_wait_s = time.perf_counter(), 0, 0.0
     self.profiled = False
+    self.done_at, self.step_s = None, 0.0  # when the last step was seen done; the seconds since
 
   def add(self, step: int, metrics: dict, tokens: int, data_wait_s: float) -> None:
     self.pending.append((step, metrics))
     self.counts.append(tokens)
     self.tokens += tokens
     self.data_wait_s += data_wait_s
+    ahead = 0 if self.step_s >= self.SLOW_STEP_S else self.IN_FLIGHT
     while self.finished < len(self.pending):
       loss = self.pending[self.finished][1]["loss"]
       if not loss.is_ready():
-        if len(self.pending) - self.finished <= self.IN_FLIGHT:
+        if len(self.pending) - self.finished <= ahead:
           break
-        loss.block_until_ready()
+        while not loss.is_ready():  # not block_until_ready: a signal's handler runs meanwhile
+          time.sleep(0.01)
+      self._seen_done(1)
       self.finished += 1
       self.bar.update(1)
     now = time.perf_counter()
@@ -132,10 +142,18 @@ class _Progress:
       self.postfix["tok_s"] = f"{sum(self.counts[:self.finished]) / (now - self.start):,.0f}"
       self.bar.set_postfix(self.postfix)
 
+  def _seen_done(self, steps: int) -> None:
+    """`steps` more steps are seen done now: the seconds a step takes, as far as seen."""
+    now = time.perf_counter()
+    self.step_s = 0.0 if self.done_at is None else (now - self.done_at) / steps
+    self.done_at = now
+
   def flush(self, step: int, shares: dict) -> tuple[int, float] | None:
     """Reads and records the pending metrics, with the window's `shares` of the data sources;
     returns (step, loss) of a non-finite loss."""
     fetched, self.pending, self.counts = jax.device_get(self.pending), [], []
+    if len(fetched) > self.finished:
+      self._seen_done(len(fetched) - self.finished)
     self.bar.update(len(fetched) - self.finished)
     self.finished = 0
     bad = next(((s, m["loss"]) for s, m in fetched if not np.isfinite(m["loss"])), None)
