@@ -64,4 +64,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.eval_at_start = True  # the starting model's figures, to compare with
   # In-batch negatives get harder with the batch: larger than classify's 32.
   config.train.batch_size = 64
+  # Unset: the max_seq_length of config.init.hf (sentence_bert_config.json, else its
+  # tokenizer's model_max_length), at most 512; 128 from anything else. Texts are packed
+  # several to a row of seq_len ids, so a longer row costs little where texts are short.
+  config.train.seq_len = config_dict.placeholder(int)
+  # Left unset with num_steps, a run from a pretrained start trains one epoch (800 steps from
+  # scratch): fine-tuning a published model for long overfits the pairs.
   return config

@@ -74,8 +74,9 @@ def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
         vocab_size=vocab, embedding_size=16, hidden_size=32, num_hidden_layers=3,
         num_attention_heads=4, intermediate_size=37, max_position_embeddings=66, **sizes)
   else:
-    common = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=37, max_position_embeddings=66, **sizes)
+    common = {**dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=37, max_position_embeddings=66),
+              **sizes}
     if family == "roberta":
       config = transformers.RobertaConfig(pad_token_id=1, **common)
     elif family == "mpnet":  # its default special ids, <s> 0, <pad> 1, </s> 2, its tokenizer's

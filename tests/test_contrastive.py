@@ -509,3 +509,53 @@ def test_a_bad_setting_is_one_line_naming_the_field(fields, said, topic_pairs, h
   with pytest.raises(RunError, match="^" + re.escape(said)):
     tasks.checked(config)
     contrastive.setup(config, str(tmp_path), Resume())
+
+
+def _st_folder(path, hf_dir, max_seq_length: int) -> str:
+  st = pytest.importorskip("sentence_transformers")
+  from sentence_transformers.base.modules import Transformer
+  from sentence_transformers.sentence_transformer.modules import Pooling
+  st.SentenceTransformer(modules=[Transformer(hf_dir, max_seq_length=max_seq_length),
+                                  Pooling(32, pooling_mode="mean")], device="cpu").save(str(path))
+  return str(path)
+
+
+def test_a_run_from_a_folder_takes_its_max_seq_length_and_trains_one_epoch_unless_asked(
+    topic_pairs, tmp_path, capfd):
+  from tests import hf_models
+  from train import tasks
+  long = hf_models.write(tmp_path / "long", "bert", max_position_embeddings=1024)
+
+  def resolved(folder, **train):
+    config = embed_config.get_config()
+    config.data.train, config.data.eval = topic_pairs
+    config.init.hf = folder
+    config.train.update(train)
+    capfd.readouterr()
+    tasks.checked(config)
+    return config.train.seq_len, config.train.epochs, capfd.readouterr().err
+
+  folder = _st_folder(tmp_path / "st", long, 40)
+  assert resolved(folder) == (40, 1, f"config.train.seq_len: 40, the max_seq_length of "
+                                     f"{folder}; config.train.epochs: 1, the default from a "
+                                     f"pretrained start\n")
+  assert resolved(_st_folder(tmp_path / "st1000", long, 1000))[:2] == (512, 1)  # capped
+  assert resolved(folder, seq_len=24, num_steps=5)[:2] == (24, None)  # as asked, said nothing
+  assert resolved(None) == (128, None, "config.train.seq_len: 128, the default\n")  # scratch
+
+
+def test_an_export_says_the_runs_max_seq_length_where_its_start_had_another(
+    topic_pairs, hf_dir, tmp_path, capfd):
+  from train.outputs.export import main as export_main
+  folder = _st_folder(tmp_path / "st", hf_dir, 40)
+  workdir, out = str(tmp_path / "run"), str(tmp_path / "out")
+  runs.train(workdir, *_overrides({"data.train": topic_pairs[0], "data.eval": topic_pairs[1],
+                                   "init.hf": folder, **RUN, "train.num_steps": 2}),
+             config=os.path.join(runs.ROOT, "configs", "embed.py"))
+  capfd.readouterr()
+  assert export_main(["--workdir", workdir, "--layout", "sentence-transformers",
+                      "--out", out]) == 0
+  assert (f"export: max_seq_length 16, the run's config.train.seq_len (its start, {folder}, "
+          f"had 40)") in capfd.readouterr().err
+  with open(os.path.join(out, "sentence_bert_config.json")) as f:
+    assert json.load(f)["max_seq_length"] == 16

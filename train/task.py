@@ -244,6 +244,8 @@ class Definition:
     check: cross-field checks of the config (RunError), after each field's own.
     tokenizer: (config, workdir) -> the run's tokenizer (train.data.tokens.Tokenizer), its ids
       numbered as the model's; None: the prepared data's (train.data.dataset.run_tokenizer).
+    defaults: config -> None: sets the fields the config leaves to the task (unset, None) to
+      what the run's start suggests, and says so, before any field is checked; None: none.
   """
 
   name: str
@@ -257,3 +259,4 @@ class Definition:
   sentence_encoder: Callable[[str], Any] | None = None
   check: Callable[[Any], None] | None = None
   tokenizer: Callable[..., Any] | None = None
+  defaults: Callable[[Any], None] | None = None

@@ -26,6 +26,7 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 
 import numpy as np
 
@@ -107,7 +108,24 @@ def export_sentence_transformers(workdir: str, out: str) -> str:
     save_modules(tmp, encoder.model, encoder.params, encoder.max_seq_length,
                  similarity=encoder.similarity)
     readable_as_umask_allows(tmp)
+  start = _start(workdir, config)
+  theirs = _max_seq_length(start, encoder.model.config.max_len)
+  if theirs is not None and theirs != encoder.max_seq_length:
+    print(f"export: max_seq_length {encoder.max_seq_length}, the run's config.train.seq_len "
+          f"(its start, {config.init.hf}, had {theirs})", file=sys.stderr)
   return out
+
+
+def _max_seq_length(start: str | None, positions: int) -> int | None:
+  """The max_seq_length of the sentence-transformers folder the run started from (as taken
+  into `start`, train.tasks.start.start_folder), or None where it was no such folder."""
+  from flax_encoder.embeddings import read_max_seq_length
+  if not start or not os.path.isfile(os.path.join(start, "sentence_bert_config.json")):
+    return None
+  try:
+    return read_max_seq_length(start, positions)
+  except ValueError:
+    return None
 
 
 def _writer(workdir: str, config, layout: str):

@@ -34,5 +34,7 @@ def checked(config) -> Definition:
   """The task of `config`, after every field of `config` is checked against it (RunError
   naming the first wrong one)."""
   task = definition(config.task.get("name") if "task" in config else None)
+  if task.defaults:
+    task.defaults(config)
   settings.check(config, task)
   return task

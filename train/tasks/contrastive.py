@@ -13,8 +13,12 @@ scale * cos(anchor i, positive j) for every j, target j = i; hard negatives add 
 columns (B x 2B); `symmetric` averages it with positive i over the anchors; with
 `matryoshka_dims` it is summed over the embeddings' first d components (sentence-transformers'
 MatryoshkaLoss, weights 1). With `cached` (GradCache, Gao et al. 2021) the batch is embedded
-`mini_batch` texts at a time without keeping activations, then back-propagated a mini-batch at
-a time: the gradient of the whole batch's loss in the memory of one mini-batch.
+about `mini_batch` texts at a time without keeping activations, then back-propagated a chunk at
+a time: the gradient of the whole batch's loss in the memory of one chunk.
+
+A training batch is packed (train.tasks.packed_pairs): each device's texts lie several to a row
+of seq_len ids, each encoded and pooled as if alone, so that a step computes about the ids
+the texts have rather than batch x seq_len of them.
 
 Evaluation ranks each held-out anchor against every held-out positive (the first
 config.data.eval_pairs lines), not only those of its batch: MRR@10, nDCG@10, recall@1 and
@@ -26,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sys
 from collections.abc import Callable, Iterator
 
 import flax.linen as nn
@@ -42,6 +47,7 @@ from flax_encoder.tokenizer import Template, example_ids
 from train.data import dataset, examples, sources
 from train.errors import RunError
 from train.files import sha256_bytes
+from train.run import optim
 from train.run.load import load_params, recorded_encoder_config
 from train.task import FREE, Definition, Field, HFModel, Plots, Resume, Setup, boolean, choice
 from train.task import integer, number, string
@@ -461,6 +467,46 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                                         multiple=chunks or 1))
 
 
+SEQ_LEN = 128  # config.train.seq_len where neither it nor a start says
+MOST_SEQ_LEN = 512  # of a start's max_seq_length: a row's attention grows with its square
+
+
+def defaults(config) -> None:
+  """config.train.seq_len, where unset, from config.init.hf (`start_max_seq_length`, at most
+  MOST_SEQ_LEN); the run's length, where neither num_steps nor epochs is set, one epoch from a
+  pretrained start. Each said in one line (process 0)."""
+  train, said = config.train, []
+  if train.seq_len is None:
+    length, whence = start_max_seq_length(config), "the default"
+    if length:
+      whence = f"the max_seq_length of {config.init.hf}"
+      if length > MOST_SEQ_LEN:
+        length, whence = MOST_SEQ_LEN, f"{whence} ({length}) capped at {MOST_SEQ_LEN}"
+    train.seq_len = length or SEQ_LEN
+    said.append(f"config.train.seq_len: {train.seq_len}, {whence}")
+  started = any(config.init.get(name) for name in optim.INITS)
+  if train.num_steps is None and train.epochs is None and started:
+    train.epochs = 1
+    said.append("config.train.epochs: 1, the default from a pretrained start")
+  if said and jax.process_index() == 0:
+    print("; ".join(said), file=sys.stderr)
+
+
+def start_max_seq_length(config) -> int | None:
+  """The ids config.init.hf cuts a text to (flax_encoder.embeddings.read_max_seq_length), or
+  None where there is no such directory or it does not say (loading it says what is wrong)."""
+  from flax_encoder.embeddings import read_max_seq_length
+  start = config.init.get("hf")
+  if not start:
+    return None
+  try:
+    folder = families.model_directory(start)
+    positions = families.config_from_hf(families.read_hf_config(start)).max_len
+    return read_max_seq_length(folder, positions)
+  except (ValueError, TypeError, OSError):
+    return None
+
+
 def check(config) -> None:
   """The cross-field checks of a contrastive config (RunError naming the field)."""
   finetune.check(config)
@@ -591,6 +637,7 @@ DEFINITION = Definition(
     hf_model=hf_model,
     sentence_encoder=sentence_encoder,
     check=check,
+    defaults=defaults,
     tokenizer=lambda config, workdir: tokenizing.run_tokenizer(
         workdir, read_meta(os.path.join(workdir, "data"))),
 )

@@ -41,7 +41,8 @@ ARCHITECTURE = tuple(name for role in ("architecture", "parameters")
 START = "start"  # WORKDIR/start: what the run took of its Hugging Face directory
 # The files of the directory an export gives on (config.json's carried entries and dropout
 # rates, the tokenizer's settings), copied as they are; each must hold a JSON object.
-START_COPIED = ("config.json", "tokenizer_config.json", "special_tokens_map.json")
+START_COPIED = ("config.json", "tokenizer_config.json", "special_tokens_map.json",
+                "sentence_bert_config.json")  # its max_seq_length, which an export compares
 POOLER = "pooler.msgpack"  # the directory's pooler (BERT's), which a contrastive run exports
 # The files of a Hugging Face or sentence-transformers directory the run reads (the shards an
 # index names are checked where they are read: flax_encoder.families.directory._shard).
