@@ -163,17 +163,19 @@ def _norm(tree) -> float:
   return float(jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree.leaves(tree))))
 
 
-def test_the_held_out_embeddings_are_put_together_over_padded_batches():
+def test_the_held_out_embeddings_are_put_together_over_packed_padded_batches():
   rng = np.random.default_rng(1)
-  rows = {"anchor": _tokens(rng, 5), "positive": _tokens(rng, 5),
-          "index": np.arange(5, dtype=np.int32)}
+  rows = {"anchor": _tokens(rng, 5), "positive": _tokens(rng, 5)}
   task = _task(eval_pairs=5)
   params = _params(task)
-  batches = pipeline.eval_batches(rows, 2, {"anchor": 0, "positive": 0, "index": -1})
-  assert len(batches) == 3 and batches[-1]["index"].tolist() == [4, -1]
+  packed = packed_pairs.pack_held_out(rows, TINY.pad_id, 12)
+  assert len(packed["tokens"]) < 10  # texts share rows
+  batches = pipeline.eval_batches(packed, 2, {"tokens": 0, "segment_ids": 0, "positions": 0,
+                                              "target": -1})
+  assert (batches[-1]["target"][-1] == -1).all() or len(packed["tokens"]) % 2 == 0
   sums = evaluate(jax.jit(task.eval_sums), params, batches)
   assert sums["count"] == 5
-  for name in ("anchor", "positive"):
+  for name in ("anchor", "positive"):  # each text as if alone, in its pair's place
     np.testing.assert_allclose(sums[name + "s"], task.embed(params, (rows[name],)), atol=1e-6)
   metrics = task.eval_metrics(sums)
   similarity = _unit(sums["anchors"]) @ _unit(sums["positives"]).T

@@ -223,8 +223,9 @@ class ContrastiveTask:
   is packed (train.tasks.packed_pairs): 'tokens', 'segment_ids' and 'positions' [rows, seq]
   hold the texts, and 'anchor_slot', 'positive_slot' [batch] say where each pair's texts are
   among the rows' segments; 'negative_slot' and 'has_negative' [batch] where the training
-  file has hard negatives. A held-out batch holds 'anchor', 'positive' [batch, seq] and
-  'index' [batch], the pair's row among the `eval_pairs` (-1 pads the last batch)."""
+  file has hard negatives. A held-out batch is rows of the `eval_pairs` pairs packed once
+  (packed_pairs.pack_held_out): 'tokens', 'segment_ids', 'positions' and 'target' [rows,
+  segments], the text each segment is (anchor i: i, positive i: eval_pairs + i, -1 none)."""
 
   model: SentenceEmbedder
   loss: RankingLoss
@@ -256,20 +257,16 @@ class ContrastiveTask:
     return self.loss(*texts, batch.get("has_negative"))
 
   def eval_sums(self, params, batch: dict) -> dict:
-    """Each pair's embeddings at its row of [eval_pairs, d] arrays (zeros elsewhere): the
-    loop adds up the batches' sums, which puts every held-out embedding in place, so that
-    eval_metrics can rank each anchor against all the positives."""
-    index = batch["index"]
-    valid = index >= 0
-    rows = jnp.where(valid, index, self.eval_pairs)  # past the end: dropped
-
-    def place(tokens):
-      embeddings = self.embed(params, (tokens,))
-      empty = jnp.zeros((self.eval_pairs, embeddings.shape[-1]), embeddings.dtype)
-      return empty.at[rows].add(embeddings, mode="drop")
-
-    return {"anchors": place(batch["anchor"]), "positives": place(batch["positive"]),
-            "count": jnp.sum(valid)}
+    """Each text's embedding at its row of [eval_pairs, d] arrays of anchors and positives
+    (zeros elsewhere): the loop adds up the batches' sums, which puts every held-out
+    embedding in place, so that eval_metrics can rank each anchor against all the positives."""
+    pooled = self.embed(params, (batch["tokens"], batch["segment_ids"], batch["positions"]))
+    pooled = pooled.reshape(-1, pooled.shape[-1])
+    n, target = self.eval_pairs, batch["target"].reshape(-1)
+    table = jnp.zeros((2 * n, pooled.shape[-1]), pooled.dtype).at[
+        jnp.where(target >= 0, target, 2 * n)].add(pooled, mode="drop")  # past the end: none
+    return {"anchors": table[:n], "positives": table[n:],
+            "count": jnp.sum((target >= 0) & (target < n))}
 
   def eval_metrics(self, sums: dict) -> dict:
     """The ranking metrics of every held-out anchor against every held-out positive, the
@@ -437,10 +434,10 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   if any(d > cfg.d_model for d in dims):
     raise RunError(f"config.task.matryoshka_dims: {config.task.matryoshka_dims!r}, expected "
                    f"sizes of at most the encoder's d_model ({cfg.d_model})")
-  held_out = {k: v[:config.data.eval_pairs] for k, v in loaded["eval"].items()
-              if k in ("anchor", "positive")}
-  count = len(held_out["anchor"])
-  held_out["index"] = np.arange(count, dtype=np.int32)
+  count = min(config.data.eval_pairs, loaded["meta"]["examples"]["eval"])
+  held_out = packed_pairs.pack_held_out(
+      {name: loaded["eval"][name][:count] for name in ("anchor", "positive")}, prepared.pad_id,
+      config.train.seq_len)
   model = SentenceEmbedder(cfg, config.task.pooling, check_traced_ids=False)  # tokenized here
   texts = sum(name in loaded["train"] for name in TEXTS) * config.train.batch_size
   # GradCache's chunks hold mini_batch texts each, on average
@@ -453,7 +450,8 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
             else "")
   finetune.say_prepared(prepared, f"pairs ({negatives})", config.train.seq_len, ranked)
   return Setup(task=task, encoder=cfg, train=loaded["train"], eval=held_out,
-               eval_fill={"anchor": prepared.pad_id, "positive": prepared.pad_id, "index": -1},
+               eval_fill={"tokens": prepared.pad_id, "segment_ids": 0, "positions": 0,
+                          "target": -1},
                record={"encoder": cfg.record(), "dataset": loaded["identity"],
                        "source": os.path.join(workdir, "data"),
                        "start": prepared.start.source, "family": prepared.start.family,

@@ -151,3 +151,19 @@ class PairPacker:
     if "has_negative" in rows:
       out["has_negative"] = np.asarray(rows["has_negative"], np.uint8)
     return out
+
+
+def pack_held_out(rows: dict, pad_id: int, seq_len: int) -> dict:
+  """The held-out pairs `rows` ({'anchor': [n, seq_len], 'positive': …}) packed once, first-fit:
+  'tokens', 'segment_ids', 'positions' [r, seq_len] and 'target' [r, segments], the text at
+  each row's segment (anchor i: i, positive i: n + i; -1: none)."""
+  lengths = text_lengths(rows, pad_id)
+  ids = [np.asarray(row[:n]) for name in ("anchor", "positive")
+         for row, n in zip(rows[name], lengths[name])]
+  segments = segments_per_row(seq_len)
+  row_of, kinds = assign_rows([len(x) for x in ids], [seq_len], [segments])
+  packed = fill_rows(ids, range(len(ids)), row_of, range(len(kinds)), seq_len, pad_id)
+  target = np.full((len(kinds), segments), -1, np.int32)
+  target[packed.where[:, 0], packed.where[:, 1]] = np.arange(len(ids))
+  return {"tokens": packed.tokens, "positions": packed.positions, "target": target,
+          "segment_ids": np.where(packed.tokens == pad_id, 0, packed.segment_ids)}
