@@ -16,7 +16,7 @@ from ml_collections import config_flags
 import configs
 from train.errors import RunError
 from train.run import launch
-from train.run.host import jemalloc_environment, keep_freed_memory
+from train.run.host import jemalloc_environment, bound_freed_memory
 
 
 def _no_such_field(error: BaseException) -> None:
@@ -117,7 +117,7 @@ def main(argv, given: dict | None = None):
   given = given or _FLAGS
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file it writes at INFO
   absl_logging.get_absl_handler().addFilter(_NotOrbaxErrors())
-  keep_freed_memory()  # before JAX starts its threads; see train/run/host.py
+  bound_freed_memory()  # before JAX starts its threads; see train/run/host.py
   why = launch.follow_launcher()
   if why:  # it died before this process could ask to be stopped with it
     print(f"error: {why} before this process started", file=sys.stderr)

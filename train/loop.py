@@ -366,11 +366,9 @@ class _Steps:
     # in its memory: no need to say each.
     quiet = self.first is not None and needs.needed <= memory.step_memory(self.first).needed
     if jax.process_index() == 0 and not quiet:
-      # On a CPU the step's temporaries are host memory, which glibc's heap fragments (see
-      # train/run/host.py): the figure holds with jemalloc.
-      held = ("" if jax.default_backend() != "cpu" or host.allocator() == "jemalloc" else
-              " (glibc's malloc: resident memory may grow past this as its heap fragments; "
-              "with jemalloc installed, libjemalloc2, python -m train holds it)")
+      # On a CPU the step's temporaries are host memory: the allocator decides whether
+      # resident memory stays at the figure (train/run/host.py).
+      held = f" (host malloc: {host.allocator()})" if jax.default_backend() == "cpu" else ""
       rows = spec["tokens"].shape if isinstance(spec, dict) and "tokens" in spec else None
       said = str(needs)
       if rows and self.first is None:

@@ -1,28 +1,24 @@
 """Host-side settings for programs that run compiled steps in a loop (training, benchmarks).
 
 XLA:CPU allocates all of a step's temporaries as one block, hundreds of MB at the paper's base
-size. glibc's malloc serves any block over 32 MiB with a fresh mmap and unmaps it on free, so
-the kernel zero-fills every page of it again at every step. A process that also runs PyTorch
-suffers more: PyTorch's worker threads add malloc arenas.
+size, whose size follows the batch's shape (packed contrastive batches take a few shapes). An
+allocator that keeps freed blocks for the next step fragments: small allocations land in the
+freed block, the next step's block no longer fits there and is carved afresh, and resident
+memory grows by whole blocks for dozens of steps (all-MiniLM-L6-v2's contrastive step at 32
+pairs x 128, packed: announced 1.23 GB; 5.4 GB resident by step 15 with glibc keeping freed
+memory, 5.2 GB with jemalloc keeping it).
 
-`keep_freed_memory()` makes glibc keep freed memory in the process for the next step, as
-tcmalloc (the allocator Google's TPU hosts preload for JAX) does: no mmap for large blocks, no
-trimming, one arena. The process's resident memory therefore stays at its peak. The setting is
-process-wide, which is why the library never makes it: `python -m train` and `benchmarks/` do.
-BENCHMARKS.md measures what it saves.
-
-"No trimming" has to mean never: with the largest positive trim threshold mallopt takes (2 GiB),
-the temporaries of a training step at 32 x 512 (10.5 GB) still went back to the kernel after
-every step.
-
-Kept that way, glibc's one heap fragments: small allocations land in the freed block, the next
-step's block no longer fits there and is carved afresh, and resident memory grows by the size
-of the temporaries every few steps (all-MiniLM-L6-v2's contrastive step at 64 x 2 x 128:
-announced 6.72 GB, 13.7 GB at step 4, 19.4 GB at step 6). jemalloc keeps freed memory for reuse
-without that: 7.2 GB at every step, for about 12% fewer tokens/s than glibc's first steps (the
-median of 6 steps, 785 against 890, on a busy 2-core Xeon). Where it is
-installed (Debian's libjemalloc2), `jemalloc_environment()` gives the environment to run the
-program again with it preloaded, which `python -m train` does first thing.
+jemalloc gives every block of 8 MiB or more back to the kernel when it is freed (its arena for
+large blocks purges at once) and keeps the rest: resident memory stays within a block of where
+the warm-up leaves it (tests/test_training_memory.py), for the kernel zero-filling each step's
+block again, about 15% of that MiniLM step (1.48 s against 1.28 s a step on a 2-core Xeon, 0.8
+GB of page faults). Where it is installed (Debian's libjemalloc2), `jemalloc_environment()`
+gives the environment to run the program again with it preloaded, which `python -m train` does
+first thing. Elsewhere `bound_freed_memory()` sets glibc's malloc to do the same: blocks of
+8 MiB or more mapped for each allocation and unmapped at its free, one arena, the rest kept
+and never trimmed. The benchmarks that time steps keep every freed block instead
+(`keep_freed_memory`: no page faults, memory unbounded). Each setting is process-wide, which is
+why the library never makes one: the programs do. BENCHMARKS.md measures what they cost.
 """
 
 from __future__ import annotations
@@ -33,12 +29,15 @@ import os
 
 # mallopt parameters, from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
+# The size from which blocks are mapped and unmapped: jemalloc's oversize_threshold.
+LARGE_BLOCK = 8 << 20
 # Where Linux distributions install jemalloc (Debian and Ubuntu, Fedora, Arch).
 JEMALLOC = tuple(f"/usr/lib/{arch}-linux-gnu/libjemalloc.so.2" for arch in ("x86_64", "aarch64")
                  ) + ("/usr/lib64/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2")
-# FLAX_ENCODER_MALLOC=glibc keeps glibc's malloc (keep_freed_memory) where jemalloc is there.
+# FLAX_ENCODER_MALLOC=glibc keeps glibc's malloc (bound_freed_memory) where jemalloc is there.
 MALLOC_ENV = "FLAX_ENCODER_MALLOC"
 
 
@@ -74,8 +73,9 @@ def resident_bytes() -> int | None:
     return None
 
 
-def keep_freed_memory() -> bool:
-  """Sets glibc malloc to keep and reuse freed memory. Returns False where libc is not glibc.
+def bound_freed_memory() -> bool:
+  """Sets glibc's malloc to give blocks of LARGE_BLOCK or more back to the kernel at their
+  free and to keep the smaller ones. Returns False where libc is not glibc.
 
   Call it early, before JAX or PyTorch start their threads, so that they share one arena.
   """
@@ -84,6 +84,22 @@ def keep_freed_memory() -> bool:
     mallopt = ctypes.CDLL(name).mallopt
   except (OSError, AttributeError, TypeError):  # not glibc: macOS, musl, Windows
     return False
+  # A threshold that is set stays: glibc's own rises to the size of each mapped block freed
+  # (up to 32 MiB), and blocks under it then go to the heap, where they fragment it.
   # mallopt takes an int but stores the trim threshold as a size_t: -1 is "never trim".
+  settings = ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, LARGE_BLOCK), (_M_TRIM_THRESHOLD, -1))
+  return all(mallopt(param, value) == 1 for param, value in settings)
+
+
+def keep_freed_memory() -> bool:
+  """Sets glibc's malloc to keep every freed block for reuse (no mapped blocks, no trimming,
+  one arena), as the benchmarks time steps: no page faults, but the heap fragments and
+  resident memory grows by whole blocks of temporaries (`bound_freed_memory` for a run).
+  Returns False where libc is not glibc."""
+  name = ctypes.util.find_library("c")
+  try:
+    mallopt = ctypes.CDLL(name).mallopt
+  except (OSError, AttributeError, TypeError):  # not glibc: macOS, musl, Windows
+    return False
   settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))
   return all(mallopt(param, value) == 1 for param, value in settings)
