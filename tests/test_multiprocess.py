@@ -173,3 +173,51 @@ def test_the_launcher_stops_the_others_when_one_fails_and_forwards_signals():
   out = io.StringIO()
   assert launch.launch([_python(on_term)] * 2, envs, out) == 143
   assert "[0] got 15" in out.getvalue() and "[1] got 15" in out.getvalue()
+
+
+# Contrastive training: in-batch negatives are the whole global batch's, whichever process
+# embedded them. (GradCache is left out: with 4 CPU devices on 2 cores its chunked passes'
+# collectives can wait on each other past XLA's rendezvous timeout.)
+CONTRASTIVE = ["--config=" + os.path.join(runs.ROOT, "configs", "embed.py"),
+               "--config.data.tokenizer=bytes", "--config.model.d_model=16",
+               "--config.model.n_heads=2", "--config.model.d_ff=32", "--config.model.n_layers=1",
+               "--config.model.max_len=32", "--config.train.seq_len=32",
+               "--config.train.batch_size=16", "--config.train.num_steps=8",
+               "--config.train.log_every=1", "--config.train.eval_every=8",
+               "--config.train.checkpoint_every=8", "--config.mesh.data=2",
+               "--config.mesh.fsdp=2"]
+
+
+def _pairs_file(path, count: int, seed: int) -> str:
+  """`count` pairs of a topic word and a text about it, 2 to 40 bytes long."""
+  rng = np.random.default_rng(seed)
+  words = ["river", "engine", "violin", "harbour", "glacier", "orchard", "lantern", "comet"]
+  with open(path, "w") as f:
+    for _ in range(count):
+      topic = str(rng.choice(words))
+      text = " ".join([topic, *rng.choice(words, int(rng.integers(0, 6)))])
+      f.write(f'{{"anchor": "{topic[:int(rng.integers(2, 8))]}", "positive": "{text}"}}\n')
+  return str(path)
+
+
+def test_contrastive_training_in_two_processes_is_one_processes_with_the_same_devices(
+    tmp_path):
+  data = [f"--config.data.train={_pairs_file(tmp_path / 'train.jsonl', 160, 0)}",
+          f"--config.data.eval={_pairs_file(tmp_path / 'eval.jsonl', 24, 1)}"]
+  one, two = str(tmp_path / "one"), str(tmp_path / "two")
+  single = subprocess.run([sys.executable, "-m", "train", *CONTRASTIVE, *data, f"--workdir={one}"],
+                          cwd=runs.ROOT, env=runs.environment(4), capture_output=True, text=True,
+                          timeout=600, check=False)
+  assert single.returncode == 0, single.stderr[-3000:]
+  launched = subprocess.run(
+      [sys.executable, "-m", "train.launch", "--processes", "2", "--devices-per-process", "2",
+       "--", *CONTRASTIVE, *data, f"--workdir={two}"],
+      cwd=runs.ROOT, env=runs.environment(), capture_output=True, text=True, timeout=600,
+      check=False)
+  assert launched.returncode == 0, launched.stdout[-3000:]
+  a, b = runs.losses(one), runs.losses(two)
+  assert sorted(a) == sorted(b) == list(range(1, 9))
+  np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], atol=5e-7)
+  evals = [[r["mrr_at_10"] for r in runs.read_metrics(os.path.join(w, "metrics.jsonl"))
+            if r["split"] == "eval"] for w in (one, two)]
+  np.testing.assert_allclose(evals[1], evals[0], atol=5e-7)
