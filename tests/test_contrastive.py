@@ -524,6 +524,8 @@ def _st_folder(path, hf_dir, max_seq_length: int) -> str:
 
 def test_a_run_from_a_folder_takes_its_max_seq_length_and_trains_one_epoch_unless_asked(
     topic_pairs, tmp_path, capfd):
+  pytest.importorskip("torch")
+  pytest.importorskip("sentence_transformers")
   from tests import hf_models
   from train import tasks
   long = hf_models.write(tmp_path / "long", "bert", max_position_embeddings=1024)
