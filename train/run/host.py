@@ -79,16 +79,9 @@ def bound_freed_memory() -> bool:
 
   Call it early, before JAX or PyTorch start their threads, so that they share one arena.
   """
-  name = ctypes.util.find_library("c")
-  try:
-    mallopt = ctypes.CDLL(name).mallopt
-  except (OSError, AttributeError, TypeError):  # not glibc: macOS, musl, Windows
-    return False
   # A threshold that is set stays: glibc's own rises to the size of each mapped block freed
   # (up to 32 MiB), and blocks under it then go to the heap, where they fragment it.
-  # mallopt takes an int but stores the trim threshold as a size_t: -1 is "never trim".
-  settings = ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, LARGE_BLOCK), (_M_TRIM_THRESHOLD, -1))
-  return all(mallopt(param, value) == 1 for param, value in settings)
+  return _mallopt((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, LARGE_BLOCK), (_M_TRIM_THRESHOLD, -1))
 
 
 def keep_freed_memory() -> bool:
@@ -96,10 +89,15 @@ def keep_freed_memory() -> bool:
   one arena), as the benchmarks time steps: no page faults, but the heap fragments and
   resident memory grows by whole blocks of temporaries (`bound_freed_memory` for a run).
   Returns False where libc is not glibc."""
+  return _mallopt((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))
+
+
+def _mallopt(*settings: tuple[int, int]) -> bool:
+  """glibc's mallopt(param, value) for each setting; False where libc is not glibc."""
   name = ctypes.util.find_library("c")
   try:
     mallopt = ctypes.CDLL(name).mallopt
   except (OSError, AttributeError, TypeError):  # not glibc: macOS, musl, Windows
     return False
-  settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))
+  # mallopt takes an int but stores the trim threshold as a size_t: -1 is "never trim".
   return all(mallopt(param, value) == 1 for param, value in settings)
