@@ -301,6 +301,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
 
     if resume is None and train_config.eval_at_start:  # the figures training starts from
       evaluate_at(step)
+      progress.start = time.perf_counter()  # the first window's tokens/s are training's alone
     while step < num_steps:
       profiler.before(step + 1)
       waiting = time.perf_counter()
