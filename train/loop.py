@@ -349,7 +349,8 @@ class _Steps:
   for the most rows the first batches need."""
 
   def __init__(self, task, tx, schedule, state, config, mesh):
-    self.state, self.mesh, self.compiled, self.first = state, mesh, {}, None
+    self.state, self.mesh, self.compiled = state, mesh, {}
+    self.first, self.announced = None, None  # the first compile, and the memory it needs
     # The state keeps its layout from step to step (no recompiles, donation reuses its buffers).
     self.jitted = jax.jit(make_train_step(task, tx, schedule, config.train.grad_accum_steps),
                           out_shardings=(jax.tree.map(lambda x: x.sharding, state), None),
@@ -365,7 +366,7 @@ class _Steps:
     needs = memory.step_memory(compiled)
     # Packed batches that need fewer rows than the first compile steps of their own that fit
     # in its memory: no need to say each.
-    quiet = self.first is not None and needs.needed <= memory.step_memory(self.first).needed
+    quiet = self.announced is not None and needs.needed <= self.announced.needed
     if jax.process_index() == 0 and not quiet:
       # On a CPU the step's temporaries are host memory: the allocator decides whether
       # resident memory stays at the figure (train/run/host.py).
@@ -380,7 +381,8 @@ class _Steps:
       print(f"memory: {said}{held}", file=sys.stderr)
     memory.check_fits(needs)
     self.compiled[_shapes(batch)] = compiled
-    self.first = self.first or compiled
+    if self.first is None:
+      self.first, self.announced = compiled, needs
     return compiled
 
   def __call__(self, state, batch):

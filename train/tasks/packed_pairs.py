@@ -21,7 +21,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from flax_encoder.embeddings import assign_rows, fill_rows, segments_per_row
+from flax_encoder.embeddings import PackedRows, assign_rows, fill_rows, segments_per_row
 
 TEXTS = ("anchor", "positive", "negative")
 SHRINK = 0.8  # each row count of `row_counts` is at most this fraction of the next
@@ -79,26 +79,25 @@ class PairPacker:
     texts = len(self.lengths) * self.batch_size // self.shards  # one text a row at most
     return row_counts(texts, self.multiple)
 
-  def _assign(self, lengths: list[int]) -> tuple[np.ndarray, int]:
-    row_of, kinds = assign_rows(lengths, [self.seq_len], [self.segments])
-    return row_of, len(kinds)
-
-  def _shard_lengths(self, indices: np.ndarray, shard: int) -> list[int]:
-    """The lengths of shard `shard`'s texts, anchors first, then positives, then negatives
-    (a line without one: none)."""
+  def _plan(self, indices: np.ndarray, shard: int) -> tuple[list, np.ndarray, int]:
+    """Shard `shard`'s texts, (name, its pair in the shard, its length): anchors, positives,
+    then the negatives that lines have; each one's row (first-fit); the rows they fill."""
     per = self.batch_size // self.shards
     mine = indices[shard * per:(shard + 1) * per]
-    out = []
-    for name in TEXTS:
-      if name in self.lengths:
-        out.extend(int(n) for n in self.lengths[name][mine] if n)
-    return out
+    texts = [(name, j, int(n)) for name in TEXTS if name in self.lengths
+             for j, n in enumerate(self.lengths[name][mine]) if n]
+    row_of, kinds = assign_rows([n for *_, n in texts], [self.seq_len], [self.segments])
+    return texts, row_of, len(kinds)
+
+  def _count(self, plans: list) -> int:
+    """The rows every shard has: the fewest of `counts` that hold the fullest shard's."""
+    need = max(used for *_, used in plans)
+    return next(n for n in self.counts if n >= need)
 
   def rows(self, indices) -> int:
     """The rows each shard has in the batch of global pair indices `indices`."""
     indices = np.asarray(indices)
-    need = max(self._assign(self._shard_lengths(indices, s))[1] for s in range(self.shards))
-    return next(n for n in self.counts if n >= need)
+    return self._count([self._plan(indices, s) for s in range(self.shards)])
 
   def spec(self, rows: int) -> dict:
     """The global shapes and dtypes of a packed batch whose shards have `rows` rows each."""
@@ -116,7 +115,8 @@ class PairPacker:
     seq_len], …}), pairs first_pair … first_pair + b - 1 of the batch of global indices
     `indices`; its shards' rows, and each of its pairs' slots in the global batch."""
     indices = np.asarray(indices)
-    count = self.rows(indices)
+    plans = [self._plan(indices, s) for s in range(self.shards)]  # every process's: the count
+    count = self._count(plans)
     per = self.batch_size // self.shards
     local = len(rows["anchor"])
     if first_pair % per or local % per:
@@ -126,25 +126,16 @@ class PairPacker:
     parts, slots = [], {name: np.zeros(local, np.int32) for name in names}
     for i in range(local // per):
       shard = first_pair // per + i
-      mine = slice(i * per, (i + 1) * per)
-      ids, owners = [], []  # each text's ids, and (its text's name, its pair in the shard)
-      for name in names:
-        for j, (row, n) in enumerate(zip(rows[name][mine],
-                                         self.lengths[name][indices[shard * per:][:per]])):
-          if n:
-            ids.append(np.asarray(row[:n]))
-            owners.append((name, i * per + j))
-      row_of, used = self._assign([len(x) for x in ids])
-      packed = fill_rows(ids, range(len(ids)), row_of, range(used), self.seq_len, self.pad_id)
+      texts, row_of, used = plans[shard]
+      ids = [np.asarray(rows[name][i * per + j][:n]) for name, j, n in texts]
+      packed = _fill(ids, row_of, used, self.seq_len, self.pad_id)
       extra = count - used
       pad = lambda x, fill: np.concatenate([x, np.full((extra, self.seq_len), fill, x.dtype)])
-      # a pad id within a text is padding, as the unpacked encoder and pooling take it
-      segment_ids = np.where(packed.tokens == self.pad_id, 0, packed.segment_ids)
-      parts.append((pad(packed.tokens, self.pad_id), pad(segment_ids, 0),
+      parts.append((pad(packed.tokens, self.pad_id), pad(packed.segment_ids, 0),
                     pad(packed.positions, 0)))
       first_slot = shard * count * self.segments
-      for (name, pair), (row, segment) in zip(owners, packed.where):
-        slots[name][pair] = first_slot + row * self.segments + segment
+      for (name, j, _), (row, segment) in zip(texts, packed.where):
+        slots[name][i * per + j] = first_slot + row * self.segments + segment
     out = {key: np.concatenate([p[k] for p in parts])
            for k, key in enumerate(("tokens", "segment_ids", "positions"))}
     out.update({f"{name}_slot": slots[name] for name in names})
@@ -162,8 +153,16 @@ def pack_held_out(rows: dict, pad_id: int, seq_len: int) -> dict:
          for row, n in zip(rows[name], lengths[name])]
   segments = segments_per_row(seq_len)
   row_of, kinds = assign_rows([len(x) for x in ids], [seq_len], [segments])
-  packed = fill_rows(ids, range(len(ids)), row_of, range(len(kinds)), seq_len, pad_id)
+  packed = _fill(ids, row_of, len(kinds), seq_len, pad_id)
   target = np.full((len(kinds), segments), -1, np.int32)
   target[packed.where[:, 0], packed.where[:, 1]] = np.arange(len(ids))
-  return {"tokens": packed.tokens, "positions": packed.positions, "target": target,
-          "segment_ids": np.where(packed.tokens == pad_id, 0, packed.segment_ids)}
+  return {"tokens": packed.tokens, "segment_ids": packed.segment_ids,
+          "positions": packed.positions, "target": target}
+
+
+def _fill(ids: list, row_of: np.ndarray, used: int, seq_len: int, pad_id: int) -> PackedRows:
+  """`ids` laid into the `used` rows `row_of` assigns (flax_encoder.embeddings.fill_rows), a pad
+  id within a text made padding (segment 0), as the unpacked encoder and pooling take it."""
+  packed = fill_rows(ids, range(len(ids)), row_of, range(used), seq_len, pad_id)
+  return dataclasses.replace(
+      packed, segment_ids=np.where(packed.tokens == pad_id, 0, packed.segment_ids))
