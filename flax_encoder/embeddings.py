@@ -16,7 +16,9 @@ text is its own segment of a packed row (`flax_encoder.packing`: it attends only
 positions count from its first id), many to a row, pooled on its own: a text's vector is the
 one it has alone. Rows are of a few lengths (`row_lengths`) and calls of a few row counts, so
 that a stream of calls compiles a bounded number of times (`SentenceEncoder.shapes`). The next
-chunk of texts is tokenized while the device encodes the one before.
+chunk of texts is tokenized while the device encodes the one before. Given `devices`, each
+call's rows are split evenly over them (`batch_tokens` ids a device), the weights copied to
+each: `SentenceEncoder.load(folder, devices=jax.local_devices())`.
 
 In a jitted function of one's own, `embed` (or `encoder.apply`) maps packed rows to vectors:
 
@@ -29,6 +31,7 @@ Shapes: r = rows, s = ids of a row, k = segments of a row, d = widths.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -78,7 +81,8 @@ SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
 # Ids a packed text takes at least ([CLS] x [SEP] is 3): a row of s ids holds s // 4 texts.
 SEGMENT_IDS = 4
 ROW_LENGTHS = (64, 128, 256, 512)
-BATCH_TOKENS = 2048  # ids a call encodes: 32 rows of 64, 16 of 128, 8 of 256, 4 of 512
+BATCH_TOKENS = 2048  # ids a call encodes on a CPU: 32 rows of 64, 16 of 128, 8 of 256, 4 of 512
+MAX_BATCH_TOKENS = 1 << 17  # on an accelerator: at most this many ids a device a call
 CHUNK_TEXTS = 2048  # texts tokenized and packed together, while the device runs the chunk before
 
 
@@ -286,6 +290,20 @@ def fill_rows(ids: Sequence[np.ndarray], texts: Sequence[int], row_of: np.ndarra
     used[i] += n
     count[i] += 1
   return PackedRows(tokens, segment_ids, positions, where)
+
+
+def default_batch_tokens(config: EncoderConfig, device: jax.Device, length: int) -> int:
+  """The ids a call encodes on `device` by default: BATCH_TOKENS on a CPU (measured: more gains
+  nothing there); on an accelerator, the power of two whose activations take at most a quarter
+  of the device's memory, between BATCH_TOKENS and MAX_BATCH_TOKENS. An id's activations are
+  estimated as 4-byte values: a few of width d_model and d_ff, plus its row of attention
+  scores per head (`length` of them), as an unfused attention keeps them."""
+  limit = (device.memory_stats() or {}).get("bytes_limit") if device.platform != "cpu" else None
+  if not limit:
+    return BATCH_TOKENS
+  per_id = 4 * (8 * config.d_model + 2 * config.d_ff + 2 * config.num_heads * length)
+  fits = limit // 4 // per_id
+  return int(min(MAX_BATCH_TOKENS, max(BATCH_TOKENS, 1 << (max(1, fits).bit_length() - 1))))
 
 
 def call_rows(rows: int, per_call: int) -> list[int]:
@@ -548,10 +566,11 @@ class SentenceEncoder:
                max_seq_length: int, prompts: dict[str, str] | None = None,
                default_prompt_name: str | None = None, similarity: str = "cosine",
                row_lengths: Sequence[int] | None = None, max_segments: int | None = None,
-               template: Template | None = None, tokenizer_file: str = "the tokenizer"):
+               template: Template | None = None, tokenizer_file: str = "the tokenizer",
+               devices: Sequence[jax.Device] | None = None):
     self.model, self.tokenizer = model, tokenizer
     self.tokenizer_file = tokenizer_file  # what an error of the tokenizer's names
-    self.params = jax.device_put(params)
+    self._place(params, devices or jax.local_devices()[:1])
     self.max_seq_length = max_seq_length
     self.prompts, self.default_prompt_name = dict(prompts or {}), default_prompt_name
     self.similarity = similarity
@@ -575,7 +594,8 @@ class SentenceEncoder:
     """The sentence-transformers folder `path` (or a Hugging Face model directory, mean
     pooled as sentence-transformers makes one of it), computed in `dtype` (vectors are float32
     either way) by `attention_impl` (load_hf's default where None). `options`: row_lengths,
-    max_segments (SentenceEncoder's). Raises EmbeddingError in one line naming the file."""
+    max_segments, devices (SentenceEncoder's). Raises EmbeddingError in one line naming the
+    file."""
     path = os.fspath(path)
     try:
       module = transformer_folder(path)
@@ -613,6 +633,21 @@ class SentenceEncoder:
                read_max_seq_length(module, config.max_len), prompts, default,
                similarity, **options,
                tokenizer_file=tokenizer_file if os.path.isfile(tokenizer_file) else module)
+
+  def _place(self, params: dict, devices: Sequence[jax.Device]) -> None:
+    """The rows of a call split over `devices` (one mesh axis), the weights copied to each."""
+    self.devices = tuple(devices)
+    mesh = jax.sharding.Mesh(np.array(self.devices), ("rows",))
+    self._rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
+    self.params = jax.device_put(params, jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec()))
+
+  def on_devices(self, devices: Sequence[jax.Device]) -> SentenceEncoder:
+    """This encoder with each call's rows split over `devices` (its weights copied to each)."""
+    encoder = copy.copy(self)
+    encoder.shapes = set()
+    encoder._place(self.params, devices)
+    return encoder
 
   @property
   def dim(self) -> int:
@@ -677,12 +712,20 @@ class SentenceEncoder:
     return fill_rows(ids, range(len(ids)), row_of, range(len(kinds)), length,
                      self.model.config.pad_id)
 
+  def default_batch_tokens(self) -> int:
+    """The ids a call encodes on each device where `__call__` is not told
+    (`default_batch_tokens` of the first device, for the longest rows)."""
+    return default_batch_tokens(self.model.config, self.devices[0], self.row_lengths[-1])
+
   def __call__(self, texts: Sequence[str] | str, prompt: str | None = None,
-               prompt_name: str | None = None, batch_tokens: int = BATCH_TOKENS) -> np.ndarray:
+               prompt_name: str | None = None, batch_tokens: int | None = None) -> np.ndarray:
     """float32 [len(texts), dim] (a text alone: [dim]): each text's vector, the prompt
-    (`prompt_text`) before it."""
+    (`prompt_text`) before it. A call encodes `batch_tokens` ids on each device at most
+    (default: `default_batch_tokens()`), in rows of `row_lengths`."""
     if isinstance(texts, str):
       return self([texts], prompt, prompt_name, batch_tokens)[0]
+    if batch_tokens is None:
+      batch_tokens = self.default_batch_tokens()
     texts = list(texts)
     for i, text in enumerate(texts):
       if not isinstance(text, str):
@@ -705,21 +748,26 @@ class SentenceEncoder:
   def _dispatch(self, ids: list[np.ndarray], start: int, batch_tokens: int,
                 pool_from: int) -> list[tuple[jax.Array, np.ndarray, np.ndarray]]:
     """Packs a chunk's texts (numbered from `start`) and starts their calls; returns each
-    call's (output, where its texts lie in it, which texts)."""
+    call's (output, where its texts lie in it, which texts). Over several devices a call's
+    rows are a multiple of their number, the last call's filled up with empty rows."""
     row_of, kinds = assign_rows([len(i) for i in ids], self.row_lengths, self.max_segments)
-    calls = []
+    calls, n = [], len(self.devices)
     for k, length in enumerate(self.row_lengths):
       rows = np.flatnonzero(kinds == k)
       if not len(rows):
         continue
       texts = np.flatnonzero(np.isin(row_of, rows))
       packed = fill_rows(ids, texts, row_of, rows, length, self.model.config.pad_id)
-      row_starts = np.cumsum([0] + call_rows(len(rows), max(1, batch_tokens // length)))
+      per_device = call_rows(-(-len(rows) // n), max(1, batch_tokens // length))
+      row_starts = np.cumsum([0] + [c * n for c in per_device])
+      arrays = [_rows_to(a, row_starts[-1]) for a in
+                (packed.tokens, packed.segment_ids, packed.positions)]
+      arrays[0][len(rows):] = self.model.config.pad_id
       for first, end in zip(row_starts[:-1], row_starts[1:]):
         mine = (packed.where[:, 0] >= first) & (packed.where[:, 0] < end)
         self.shapes.add((int(end - first), length))
-        output = _jitted_embed(self.model, self.params, packed.tokens[first:end],
-                               packed.segment_ids[first:end], packed.positions[first:end],
+        output = _jitted_embed(self.model, self.params,
+                               *(jax.device_put(a[first:end], self._rows) for a in arrays),
                                pool_from, self.max_segments[k])
         calls.append((output, packed.where[mine] - [first, 0], start + texts[mine]))
     return calls
@@ -728,6 +776,13 @@ class SentenceEncoder:
   def _collect(calls, out: np.ndarray) -> None:
     for output, where, texts in calls:
       out[texts] = np.asarray(output)[where[:, 0], where[:, 1]]
+
+
+def _rows_to(array: np.ndarray, rows: int) -> np.ndarray:
+  """`array` with zero rows added to make `rows`."""
+  if rows == len(array):
+    return array
+  return np.concatenate([array, np.zeros((rows - len(array), *array.shape[1:]), array.dtype)])
 
 
 # One jit for every encoder: two of the same model (`SentenceModel` is hashable) share compiles.

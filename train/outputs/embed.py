@@ -1,6 +1,8 @@
-r"""Sentence embeddings of a file of texts, read and written a chunk at a time.
+r"""Sentence embeddings of a file of texts, read and written a chunk at a time, on every
+device of the process (and of every process: `python -m train.launch --program embed`).
 
   python -m train.embed --model all-MiniLM-L6-v2 --input texts.jsonl --out embeddings.npy
+  python -m train.embed --model all-MiniLM-L6-v2 --input corpus.jsonl --out embeddings/
 
 --model is a sentence-transformers folder (its modules: Transformer, Pooling, Dense,
 Normalize; its prompts), a Hugging Face model directory (mean pooling, as
@@ -10,7 +12,7 @@ newest checkpoint, pooling and normalization, its texts cut as its pairs were).
 
   .txt      one text a line (blank lines left out); a text's id is its line number
   .jsonl    JSON objects with the text under --text-field ("text"); the id under --id-field
-            ("id") where the line has one, else the line number
+            ("id") where the line has one (not null), else the line number
   .parquet  the same columns; the id the row number where the column is absent
 
 (each maybe compressed: .gz, .bz2, .xz, .zst). --out, by its suffix:
@@ -18,18 +20,22 @@ newest checkpoint, pooling and normalization, its texts cut as its pairs were).
   .npy      float32 [texts, dim], in input order
   .parquet  columns id (a string) and embedding (float32 [dim]), in input order
   .jsonl    {"id": ..., "embedding": [...]} a line, in input order
+  DIR/      (a name ending in /, or a directory) parts of --part-mb MiB of input each, and a
+            manifest (train.outputs.corpus; read back with
+            flax_encoder.corpus.read_embeddings): resumable, and shared by the processes
 
 Texts are embedded 1024 at a time, fewer where they are long (packed several to a row by
 `flax_encoder.embeddings.SentenceEncoder`) and each chunk is written before the next is read,
 so the input may be far larger than memory. --input is read twice (counted, then embedded), so
 it is a regular file, not a stream.
 
---out appears once every text is embedded, never half-written: an error, a full disk, Ctrl-C
+A file --out appears once every text is embedded, never half-written: an error, a full disk, Ctrl-C
 or SIGTERM leave nothing behind. kill -9 leaves OUT.tmp-HOST-PID.npy (or .parquet, .jsonl),
 which the next embed to the same --out removes, saying so. An embedding that is not finite
 (NaN or inf: a broken model, an overflow in bfloat16) stops the command before anything is
 written, naming the texts and the model's first parameter that is not finite, if one is;
---allow-nonfinite writes them and warns instead.
+--allow-nonfinite writes them and warns instead. A folder --out keeps each part written whole:
+the same command continues where one was stopped, however it was.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from train.data import examples, sources
+from train.outputs import corpus
 from train.errors import RunError
 from train.files import special_kind, unwritable_kind, written_whole
 
@@ -56,17 +63,37 @@ _SHOWN = 5  # ids of texts whose embeddings are not finite that a message names
 
 def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
           id_field: str = "id", prompt: str | None = None, prompt_name: str | None = None,
-          dtype: str = "float32", show: bool = False, allow_nonfinite: bool = False) -> int:
-  """Writes the embeddings of `input_path`'s texts to `out_path`; returns how many. An
-  embedding that is not finite is a RunError before anything is written, unless
-  `allow_nonfinite` (then written, and warned of on stderr)."""
+          dtype: str = "float32", show: bool = False, allow_nonfinite: bool = False,
+          part_mb: float = corpus.PART_MB, batch_tokens: int | None = None,
+          process: tuple[int, int] = (0, 1), barrier=None) -> int:
+  """Writes the embeddings of `input_path`'s texts to `out_path` (a file, or a folder of
+  parts: `is_folder`) with every local device; returns how many (a folder: how many it holds
+  once this process is done). An embedding that is not finite is a RunError before it is
+  written, unless `allow_nonfinite` (then written, and warned of on stderr). `process`:
+  (this process's index, the process count); `barrier`: waits for every process."""
   suffix = check_arguments(input_path, out_path)
+  if suffix == "/":
+    check_folder(out_path)
+  elif process[1] > 1:
+    raise RunError(f"--out {out_path}: a file, which one of {process[1]} processes cannot "
+                   f"write; expected a folder (a name ending in /) the processes share")
   check_columns(input_path, text_field)
-  encoder = load_encoder(model, dtype)
+  import jax
+  encoder = load_encoder(model, dtype).on_devices(jax.local_devices())
   from flax_encoder.embeddings import EmbeddingError
   if prompt_name is not None and prompt_name not in encoder.prompts:
     raise RunError(f"--prompt-name {prompt_name}: not among the model's prompts "
                    f"{sorted(encoder.prompts)}")
+  if suffix == "/":
+    try:
+      corpus.embed_parts(encoder, model, input_path, out_path, text_field, id_field, prompt,
+                         prompt_name, dtype, show, allow_nonfinite, part_mb, batch_tokens,
+                         process, barrier)
+    except EmbeddingError as e:  # another model's tokenizer, found as it runs
+      raise RunError(f"--model {model}: {_tokenizer_file(encoder)}{e}") from None
+    except OSError as e:  # a full disk: the resource failed, not the request (exit 1)
+      raise RunError(f"--out {out_path}: cannot write it ({e.strerror or e})", 1) from None
+    return corpus.texts_in(out_path) if process[0] == 0 else 0
   source = sources.Source(input_path)
   total = count_texts(source, input_path)
   from tqdm import tqdm
@@ -79,7 +106,8 @@ def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
                                     _CHUNK, lambda item: (item[1],)):
         ids, texts = zip(*chunk)
         try:
-          vectors = encoder(list(texts), prompt=prompt, prompt_name=prompt_name)
+          vectors = encoder(list(texts), prompt=prompt, prompt_name=prompt_name,
+                            batch_tokens=batch_tokens)
         except EmbeddingError as e:  # another model's tokenizer, found as it runs
           raise RunError(f"--model {model}: {_tokenizer_file(encoder)}{e}") from None
         count += len(chunk)
@@ -247,7 +275,8 @@ def texts_of(source: sources.Source, input_path: str, text_field: str,
         where = f"row {number}" if source.format == "parquet" else f"line {number}"
         raise RunError(f"--input {input_path}: {where}: {text_field!r} (--text-field) is "
                        f"{type(text).__name__}, expected a string")
-      yield record.get(id_field, number), text
+      given = record.get(id_field)  # null is no id
+      yield (number if given is None else given), text
   except sources.PrepareError as e:
     raise RunError(str(e)) from None
   except OSError as e:
@@ -348,10 +377,16 @@ def check_arguments(input_path: str, out_path: str) -> str:
     raise RunError(f"--input {input_path}: {kind}, expected a regular file")
   if not os.path.isfile(input_path):
     raise RunError(f"--input {input_path}: no such file")
+  if is_folder(out_path):
+    if os.path.isdir(input_path) or os.path.realpath(input_path).startswith(
+        os.path.realpath(out_path) + os.sep):
+      raise RunError(f"--out {out_path}: holds --input {input_path}, expected a folder of "
+                     f"its own")
+    return "/"
   suffix = os.path.splitext(out_path)[1].lower()
   if suffix not in OUT_FORMATS:
     raise RunError(f"--out {out_path}: ends in {suffix or 'no suffix'!r}, expected one of "
-                   f"{', '.join(OUT_FORMATS)}")
+                   f"{', '.join(OUT_FORMATS)}, or a folder (a name ending in /)")
   kind = unwritable_kind(out_path)
   if kind:
     raise RunError(f"--out {out_path}: {kind}, expected the name of a file to write")
@@ -364,6 +399,21 @@ def check_arguments(input_path: str, out_path: str) -> str:
   return suffix
 
 
+def is_folder(out_path: str) -> bool:
+  """Whether --out names a folder of parts: a name ending in / or a directory."""
+  return out_path.endswith(("/", os.sep)) or os.path.isdir(out_path)
+
+
+def check_folder(out_path: str) -> None:
+  """RunError where a folder --out cannot be made or written."""
+  parent = os.path.dirname(os.path.abspath(out_path.rstrip("/" + os.sep)))
+  if not os.path.isdir(parent):
+    raise RunError(f"--out {out_path}: no directory {parent} to make it in")
+  if os.path.exists(out_path) and not os.path.isdir(out_path):
+    raise RunError(f"--out {out_path}: {special_kind(out_path) or 'a file'}, expected a "
+                   f"folder")
+
+
 def _interrupt(signum, frame):
   raise KeyboardInterrupt(signum)
 
@@ -374,7 +424,7 @@ def main(argv=None) -> int:
   parser.add_argument("--model", required=True,
                       help="a sentence-transformers folder or Hugging Face model directory")
   parser.add_argument("--input", required=True, help=".txt, .jsonl or .parquet of texts")
-  parser.add_argument("--out", required=True, help=".npy, .parquet or .jsonl")
+  parser.add_argument("--out", required=True, help=".npy, .parquet, .jsonl or a folder DIR/")
   parser.add_argument("--text-field", default="text")
   parser.add_argument("--id-field", default="id")
   parser.add_argument("--prompt", help="text put before each text (e.g. 'query: ')")
@@ -382,23 +432,52 @@ def main(argv=None) -> int:
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   parser.add_argument("--allow-nonfinite", action="store_true",
                       help="write embeddings that are NaN or inf (warned of), not stop")
+  parser.add_argument("--part-mb", type=float, default=corpus.PART_MB,
+                      help="MiB of input a part of a folder --out holds")
+  parser.add_argument("--batch-tokens", type=int,
+                      help="ids a call encodes on each device (default: from its memory)")
+  multihost = parser.add_argument_group("several processes (python -m train.launch gives these)")
+  multihost.add_argument("--multihost", action="store_true",
+                         help="join the other processes with jax.distributed.initialize()")
+  multihost.add_argument("--coordinator_address", help="host:port of process 0")
+  multihost.add_argument("--num_processes", type=int, help="processes in the job")
+  multihost.add_argument("--process_id", type=int, help="this process's index")
+  multihost.add_argument("--heartbeat_timeout_s", type=int, default=100,
+                         help="seconds without a peer's heartbeat before it counts as dead")
   args = parser.parse_args(argv)
   if args.prompt is not None and args.prompt_name is not None:
     parser.error("--prompt and --prompt-name: both given, expected one")
+  for name in ("part_mb", "batch_tokens"):
+    value = getattr(args, name)
+    if value is not None and not value > 0:
+      parser.error(f"--{name.replace('_', '-')} {value}: expected a number > 0")
+  process, barrier = (0, 1), None
+  if args.multihost:
+    import jax
+    from jax.experimental import multihost_utils
+    jax.distributed.initialize(coordinator_address=args.coordinator_address,
+                               num_processes=args.num_processes, process_id=args.process_id,
+                               heartbeat_timeout_seconds=args.heartbeat_timeout_s)
+    process = jax.process_index(), jax.process_count()
+    barrier = lambda: multihost_utils.sync_global_devices("embed: every part written")
   previous = signal.signal(signal.SIGTERM, _interrupt)
   try:
     count = embed(args.model, args.input, args.out, args.text_field, args.id_field,
                   args.prompt, args.prompt_name, args.dtype, show=True,
-                  allow_nonfinite=args.allow_nonfinite)
+                  allow_nonfinite=args.allow_nonfinite, part_mb=args.part_mb,
+                  batch_tokens=args.batch_tokens, process=process, barrier=barrier)
   except RunError as e:
     print(f"embed: error: {e}", file=sys.stderr)
     return e.exit_code
   except KeyboardInterrupt as e:
-    print(f"embed: stopped; {args.out} not written", file=sys.stderr)
+    left = ("the parts written are kept: the same command continues"
+            if is_folder(args.out) else "not written")
+    print(f"embed: stopped; {args.out} {left}", file=sys.stderr)
     return 128 + (e.args[0] if e.args else signal.SIGINT)
   finally:
     signal.signal(signal.SIGTERM, previous)
-  print(f"{args.out}: {count} embeddings")
+  if process[0] == 0:
+    print(f"{args.out}: {count} embeddings")
   return 0
 
 

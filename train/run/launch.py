@@ -3,8 +3,11 @@ r"""Runs `python -m train` as several processes on this machine, joined by jax.d
   python -m train.launch --processes 2 --devices-per-process 2 -- --workdir runs/mp \
       --config.mesh.data=2 --config.mesh.fsdp=2
   python -m train.launch --processes 8 --gpus-per-process 1 -- --workdir runs/gpu   # a GPU node
+  python -m train.launch --program embed --processes 2 --devices-per-process 4 -- \
+      --model DIR --input corpus.jsonl --out embeddings/
 
-Everything after `--` goes to each `python -m train`, which also gets `--multihost` with the
+Everything after `--` goes to each `python -m train` (`--program embed`: each
+`python -m train.embed`), which also gets `--multihost` with the
 coordinator's address (a free local port), its process id and the process count. On CPU each
 process gets `--devices-per-process` devices (XLA_FLAGS); on a GPU node each gets its own
 `--gpus-per-process` GPUs (CUDA_VISIBLE_DEVICES). Output lines carry a `[i]` prefix. SIGTERM
@@ -71,10 +74,15 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def commands(processes: int, train_args: list[str], port: int) -> list[list[str]]:
+PROGRAMS = {"train": "train", "embed": "train.embed"}  # --program: the module each process runs
+
+
+def commands(processes: int, train_args: list[str], port: int,
+             program: str = "train") -> list[list[str]]:
   """The command line of each process."""
-  return [[sys.executable, "-m", "train", "--multihost", f"--coordinator_address=localhost:{port}",
-           f"--num_processes={processes}", f"--process_id={i}", *train_args]
+  return [[sys.executable, "-m", PROGRAMS[program], "--multihost",
+           f"--coordinator_address=localhost:{port}", f"--num_processes={processes}",
+           f"--process_id={i}", *train_args]
           for i in range(processes)]
 
 
@@ -166,6 +174,8 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m train.launch", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--processes", type=int, required=True)
+  parser.add_argument("--program", choices=sorted(PROGRAMS), default="train",
+                      help="what each process runs: python -m train, or python -m train.embed")
   devices = parser.add_mutually_exclusive_group(required=True)
   devices.add_argument("--devices-per-process", type=int, help="CPU devices of each process")
   devices.add_argument("--gpus-per-process", type=int, help="GPUs of each process")
@@ -174,9 +184,10 @@ def main(argv=None) -> int:
     value = getattr(args, name)
     if value is not None and value < 1:
       parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-  if not any(a.startswith("--workdir") for a in train_args):
-    parser.error("pass the training arguments after --, at least --workdir DIR")
-  cmds = commands(args.processes, train_args, free_port())
+  needed = "--workdir" if args.program == "train" else "--out"
+  if not any(a.startswith(needed) for a in train_args):
+    parser.error(f"pass the {args.program} arguments after --, at least {needed} ...")
+  cmds = commands(args.processes, train_args, free_port(), args.program)
   return launch(cmds, environments(args.processes, args.devices_per_process,
                                    args.gpus_per_process))
 

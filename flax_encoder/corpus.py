@@ -1,0 +1,137 @@
+"""A corpus's embeddings in parts: the folder `python -m train.embed --out DIR/` writes, read
+back in input order.
+
+    ids, vectors = read_embeddings("embeddings/")         # all of it: ids, float32 [n, dim]
+    for ids, vectors in iter_embeddings("embeddings/"):   # a part at a time
+      ...
+
+The folder holds plain files:
+
+  manifest.json     what was embedded and how: `model` (its fingerprint, dimension, pooling,
+                    normalisation, max_seq_length, prompt, dtype), `input` (its name, format,
+                    size and fingerprint), `fields`, `part_bytes`; once every part is
+                    written, `complete` true and `parts`: each one's file, rows, lines,
+                    first line and SHA-256.
+  part-00000.npy    float32 [rows, dim], part 0's texts' embeddings in input order.
+  part-00000.json   part 0's texts: `line`, each text's line (Parquet: row) number within
+                    the part, from 1; `ids`, each text's id where the input gives one (null
+                    where not), or null where it gives none; `lines`, the lines the part
+                    holds (blank ones too); `rows`; `sha256` of the .npy; `run`, the
+                    manifest's key. Written after the .npy, it marks the part done.
+
+Part k holds the lines that start in bytes [k * part_bytes, (k + 1) * part_bytes) of the input
+(decompressed, where it is compressed), or the k-th run of a Parquet file's row groups. A text's
+id is the input's (`fields.id`) where it has one, else its line (row) number in the whole input,
+counted from 1: the lines of the parts before its own, plus its number within its part.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+
+import numpy as np
+
+MANIFEST = "manifest.json"
+FORMAT = "flax-encoder embeddings"
+VERSION = 1
+# A part's .npy header, always this long: written first with room to spare, its shape filled
+# in once the part's rows are counted.
+HEADER_BYTES = 128
+
+
+class CorpusError(ValueError):
+  """A folder of parts that cannot be read as one: one line naming the file and what is wrong."""
+
+
+def part_name(index: int) -> str:
+  return f"part-{index:05d}"
+
+
+def run_key(header: dict) -> str:
+  """What identifies a run's parts: a SHA-256 of its manifest's header, less the paths (the
+  input or the model moved is the same run) and what completion adds."""
+  kept = {k: v for k, v in header.items() if k not in ("complete", "parts", "key")}
+  kept["model"] = {k: v for k, v in kept["model"].items() if k != "path"}
+  kept["input"] = {k: v for k, v in kept["input"].items() if k != "path"}
+  return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def npy_header(rows: int, dim: int) -> bytes:
+  """The HEADER_BYTES of a float32 [rows, dim] .npy file."""
+  import io
+  out = io.BytesIO()
+  np.lib.format.write_array_header_1_0(out, {"descr": "<f4", "fortran_order": False,
+                                             "shape": (rows, dim)})
+  header = out.getvalue()
+  # numpy pads its header to a multiple of 64 bytes: pad it on to HEADER_BYTES
+  return header[:-1] + b" " * (HEADER_BYTES - len(header)) + b"\n"
+
+
+def sha256_of(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    while block := f.read(1 << 24):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _json(path: str) -> dict:
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except FileNotFoundError:
+    raise CorpusError(f"{path}: no such file") from None
+  except (OSError, ValueError) as e:
+    raise CorpusError(f"{path}: not readable JSON ({e})") from None
+  if not isinstance(value, dict):
+    raise CorpusError(f"{path}: a JSON {type(value).__name__}, expected an object")
+  return value
+
+
+def read_manifest(directory: str) -> dict:
+  """The manifest of a folder of parts; CorpusError where it is not one, or not complete."""
+  manifest = _json(os.path.join(directory, MANIFEST))
+  if manifest.get("format") != FORMAT:
+    raise CorpusError(f"{os.path.join(directory, MANIFEST)}: format "
+                      f"{manifest.get('format')!r}, expected {FORMAT!r}")
+  if not manifest.get("complete"):
+    done = sum(name.endswith(".json") and name.startswith("part-")
+               for name in os.listdir(directory))
+    raise CorpusError(f"{directory}: incomplete ({done} parts written so far): run the same "
+                      f"`python -m train.embed` again to finish it")
+  return manifest
+
+
+def iter_embeddings(directory: str, verify: bool = True) -> Iterator[tuple[list, np.ndarray]]:
+  """(ids, float32 [rows, dim]) of each part in input order. `verify`: each part's SHA-256 is
+  checked against the manifest's first."""
+  manifest = read_manifest(directory)
+  dim = manifest["model"]["dim"]
+  for part in manifest["parts"]:
+    path = os.path.join(directory, part["file"])
+    if verify and sha256_of(path) != part["sha256"]:
+      raise CorpusError(f"{path}: its SHA-256 differs from the manifest's: changed or damaged "
+                        f"since it was written")
+    vectors = np.load(path)
+    if vectors.shape != (part["rows"], dim) or vectors.dtype != np.float32:
+      raise CorpusError(f"{path}: {vectors.dtype} {list(vectors.shape)}, expected float32 "
+                        f"[{part['rows']}, {dim}]")
+    about = _json(os.path.join(directory, part["file"][:-len(".npy")] + ".json"))
+    given = about["ids"] or [None] * len(about["line"])
+    ids = [i if i is not None else part["first_line"] + line
+           for i, line in zip(given, about["line"])]
+    yield ids, vectors
+
+
+def read_embeddings(directory: str, verify: bool = True) -> tuple[list, np.ndarray]:
+  """(ids, float32 [texts, dim]) of a folder `python -m train.embed --out DIR/` wrote, in
+  input order. CorpusError in one line where the folder is incomplete or damaged."""
+  ids, parts = [], []
+  for part_ids, vectors in iter_embeddings(directory, verify):
+    ids += part_ids
+    parts.append(vectors)
+  dim = read_manifest(directory)["model"]["dim"]
+  return ids, np.concatenate(parts) if parts else np.zeros((0, dim), np.float32)

@@ -1,0 +1,195 @@
+"""`python -m train.embed --out DIR/`: a corpus embedded into a folder of parts and a manifest,
+read back by flax_encoder.corpus.read_embeddings in input order; the same embeddings and ids
+as a single file, over several devices and processes; continued after kill -9 to what an
+uninterrupted run writes, bit for bit; another run's folder refused in one line."""
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from flax_encoder.corpus import CorpusError, read_embeddings
+from train.errors import RunError
+from train.outputs import corpus as parts
+from train.outputs import embed
+from tests import runs
+from tests.test_embed_command import TEXTS, folder  # noqa: F401  (a module-scoped fixture)
+
+PART_MB = 300 / (1 << 20)  # parts of 300 bytes: several for a few dozen lines
+LONG = "a b " * 400  # 1,600 bytes: a line longer than a part, which leaves the next one empty
+
+
+def _records(n: int = 60) -> list[dict]:
+  """n records, every third without an id, texts of TEXTS and one long one."""
+  rows = []
+  for i in range(n):
+    text = LONG if i == 7 else f"{TEXTS[i % len(TEXTS)]} {i}"
+    rows.append({"text": text} | ({} if i % 3 == 2 else {"id": f"doc-{i}"}))
+  return rows
+
+
+def _jsonl(path, rows, blank_every: int = 0) -> str:
+  lines = [json.dumps(r) for r in rows]
+  if blank_every:  # blank lines count as lines, hold no text
+    lines = [x for i, line in enumerate(lines) for x in ([line, ""] if i % blank_every == 1
+                                                          else [line])]
+  path.write_text("\n".join(lines) + "\n")
+  return str(path)
+
+
+def _single(folder, source, tmp_path):  # noqa: F811
+  """(ids, vectors) of the single-file output of the same input."""
+  out = tmp_path / "single.jsonl"
+  embed.embed(folder, source, str(out))
+  lines = [json.loads(x) for x in out.read_text().splitlines()]
+  return [x["id"] for x in lines], np.array([x["embedding"] for x in lines], np.float32)
+
+
+def _input(kind: str, tmp_path) -> str:
+  rows = _records()
+  if kind == "jsonl":
+    return _jsonl(tmp_path / "in.jsonl", rows, blank_every=5)
+  if kind == "txt.gz":
+    path = tmp_path / "in.txt.gz"
+    path.write_bytes(gzip.compress(("\n".join(r["text"] for r in rows) + "\n\n").encode()))
+    return str(path)
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  path = str(tmp_path / "in.parquet")
+  table = pa.table({"text": [r["text"] for r in rows], "id": [r.get("id") for r in rows]})
+  pq.write_table(table, path, row_group_size=7)
+  return path
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "txt.gz", "parquet"])
+def test_a_folder_holds_in_input_order_what_a_single_file_holds(folder, tmp_path, kind):  # noqa: F811
+  source = _input(kind, tmp_path)
+  out = str(tmp_path / "out") + "/"
+  assert embed.embed(folder, source, out, part_mb=PART_MB) == 60
+  ids, vectors = read_embeddings(out)
+  expected_ids, expected = _single(folder, source, tmp_path)
+  assert ids == expected_ids
+  np.testing.assert_allclose(vectors, expected, atol=1e-6)
+  manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+  assert manifest["complete"] and len(manifest["parts"]) > 3
+  assert manifest["model"]["dim"] == 32 and manifest["model"]["normalize"]
+  if kind == "jsonl":  # the long line leaves the part after its own empty, and counted
+    assert 0 in [p["rows"] for p in manifest["parts"]]
+  assert sum(p["rows"] for p in manifest["parts"]) == 60
+
+
+def test_a_process_reads_only_the_bytes_of_its_own_parts(tmp_path):
+  # Part 0 holds bytes that are neither UTF-8 nor JSON: reading part 1 alone never sees them.
+  path = tmp_path / "in.jsonl"
+  good = "".join(json.dumps({"text": f"text {i}"}) + "\n" for i in range(10))
+  path.write_bytes(b"\xff\xfe not json\n" * 40 + good.encode())  # 480 bytes, then the texts
+  reader = parts._reader(str(path), 480, "text", "id")
+  assert reader.count == 2
+  assert [text for _, _, text in reader.read(1)] == [f"text {i}" for i in range(10)]
+  with pytest.raises(RunError, match=r"invalid UTF-8 in the line at byte 0 "):
+    list(reader.read(0))
+
+
+def test_a_run_stopped_at_any_moment_continues_to_what_an_uninterrupted_run_writes(
+    folder, tmp_path, monkeypatch):  # noqa: F811
+  source = _input("jsonl", tmp_path)
+  whole = str(tmp_path / "whole") + "/"
+  embed.embed(folder, source, whole, part_mb=PART_MB)
+
+  from flax_encoder.embeddings import SentenceEncoder
+  call, calls = SentenceEncoder.__call__, {"n": 0}
+
+  def stopped_at_the_fifth(self, *args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] == 5:
+      raise KeyboardInterrupt
+    return call(self, *args, **kwargs)
+
+  resumed = str(tmp_path / "resumed") + "/"
+  with monkeypatch.context() as m:
+    m.setattr(SentenceEncoder, "__call__", stopped_at_the_fifth)
+    with pytest.raises(KeyboardInterrupt):
+      embed.embed(folder, source, resumed, part_mb=PART_MB)
+  left = os.listdir(resumed)
+  done = sum(name.endswith(".json") and name.startswith("part-") for name in left)
+  assert done >= 4 and not [name for name in left if ".tmp-" in name]  # the 5th call's part gone
+  with pytest.raises(CorpusError, match=rf"incomplete \({done} parts written so far\): run the"):
+    read_embeddings(resumed)
+  embed.embed(folder, source, resumed, part_mb=PART_MB)
+  assert sorted(os.listdir(whole)) == sorted(os.listdir(resumed))
+  for name in os.listdir(whole):
+    assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "resumed" / name).read_bytes()
+
+
+def test_kill_9_then_the_same_command_gives_an_uninterrupted_runs_folder(folder, tmp_path):  # noqa: F811
+  source = str(tmp_path / "in.txt")
+  with open(source, "w") as f:
+    f.writelines(f"{TEXTS[i % len(TEXTS)]} {i}\n" for i in range(3000))
+  args = ["--model", folder, "--input", source, "--part-mb", "0.002"]
+  killed = str(tmp_path / "killed") + "/"
+  proc = subprocess.Popen([sys.executable, "-m", "train.embed", *args, "--out", killed],
+                          cwd=runs.ROOT, env=runs.environment(), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  deadline = time.monotonic() + 120
+  while not os.path.exists(os.path.join(killed, "part-00003.json")):
+    assert proc.poll() is None and time.monotonic() < deadline
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert embed.main([*args, "--out", killed]) == 0
+  whole = str(tmp_path / "whole") + "/"
+  assert embed.main([*args, "--out", whole]) == 0
+  assert sorted(os.listdir(whole)) == sorted(os.listdir(killed))  # no part half-written
+  for name in os.listdir(whole):
+    assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "killed" / name).read_bytes()
+
+
+def test_another_runs_folder_is_refused_in_one_line_and_never_mixed(folder, tmp_path, capsys):  # noqa: F811
+  source = tmp_path / "in.jsonl"
+  _jsonl(source, _records(20))
+  out = str(tmp_path / "out") + "/"
+  common = ["--model", folder, "--out", out, "--part-mb", str(PART_MB)]
+  assert embed.main([*common, "--input", str(source)]) == 0
+  manifest = (tmp_path / "out" / "manifest.json").read_bytes()
+
+  _jsonl(source, _records(21))  # the input changed
+  assert embed.main([*common, "--input", str(source)]) == 2
+  error = capsys.readouterr().err.strip().splitlines()[-1]
+  assert error.startswith(f"embed: error: --out {out}: holds the embeddings of another run "
+                          f"(the input's size was ")
+  _jsonl(source, _records(20))
+  assert embed.main([*common, "--input", str(source), "--prompt", "query: "]) == 2
+  assert "(the prompt was '', now 'query: ')" in capsys.readouterr().err
+  assert (tmp_path / "out" / "manifest.json").read_bytes() == manifest  # left as it was
+
+  (tmp_path / "other").mkdir()
+  (tmp_path / "other" / "notes.txt").write_text("mine")
+  assert embed.main(["--model", folder, "--input", str(source),
+                     "--out", str(tmp_path / "other")]) == 2
+  assert "a directory holding 'notes.txt' and no manifest.json" in capsys.readouterr().err
+  with pytest.raises(RunError, match="a file, which one of 2 processes cannot write"):
+    embed.embed(folder, str(source), str(tmp_path / "e.npy"), process=(0, 2))
+
+
+def test_two_processes_of_two_devices_write_the_folder_one_device_writes(folder, tmp_path):  # noqa: F811
+  source = _input("jsonl", tmp_path)
+  one = str(tmp_path / "one") + "/"
+  embed.embed(folder, source, one, part_mb=PART_MB)
+  shared = str(tmp_path / "shared") + "/"
+  out = subprocess.run(
+      [sys.executable, "-m", "train.launch", "--program", "embed", "--processes", "2",
+       "--devices-per-process", "2", "--", "--model", folder, "--input", source,
+       "--out", shared, "--part-mb", str(PART_MB)],
+      cwd=runs.ROOT, env=runs.environment(), capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stdout[-3000:]
+  assert f"[0] {shared}: 60 embeddings" in out.stdout
+  ids, vectors = read_embeddings(shared)
+  expected_ids, expected = read_embeddings(one)
+  assert ids == expected_ids
+  np.testing.assert_allclose(vectors, expected, atol=1e-6)

@@ -1,0 +1,519 @@
+r"""`python -m train.embed --out DIR/`: a corpus embedded in parts, on every device of every
+process, resumable (the folder's format and its reader: flax_encoder.corpus).
+
+The input is cut into parts of --part-mb MiB: part k holds the lines that start in bytes
+[k * B, (k + 1) * B) (a Parquet file: runs of its row groups of about B bytes). Process p of n
+embeds the parts k with k % n == p, each over all of its devices, reading only those bytes of
+the input (a compressed input cannot be entered in the middle: each process reads it through,
+embedding only its parts). A part is written whole (its .npy, then its .json) or not at all, so
+the same command after kill -9, preemption or Ctrl-C embeds only the parts not yet written; the
+folder then holds what one uninterrupted run writes, bit for bit. Process 0 writes the
+manifest when every process is done.
+
+A run's parts carry a key of what it embeds (the model's fingerprint, the input's size and
+fingerprint, the fields, prompt, dtype and part size): a folder holding another run's parts is
+refused in one line rather than mixed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from flax_encoder import corpus
+from train.data import sources
+from train.errors import RunError
+from train.files import sha256_file, written_whole
+
+PART_MB = 16  # MiB of input a part, by default
+_CHUNK = 1024  # texts a device embeds at once, between writes and moves of the progress bar
+_SAMPLE = 1 << 20  # bytes of the input's head and tail its fingerprint reads
+_PROBE = ("The quick brown fox, 1234 — naïve café; 東京 ¿qué? <b>x</b> don't [MASK] "
+          "e=mc^2 #hashtag @user https://example.com/a?b=c 😀")  # a fingerprint's tokenizer text
+_REFRESH_S = 2.0  # how often process 0 looks for the parts the others wrote
+
+
+def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: str = "text",
+                id_field: str = "id", prompt: str | None = None, prompt_name: str | None = None,
+                dtype: str = "float32", show: bool = False, allow_nonfinite: bool = False,
+                part_mb: float = PART_MB, batch_tokens: int | None = None,
+                process: tuple[int, int] = (0, 1), barrier=None) -> tuple[int, int]:
+  """Embeds this process's parts of `input_path` into the folder `out_dir` with `encoder`
+  (a SentenceEncoder, its devices chosen); process 0 then writes the manifest, after
+  `barrier()` (every process done). Returns (texts embedded now, parts written now)."""
+  from train.outputs.embed import _NonFinite
+  index, count = process
+  prompt_text = encoder.prompt_text(prompt, prompt_name)
+  part_bytes = max(1, int(part_mb * (1 << 20)))
+  reader = _reader(input_path, part_bytes, text_field, id_field)
+  header = _header(encoder, model, input_path, reader, text_field, id_field, prompt_text,
+                   dtype, part_bytes)
+  key = _prepare_folder(out_dir, header, index)
+  written = _written(out_dir, key)
+  nonfinite, embedded, made = _NonFinite(), 0, 0
+  chunk = _CHUNK * len(encoder.devices)
+  bar = _Bar(out_dir, reader, written, show and index == 0)
+  with bar:
+    for k in reader.parts(index, count):
+      if k in written:
+        reader.skip(k)
+        continue
+      with _Part(out_dir, k, key, encoder.dim) as part:
+        for texts in _chunks(reader.read(k), chunk):
+          numbers, ids, strings = zip(*texts)
+          vectors = encoder(list(strings), prompt=prompt_text, batch_tokens=batch_tokens)
+          if nonfinite.add(ids, vectors) and not allow_nonfinite:
+            raise nonfinite.error(model, encoder.params, embedded + len(texts), embedded +
+                                  len(texts))
+          part.write(numbers, ids, vectors)
+          embedded += len(texts)
+          bar.advance(reader.done_in(k))
+        part.finish(reader.lines_in(k), reader.span(k))
+      made += 1
+      bar.part_done(k)
+  if nonfinite.count:
+    import sys
+    print(f"embed: warning: {nonfinite.said(embedded)} are not finite (NaN or inf); written as "
+          f"they came (--allow-nonfinite)", file=sys.stderr)
+  if barrier is not None:
+    barrier()
+  if index == 0:
+    _finish(out_dir, header, key, reader.count)
+  return embedded, made
+
+
+def texts_in(out_dir: str) -> int:
+  """The texts the complete folder `out_dir` holds."""
+  return sum(part["rows"] for part in corpus.read_manifest(out_dir)["parts"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The folder
+
+
+def _header(encoder, model: str, input_path: str, reader, text_field: str, id_field: str,
+            prompt: str, dtype: str, part_bytes: int) -> dict:
+  """The manifest's description of the run, before its parts."""
+  import jax
+  from flax_encoder.embeddings import Normalize
+  digest = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(encoder.params)[0]:
+    digest.update(jax.tree_util.keystr(path).encode())
+    digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+  digest.update(repr(encoder.model).encode())
+  digest.update(repr(encoder.template).encode())
+  digest.update(np.concatenate(encoder.tokenize([_PROBE])).tobytes())
+  return {"format": corpus.FORMAT, "version": corpus.VERSION, "complete": False,
+          "model": {"path": os.path.abspath(model), "fingerprint": digest.hexdigest(),
+                    "dim": encoder.dim, "pooling": list(encoder.model.pooling.modes),
+                    "normalize": any(isinstance(s, Normalize) for s in encoder.model.steps),
+                    "max_seq_length": encoder.max_seq_length, "prompt": prompt,
+                    "dtype": dtype},
+          "input": {"path": os.path.abspath(input_path), "format": reader.format,
+                    "compression": reader.compression, "bytes": os.path.getsize(input_path),
+                    "fingerprint": _input_fingerprint(input_path)},
+          "fields": {"text": text_field, "id": id_field}, "part_bytes": part_bytes}
+
+
+def _input_fingerprint(path: str) -> str:
+  """A SHA-256 of the input's first and last MiB (with its size beside it in the header):
+  what tells a changed input from the same one without reading all of it."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    digest.update(f.read(_SAMPLE))
+    f.seek(max(0, os.path.getsize(path) - _SAMPLE))
+    digest.update(f.read(_SAMPLE))
+  return digest.hexdigest()
+
+
+def _prepare_folder(out_dir: str, header: dict, index: int) -> str:
+  """Makes `out_dir` (process 0 writes its manifest, not yet complete) or checks that what it
+  holds is this run's; returns the run's key."""
+  key = corpus.run_key(header)
+  manifest = os.path.join(out_dir, corpus.MANIFEST)
+  if os.path.isfile(manifest):
+    try:
+      with open(manifest, encoding="utf-8") as f:
+        before = json.load(f)
+      theirs = before.get("key")
+    except (OSError, ValueError, AttributeError):
+      theirs = None
+    if theirs != key:
+      raise RunError(f"--out {out_dir}: holds the embeddings of another run "
+                     f"({_difference(before if theirs else None, header)}); expected this "
+                     f"command's: give another --out, or remove {out_dir} to start over")
+    return key
+  if os.path.isdir(out_dir):
+    others = [n for n in os.listdir(out_dir) if not n.startswith("part-")]
+    if others:
+      raise RunError(f"--out {out_dir}: a directory holding {others[0]!r} and no "
+                     f"{corpus.MANIFEST}, expected a new or empty directory or one this "
+                     f"command wrote")
+  os.makedirs(out_dir, exist_ok=True)
+  if index == 0:
+    _write_json(manifest, {**header, "key": key})
+  return key
+
+
+def _difference(before: dict | None, header: dict) -> str:
+  """What differs between the run that wrote a folder and this one, said briefly."""
+  if before is None:
+    return "its manifest.json is not this program's"
+  for part, field, said in (("input", "bytes", "the input's size"),
+                            ("input", "fingerprint", "the input's fingerprint"),
+                            ("model", "fingerprint", "the model's fingerprint (its weights, "
+                                                     "modules and tokenizer)"),
+                            ("model", "prompt", "the prompt"), ("model", "dtype", "--dtype")):
+    then, now = before.get(part, {}).get(field), header[part][field]
+    if then != now:
+      return f"{said} was {_brief(then)}, now {_brief(now)}"
+  for field, said in (("fields", "the fields"), ("part_bytes", "a part's bytes (--part-mb)"),
+                      ("version", "the format's version")):
+    if before.get(field) != header[field]:
+      return f"{said} was {_brief(before.get(field))}, now {_brief(header[field])}"
+  return "its manifest differs"
+
+
+def _brief(value) -> str:
+  said = repr(value)
+  return said if len(said) <= 20 else said[:17] + "..."
+
+
+def _written(out_dir: str, key: str) -> set[int]:
+  """The parts already written by this run; RunError naming a part of another run."""
+  done = set()
+  for name in os.listdir(out_dir):
+    if not (name.startswith("part-") and name.endswith(".json")):
+      continue
+    path = os.path.join(out_dir, name)
+    try:
+      with open(path, encoding="utf-8") as f:
+        about = json.load(f)
+    except (OSError, ValueError):
+      continue  # torn by a crash of the file system: written again
+    if about.get("run") != key:
+      raise RunError(f"--out {out_dir}: {name} was written by another run (its key "
+                     f"{about.get('run')!r}, this run's {key!r}): give another --out, or "
+                     f"remove {out_dir} to start over")
+    npy = path[:-len(".json")] + ".npy"
+    if os.path.isfile(npy) and os.path.getsize(npy) == (
+        corpus.HEADER_BYTES + about["rows"] * about["dim"] * 4):
+      done.add(about["part"])
+  return done
+
+
+def _finish(out_dir: str, header: dict, key: str, count: int) -> None:
+  """The complete manifest: every part's file, rows, lines, first line and SHA-256."""
+  parts, first = [], 0
+  for k in range(count):
+    name = corpus.part_name(k)
+    try:
+      with open(os.path.join(out_dir, name + ".json"), encoding="utf-8") as f:
+        about = json.load(f)
+    except OSError:
+      raise RunError(f"--out {out_dir}: {name}.json is missing after every process finished: "
+                     f"run the same command again") from None
+    parts.append({"file": name + ".npy", "rows": about["rows"], "lines": about["lines"],
+                  "first_line": first, "sha256": about["sha256"]})
+    first += about["lines"]
+  _write_json(os.path.join(out_dir, corpus.MANIFEST),
+              {**header, "key": key, "complete": True, "parts": parts})
+
+
+def _write_json(path: str, value: dict) -> None:
+  with written_whole(path) as tmp:
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(value, f, indent=1)
+      f.write("\n")
+
+
+class _Part:
+  """Part k's .npy, written as its chunks come (its header's shape filled in at the end), then
+  its .json; both appear whole or not at all."""
+
+  def __init__(self, out_dir: str, k: int, key: str, dim: int):
+    self.path = os.path.join(out_dir, corpus.part_name(k))
+    self.k, self.key, self.dim = k, key, dim
+    self.numbers, self.ids, self.rows = [], [], 0
+
+  def __enter__(self):
+    self._npy = written_whole(self.path + ".npy")
+    self.tmp = self._npy.__enter__()
+    self.file = open(self.tmp, "wb")
+    self.file.write(corpus.npy_header(0, self.dim))
+    return self
+
+  def write(self, numbers, ids, vectors: np.ndarray) -> None:
+    self.file.write(np.ascontiguousarray(vectors, "<f4").tobytes())
+    self.numbers += numbers
+    self.ids += ids
+    self.rows += len(vectors)
+
+  def finish(self, lines: int, span: tuple[int, int]) -> None:
+    self.file.seek(0)
+    self.file.write(corpus.npy_header(self.rows, self.dim))
+    self.file.flush()
+    os.fsync(self.file.fileno())
+    self.file.close()
+    self._npy.__exit__(None, None, None)  # renamed into place
+    self.file = None
+    given = any(i is not None for i in self.ids)
+    _write_json(self.path + ".json", {
+        "part": self.k, "run": self.key, "rows": self.rows, "dim": self.dim, "lines": lines,
+        "span": list(span), "sha256": sha256_file(self.path + ".npy"),
+        "line": list(self.numbers), "ids": list(self.ids) if given else None})
+
+  def __exit__(self, *exc):
+    if self.file is not None:  # stopped before finish: nothing of the part is left
+      self.file.close()
+      with contextlib.suppress(BaseException):
+        self._npy.__exit__(*exc)
+
+
+def _chunks(items: Iterator, size: int) -> Iterator[list]:
+  chunk = []
+  for item in items:
+    chunk.append(item)
+    if len(chunk) == size:
+      yield chunk
+      chunk = []
+  if chunk:
+    yield chunk
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the input by parts
+
+
+def _reader(input_path: str, part_bytes: int, text_field: str, id_field: str):
+  fmt, compression = sources.stored_format(input_path)
+  if fmt == "parquet":
+    return _RowGroups(input_path, part_bytes, text_field, id_field)
+  return _Lines(input_path, fmt, compression, part_bytes, text_field, id_field)
+
+
+class _Lines:
+  """A .txt or .jsonl input by parts: part k the lines that start in bytes [k * B, (k+1) * B)
+  (of the decompressed stream, where compressed). An uncompressed input is entered at a part's
+  start; a compressed one is read through, its parts asked for in order."""
+
+  def __init__(self, path: str, fmt: str, compression: str | None, part_bytes: int,
+               text_field: str, id_field: str):
+    self.path, self.format, self.compression = path, fmt, compression
+    self.part_bytes, self.text_field, self.id_field = part_bytes, text_field, id_field
+    self.stored = open(path, "rb")
+    self.file = sources._decompressing(self.stored, compression) if compression else self.stored
+    self.at = 0  # where the next line starts
+    self.ahead = None  # (start, line) read past the part asked for
+    size = os.path.getsize(path)
+    self.count = None if compression else -(-size // part_bytes)  # parts, once known
+    self.total = None if compression else size  # the progress bar's
+    self._lines, self._done = {}, {}
+
+  def parts(self, index: int, count: int) -> Iterator[int]:
+    """This process's parts, in order, while there are parts."""
+    k = index
+    while self.count is None or k < self.count:
+      yield k
+      k += count
+
+  def span(self, k: int) -> tuple[int, int]:
+    return k * self.part_bytes, (k + 1) * self.part_bytes
+
+  def lines_in(self, k: int) -> int:
+    return self._lines[k]
+
+  def done_in(self, k: int) -> int:
+    """Bytes of part k read so far."""
+    return self._done[k]
+
+  def skip(self, k: int) -> None:
+    """Passes over part k (already written)."""
+    if self.compression:
+      for _ in self._raw_lines(k):
+        pass
+
+  def _raw_lines(self, k: int) -> Iterator[tuple[int, bytes]]:
+    start, stop = self.span(k)
+    if not self.compression:  # enter at the first line that starts at or after `start`
+      self.file.seek(max(0, start - 1))
+      self.at, self.ahead = max(0, start - 1), None
+      if start > 0:
+        self.at += len(self.file.readline())
+    while True:
+      if self.ahead is None:
+        try:
+          line = self.file.readline()
+        except (OSError, EOFError) as e:
+          raise RunError(f"--input {self.path}: not a readable {self.compression} file "
+                         f"({type(e).__name__}: {e})") from None
+        if not line:
+          self.count = -(-self.at // self.part_bytes)
+          return
+        self.ahead, self.at = (self.at, line), self.at + len(line)
+      begins, line = self.ahead
+      if begins >= stop:
+        return
+      self.ahead = None
+      if begins >= start:
+        self._done[k] = begins + len(line) - start
+        yield begins, line
+
+  def read(self, k: int) -> Iterator[tuple[int, object, str]]:
+    """(line number within the part, from 1; the id where the line gives one, else None;
+    the text) of part k's texts; blank lines are counted, not read."""
+    self._lines[k], self._done[k] = 0, 0
+    for begins, raw in self._raw_lines(k):
+      self._lines[k] += 1
+      number = self._lines[k]
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise RunError(f"--input {self.path}: invalid UTF-8 in the line at byte {begins}"
+                       f"{' (decompressed)' if self.compression else ''} ({e.reason})") from None
+      if not line.strip():
+        continue
+      if self.format == "text":
+        yield number, None, line.rstrip("\r\n")
+        continue
+      yield (number, *texts_of_record_line(line, self.path, begins, self.text_field,
+                                           self.id_field))
+
+
+def texts_of_record_line(line: str, path: str, begins: int, text_field: str,
+                         id_field: str) -> tuple[object, str]:
+  """(id or None, text) of a JSON line; RunError naming the line by its byte."""
+  where = f"--input {path}: the line at byte {begins}"
+  try:
+    record = json.loads(line)
+  except (ValueError, RecursionError) as e:
+    raise RunError(f"{where}: not a JSON object ({type(e).__name__})") from None
+  if not isinstance(record, dict):
+    raise RunError(f"{where}: not a JSON object")
+  text = record.get(text_field)
+  if not isinstance(text, str):
+    raise RunError(f"{where}: {text_field!r} (--text-field) is {type(text).__name__}, "
+                   f"expected a string")
+  return record.get(id_field), text
+
+
+class _RowGroups:
+  """A Parquet input by parts: part k the k-th run of its row groups holding about B bytes."""
+
+  def __init__(self, path: str, part_bytes: int, text_field: str, id_field: str):
+    import pyarrow.parquet as pq
+    self.path, self.format, self.compression = path, "parquet", None
+    self.text_field, self.id_field = text_field, id_field
+    try:
+      self.file = pq.ParquetFile(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow's errors, whichever: name the file
+      raise RunError(f"--input {path}: not a readable Parquet file ({e})") from None
+    names = self.file.schema_arrow.names
+    if text_field not in names:
+      raise RunError(f"--input {path}: no column {text_field!r} (--text-field), columns: "
+                     f"{names}")
+    self.columns = [text_field] + ([id_field] if id_field in names else [])
+    meta = self.file.metadata
+    self.groups, run, filled = [], [], 0
+    for g in range(meta.num_row_groups):
+      run.append(g)
+      filled += meta.row_group(g).total_byte_size
+      if filled >= part_bytes:
+        self.groups.append(run)
+        run, filled = [], 0
+    if run:
+      self.groups.append(run)
+    self.rows = [sum(meta.row_group(g).num_rows for g in run) for run in self.groups]
+    self.count, self.total = len(self.groups), meta.num_rows
+    self._done = {}
+
+  def parts(self, index: int, count: int) -> Iterator[int]:
+    return iter(range(index, self.count, count))
+
+  def span(self, k: int) -> tuple[int, int]:
+    first = sum(self.rows[:k])
+    return first, first + self.rows[k]
+
+  def lines_in(self, k: int) -> int:
+    return self.rows[k]
+
+  def done_in(self, k: int) -> int:
+    return self._done[k]
+
+  def skip(self, k: int) -> None:
+    pass
+
+  def read(self, k: int) -> Iterator[tuple[int, object, str]]:
+    self._done[k] = 0
+    number = 0
+    for batch in self.file.iter_batches(row_groups=self.groups[k], columns=self.columns):
+      texts = batch.column(0).to_pylist()
+      ids = batch.column(1).to_pylist() if len(self.columns) > 1 else [None] * len(texts)
+      for text, id_ in zip(texts, ids):
+        number += 1
+        self._done[k] = number
+        if not isinstance(text, str):
+          raise RunError(f"--input {self.path}: row {self.span(k)[0] + number}: "
+                         f"{self.text_field!r} (--text-field) is {type(text).__name__}, "
+                         f"expected a string")
+        yield number, id_, text
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress
+
+
+class _Bar:
+  """Process 0's progress bar over the whole input: its own parts as they are read, the other
+  processes' as their parts appear in the folder. Bytes of input (a Parquet file: rows; a
+  compressed input: decompressed bytes, with no total until it is read through)."""
+
+  def __init__(self, out_dir: str, reader, written: set[int], show: bool):
+    self.out_dir, self.reader, self.show = out_dir, reader, show
+    self.counted = set(written)  # parts whose every byte the bar counts
+    self.here = 0  # bytes of the part in hand read so far
+    self.looked = time.monotonic()
+
+  def __enter__(self):
+    from tqdm import tqdm
+    unit = {"unit": "row"} if self.reader.format == "parquet" else {
+        "unit": "B", "unit_scale": True, "unit_divisor": 1024}
+    self.bar = tqdm(desc="embed", total=self.reader.total, dynamic_ncols=True,
+                    disable=not self.show, **unit)
+    self.bar.update(sum(self._size(k) for k in self.counted))
+    return self
+
+  def __exit__(self, *exc):
+    self.bar.close()
+
+  def _size(self, k: int) -> int:
+    start, stop = self.reader.span(k)
+    total = self.reader.total
+    return (min(stop, total) if total is not None else stop) - start
+
+  def advance(self, here: int) -> None:
+    self.bar.update(here - self.here)
+    self.here = here
+    if self.show and time.monotonic() - self.looked > _REFRESH_S:
+      self._look()
+
+  def part_done(self, k: int) -> None:
+    self.bar.update(self._size(k) - self.here)
+    self.here = 0
+    self.counted.add(k)
+
+  def _look(self) -> None:
+    """Counts the parts other processes have written since the last look."""
+    self.looked = time.monotonic()
+    for name in os.listdir(self.out_dir):
+      if name.startswith("part-") and name.endswith(".json"):
+        k = int(name[len("part-"):-len(".json")])
+        if k not in self.counted and (self.reader.count is None or k < self.reader.count):
+          self.counted.add(k)
+          self.bar.update(self._size(k))
