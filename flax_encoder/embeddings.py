@@ -301,7 +301,7 @@ def default_batch_tokens(config: EncoderConfig, device: jax.Device, length: int)
   limit = (device.memory_stats() or {}).get("bytes_limit") if device.platform != "cpu" else None
   if not limit:
     return BATCH_TOKENS
-  per_id = 4 * (8 * config.d_model + 2 * config.d_ff + 2 * config.num_heads * length)
+  per_id = 4 * (8 * config.d_model + 2 * config.d_ff + 2 * config.n_heads * length)
   fits = limit // 4 // per_id
   return int(min(MAX_BATCH_TOKENS, max(BATCH_TOKENS, 1 << (max(1, fits).bit_length() - 1))))
 

@@ -223,6 +223,28 @@ def test_the_rows_past_whole_calls_go_in_calls_of_powers_of_four():
   assert embeddings.call_rows(13, 32) == [4, 4, 4, 1] and embeddings.call_rows(1, 16) == [1]
 
 
+class _Device:
+  """What default_batch_tokens reads of a device."""
+
+  def __init__(self, platform: str, memory: int | None):
+    self.platform, self.memory = platform, memory
+
+  def memory_stats(self):
+    return None if self.memory is None else {"bytes_limit": self.memory}
+
+
+def test_the_default_token_budget_is_the_cpus_or_what_a_quarter_of_the_memory_holds():
+  from flax_encoder.config import EncoderConfig
+  base = EncoderConfig(vocab_size=30522, d_model=768, n_heads=12, d_ff=3072, n_layers=12)
+  budget = lambda device: embeddings.default_batch_tokens(base, device, 512)  # noqa: E731
+  assert budget(jax.devices("cpu")[0]) == embeddings.BATCH_TOKENS
+  assert budget(_Device("gpu", None)) == embeddings.BATCH_TOKENS  # a device that does not say
+  # an id of BERT-base at 512: 4 * (8*768 + 2*3072 + 2*12*512) = 98,304 bytes
+  assert budget(_Device("gpu", 80 << 30)) == 131072  # 218,453 fit a quarter: capped
+  assert budget(_Device("gpu", 16 << 30)) == 32768  # 43,690 fit: the power of two below
+  assert budget(_Device("tpu", 1 << 30)) == embeddings.BATCH_TOKENS  # 2,730: never below
+
+
 @pytest.mark.parametrize("name", ["legacy", "dense", "modes", "mpnet-prompt"])
 def test_a_folder_written_back_is_the_same_model_to_both(loaded, folders, name, tmp_path):
   # save_modules beside the Transformer's files: what sentence-transformers and load read back
