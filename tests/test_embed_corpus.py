@@ -127,6 +127,7 @@ def test_a_run_stopped_at_any_moment_continues_to_what_an_uninterrupted_run_writ
     assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "resumed" / name).read_bytes()
 
 
+@pytest.mark.slow  # kill -9 of a process of its own
 def test_kill_9_then_the_same_command_gives_an_uninterrupted_runs_folder(folder, tmp_path):  # noqa: F811
   source = str(tmp_path / "in.txt")
   with open(source, "w") as f:
@@ -177,6 +178,7 @@ def test_another_runs_folder_is_refused_in_one_line_and_never_mixed(folder, tmp_
     embed.embed(folder, str(source), str(tmp_path / "e.npy"), process=(0, 2))
 
 
+@pytest.mark.slow  # several processes
 def test_two_processes_of_two_devices_write_the_folder_one_device_writes(folder, tmp_path):  # noqa: F811
   source = _input("jsonl", tmp_path)
   one = str(tmp_path / "one") + "/"
