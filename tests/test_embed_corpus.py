@@ -179,7 +179,7 @@ def test_another_runs_folder_is_refused_in_one_line_and_never_mixed(folder, tmp_
 
 
 @pytest.mark.slow  # several processes
-def test_two_processes_of_two_devices_write_the_folder_one_device_writes(folder, tmp_path):  # noqa: F811
+def test_two_processes_of_two_devices_and_eight_devices_write_what_one_device_writes(folder, tmp_path):  # noqa: F811
   source = _input("jsonl", tmp_path)
   one = str(tmp_path / "one") + "/"
   embed.embed(folder, source, one, part_mb=PART_MB)
@@ -191,7 +191,16 @@ def test_two_processes_of_two_devices_write_the_folder_one_device_writes(folder,
       cwd=runs.ROOT, env=runs.environment(), capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stdout[-3000:]
   assert f"[0] {shared}: 60 embeddings" in out.stdout
-  ids, vectors = read_embeddings(shared)
+  assert "2 processes of 2 cpu devices" in out.stdout
+  eight = str(tmp_path / "eight") + "/"
+  out = subprocess.run(
+      [sys.executable, "-m", "train.embed", "--model", folder, "--input", source, "--out", eight,
+       "--part-mb", str(PART_MB)], cwd=runs.ROOT, env=runs.EIGHT_DEVICES, capture_output=True,
+      text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "1 process of 8 cpu devices, 2048 ids a device a call" in out.stdout
   expected_ids, expected = read_embeddings(one)
-  assert ids == expected_ids
-  np.testing.assert_allclose(vectors, expected, atol=1e-6)
+  for written in (shared, eight):
+    ids, vectors = read_embeddings(written)
+    assert ids == expected_ids
+    np.testing.assert_allclose(vectors, expected, atol=1e-6)
