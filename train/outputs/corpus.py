@@ -30,6 +30,7 @@ from flax_encoder import corpus
 from train.data import sources
 from train.errors import RunError
 from train.files import sha256_file, written_whole
+from train.outputs.nonfinite import NonFinite
 
 PART_MB = 16  # MiB of input a part, by default
 _CHUNK = 1024  # texts a device embeds at once, between writes and moves of the progress bar
@@ -47,7 +48,6 @@ def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: 
   """Embeds this process's parts of `input_path` into the folder `out_dir` with `encoder`
   (a SentenceEncoder, its devices chosen); process 0 then writes the manifest, after
   `barrier()` (every process done). Returns (texts embedded now, parts written now)."""
-  from train.outputs.embed import _NonFinite
   index, count = process
   prompt_text = encoder.prompt_text(prompt, prompt_name)
   part_bytes = max(1, int(part_mb * (1 << 20)))
@@ -56,7 +56,7 @@ def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: 
                    dtype, part_bytes)
   key = _prepare_folder(out_dir, header, index)
   written = _written(out_dir, key)
-  nonfinite, embedded, made = _NonFinite(), 0, 0
+  nonfinite, embedded, made = NonFinite(), 0, 0
   chunk = _CHUNK * len(encoder.devices)
   if index == 0:
     devices = f"{len(encoder.devices)} {encoder.devices[0].platform} device" + (
