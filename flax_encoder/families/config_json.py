@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from flax_encoder import families
+from flax_encoder.families import registry
 from flax_encoder.config import EncoderConfig
 from flax_encoder.families.family import ACTIVATIONS, HIDDEN_ACTS, Family, Fields, HFError
 from flax_encoder.kernels import KERNELS
@@ -22,8 +22,8 @@ def config_from_hf(hf: Mapping, *, file: str = "config.json", **settings) -> Enc
   dropout …). The checkpoint's dropout rates are the defaults; attention dropout only with
   an attention implementation that has it."""
   fields = Fields(hf, file)
-  model_type = fields.choice("model_type", None, families.MODEL_TYPES)
-  family = families.MODEL_TYPES[model_type]
+  model_type = fields.choice("model_type", None, registry.MODEL_TYPES)
+  family = registry.MODEL_TYPES[model_type]
   where = f"{file} ({model_type})"
 
   def refuse(option, value, expected):
@@ -67,7 +67,7 @@ def hf_config(config: EncoderConfig, family: str, **extra) -> dict:
   """The config.json contents of `config` as a transformers `family` model ('bert',
   'roberta', 'distilbert', 'modernbert', 'albert'); `extra` entries (architectures, id2label
   …) are added. HFError naming the fields that differ where `config` is not such a model."""
-  family = families.get(family)
+  family = registry.get(family)
   want = family.expected(config)
   if family.token_types and config.type_vocab_size < 1:
     raise HFError(f"this model is not a {family.name} model: it has type_vocab_size=0, a "

@@ -16,12 +16,13 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-from flax_encoder import families
+from flax_encoder.families import registry
 from flax_encoder.config import EncoderConfig
 from flax_encoder.families.config_json import config_from_hf
 from flax_encoder.families.family import HFError
 from flax_encoder.families.safetensors_file import read_safetensors
 from flax_encoder.families.tensors import from_hf_state_dict
+from flax_encoder.families.torch_file import load_torch_checkpoint
 from flax_encoder.modules_json import ModulesError, not_a_file, read_json, transformer_folder
 
 # The weights files a directory may hold, in the order transformers prefers them.
@@ -66,9 +67,9 @@ def read_hf_config(path: str | os.PathLike) -> dict:
   if hf is None:
     raise HFError(f"{file}: no such file (a Hugging Face model directory has one)")
   model_type = hf.get("model_type")
-  if not isinstance(model_type, str) or model_type not in families.MODEL_TYPES:
+  if not isinstance(model_type, str) or model_type not in registry.MODEL_TYPES:
     raise HFError(f"{file}: model_type {model_type!r} is not one load_hf takes; it takes "
-                  f"{sorted(families.MODEL_TYPES)}")
+                  f"{sorted(registry.MODEL_TYPES)}")
   return hf
 
 
@@ -77,7 +78,6 @@ def _read_file(file: str) -> dict:
   try:
     if file.endswith(".safetensors"):
       return read_safetensors(file)
-    from flax_encoder.pytorch.convert import load_torch_checkpoint
     return load_torch_checkpoint(file)
   except ModuleNotFoundError as e:
     if e.name not in EXTRAS:
@@ -157,7 +157,7 @@ def read_hf(path: str | os.PathLike, **settings) -> HFModel:
     variables = from_hf_state_dict(state, hf, config)
   except HFError as e:
     raise HFError(f"{os.fspath(path)}: {e}") from None
-  return HFModel(families.of_config(hf).name, config, variables)
+  return HFModel(registry.of_config(hf).name, config, variables)
 
 
 def load_hf(path: str | os.PathLike, **settings) -> tuple[EncoderConfig, dict]:

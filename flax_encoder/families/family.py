@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ContextManager
+from typing import Any
 
 from flax_encoder.config import EncoderConfig
 
@@ -164,7 +164,6 @@ class Family:
 
   # parity against transformers (flax_encoder.pytorch.hf_parity)
   stages: Stages
-  float64: Callable[[], ContextManager] | None = None  # transformers' model in float64 within
 
   @property
   def prefix(self) -> str:

@@ -157,13 +157,6 @@ def stages(n_layers: int) -> list[tuple[str, str, str]]:
   return points + [("final_norm", "norm", "final_norm")]
 
 
-def in_float64():
-  """transformers' ModernBERT turning queries and keys, and taking its softmax, in the model's
-  dtype (flax_encoder.pytorch.hf_parity; needs torch)."""
-  from flax_encoder.pytorch.modernbert_float64 import modernbert_in_float64
-  return modernbert_in_float64()
-
-
 FAMILY = Family(
     name="modernbert", title="ModernBERT", stem="ModernBert",
     model_types={"modernbert": "model."},
@@ -184,5 +177,5 @@ FAMILY = Family(
         config=lambda pooling: {"classifier_pooling": {"first": "cls", "mean": "mean"}[
             HEAD_POOLINGS[pooling]]}),
     tags_through_head=True,
-    stages=stages, float64=in_float64,
+    stages=stages,
 )

@@ -15,7 +15,7 @@ from typing import Any
 import flax.linen as nn
 import numpy as np
 
-from flax_encoder import families
+from flax_encoder.families import registry
 from flax_encoder.config import EncoderConfig
 from flax_encoder.encoder import stack_layers, unstack_layers
 from flax_encoder.families.family import Family, HFError
@@ -110,7 +110,7 @@ def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
   shape is checked against `config`; weights of the encoder that config.json does not name (a
   layer past num_hidden_layers, a bias the config has none of) are left out with a warning."""
   model_type = hf["model_type"]
-  family = families.MODEL_TYPES[model_type]
+  family = registry.MODEL_TYPES[model_type]
   state = _current_names(state)
   prefix = _base_prefix(state, model_type, family)
   _check_depth(state, prefix + family.layers, family, config)
@@ -220,7 +220,7 @@ def to_hf_state_dict(variables: Mapping, config: EncoderConfig, family: str,
   `prefix` ('bert.', 'model.' etc. inside a *For… model, '' for the bare model), the heads'
   at the top (the pooler under `prefix`). A module without biases (dense_bias, norm_bias
   False) has no bias key."""
-  family = families.get(family)
+  family = registry.get(family)
   params = nn.unbox(variables["params"])
   if config.scan_layers:
     params = unstack_layers(params, config.n_layers)

@@ -1,6 +1,7 @@
 """The Flax encoder of a Hugging Face directory against transformers' own model of it, stage by
-stage (`compare_hf`): the stages and any float64 patch are the family's
-(flax_encoder.families), the comparison report.py's. `python -m flax_encoder.pytorch.parity
+stage (`compare_hf`): the stages are the family's (flax_encoder.families), the comparison
+report.py's, the patches that make a transformers model compute in float64 this module's
+(`FLOAT64`). `python -m flax_encoder.pytorch.parity
 --hf DIR` prints it.
 """
 
@@ -14,7 +15,12 @@ import torch
 
 from flax_encoder import families
 from flax_encoder.config import EncoderConfig
+from flax_encoder.pytorch.modernbert_float64 import modernbert_in_float64
 from flax_encoder.pytorch.report import Row, row, run_flax
+
+# family name -> a context within which transformers' model of it computes in float64 where
+# it otherwise keeps float32 (only the maths' dtype changes)
+FLOAT64 = {"modernbert": modernbert_in_float64}
 
 
 def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray) -> list[Row]:
@@ -52,7 +58,7 @@ def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray
   device = next(model.parameters()).device
   ids = torch.as_tensor(np.asarray(tokens), dtype=torch.int64, device=device)
   mask = (ids != config.pad_id).to(torch.int64)
-  in_float64 = (family.float64() if family.float64 and config.dtype == np.float64
+  in_float64 = (FLOAT64[family.name]() if family.name in FLOAT64 and config.dtype == np.float64
                 else contextlib.nullcontext())
   with torch.no_grad(), in_float64:
     calls, output = _every_call(modules, {t for _, _, t in points},

@@ -1,6 +1,5 @@
-"""transformers' ModernBERT computed in float64 throughout, for the float64 parity report: the
-ModernBERT family's `float64` (flax_encoder.families.modernbert) and its tests. Needs torch
-and transformers."""
+"""transformers' ModernBERT computed in float64 throughout, for the float64 parity report
+(flax_encoder.pytorch.hf_parity's FLOAT64) and the tests. Needs torch and transformers."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ import torch
 def modernbert_in_float64():
   """Within it, transformers' ModernBERT turns queries and keys, and takes its eager softmax,
   in the model's dtype: it does both in float32 whatever the model's, so that a float64
-  ModernBERT is ~1e-9 off float64 maths. The maths are unchanged. (The ModernBERT family's
-  `float64`.)"""
+  ModernBERT is ~1e-9 off float64 maths. The maths are unchanged."""
   from transformers.models.modernbert import modeling_modernbert as module
 
   def attention(_, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):

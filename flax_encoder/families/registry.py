@@ -1,0 +1,47 @@
+"""The registry of Hugging Face model families: each family's module, by name and by the
+model_type of its config.json. The machinery (config_json.py, tensors.py, directory.py) reads
+it; adding a family adds its module to `FAMILIES`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from flax_encoder.config import EncoderConfig
+from flax_encoder.families import albert, bert, distilbert, modernbert, mpnet, roberta
+from flax_encoder.families.family import Family, HFError
+
+# name -> family, in the order errors list them
+FAMILIES: dict[str, Family] = {f.name: f for f in (bert.FAMILY, roberta.FAMILY,
+                                                     distilbert.FAMILY, modernbert.FAMILY,
+                                                     albert.FAMILY, mpnet.FAMILY)}
+# model_type (config.json's) -> family
+MODEL_TYPES: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
+
+
+def get(name: str) -> Family:
+  """The family `name` ('bert', 'roberta', 'distilbert', 'modernbert', 'albert', 'mpnet')."""
+  family = FAMILIES.get(name)
+  if family is None:
+    raise HFError(f"family {name!r}: expected one of {tuple(FAMILIES)}")
+  return family
+
+
+def of_config(hf: Mapping) -> Family:
+  """The family of a config.json's contents (read_hf_config checked its model_type)."""
+  return MODEL_TYPES[hf["model_type"]]
+
+
+def of_architecture(config: EncoderConfig) -> Family:
+  """The family a model trained from scratch exports as, which it has no record of: rotary
+  positions are ModernBERT's; shared layers ALBERT's; a relative position bias MPNet's;
+  learned positions RoBERTa's with a position offset, else BERT's with token types, else
+  DistilBERT's. `hf_config` then says what else differs."""
+  if config.position_embedding == "rotary":
+    return modernbert.FAMILY
+  if config.shared_layers:
+    return albert.FAMILY
+  if config.relative_attention_buckets:
+    return mpnet.FAMILY
+  if config.position_offset:
+    return roberta.FAMILY
+  return bert.FAMILY if config.type_vocab_size else distilbert.FAMILY
