@@ -10,13 +10,21 @@ time and accuracy, against always guessing the most frequent byte.
 import ml_collections
 from ml_collections import config_dict
 
+from flax_encoder.config import EncoderConfig
+
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
-  config.model = model = ml_collections.ConfigDict()  # flax_encoder.EncoderConfig fields
+  # Every field of flax_encoder.EncoderConfig at the library's default (flax_encoder/config.py
+  # says what each does: the paper's encoder, and the switches that make BERT, RoBERTa,
+  # DistilBERT, ALBERT, MPNet and ModernBERT of it), but pad_id, which is the data's.
+  config.model = model = ml_collections.ConfigDict(
+      {name: value for name, value in EncoderConfig.defaults().items() if name != "pad_id"})
   # Unset: taken from the data (260 for bytes: 256 + pad, mask, separator and one unused id).
   model.vocab_size = config_dict.placeholder(int)
+  # This config's own sizes: a small Post-LN encoder (the paper's Add & Norm, ReLU, sinusoids,
+  # LayerNorm eps 1e-5 as PyTorch's) that trains in minutes on a CPU.
   model.d_model = 128
   model.n_heads = 4
   model.d_ff = 512  # 4 x d_model, as in the paper
@@ -25,43 +33,11 @@ def get_config() -> ml_collections.ConfigDict:
   model.dropout = 0.0
   model.attention_dropout = 0.0
   model.max_len = 512  # positions in the sinusoid table; >= train.seq_len
-  model.norm_position = "post"  # the paper's Add & Norm
-  model.final_norm = True
-  model.layer_norm_eps = 1e-5  # PyTorch's default
-  model.activation = "relu"
-  # The BERT family's switches (flax_encoder.EncoderConfig; config.init.hf sets them from the
-  # checkpoint): "learned" positions (+ position_offset, RoBERTa's), token types, no
-  # sqrt(d_model) scale, a LayerNorm on the embeddings.
-  model.position_embedding = "sinusoidal"
-  model.position_offset = 0
-  model.type_vocab_size = 0
-  model.embedding_scale = True
-  model.embedding_norm = False
-  # ALBERT's switches: embeddings of embedding_size (0: d_model) projected to d_model, and one
-  # layer's parameters shared by every layer.
-  model.embedding_size = 0
-  model.shared_layers = False
-  # MPNet's switch: a learned bias on every layer's attention scores by relative position, in
-  # this many buckets (T5's; MPNet's 32; 0: none). attention_impl "reference" and "xla" take it.
-  model.relative_attention_buckets = 0
-  # ModernBERT's switches (flax_encoder.EncoderConfig): "rotary" positions of two bases, local
-  # attention of a window in all but every n-th layer, GeGLU, no biases, no attention norm in
-  # layer 0 (with norm_position "pre").
-  model.rope_theta = 10000.0
-  model.local_rope_theta = 10000.0
-  model.local_attention = 0
-  model.global_attention_every = 1
-  model.glu = False
-  model.dense_bias = True
-  model.norm_bias = True
-  model.first_attention_norm = True
-  model.dtype = "float32"  # compute dtype; "bfloat16" for mixed precision on GPU/TPU
-  model.param_dtype = "float32"
-  # "xla"; "cudnn" on NVIDIA GPUs with bfloat16; "triton" (GPU) and "splash" (TPU) take the
-  # documents' segment ids in a flash-attention kernel, seq_len a multiple of 128
-  model.attention_impl = "reference"
-  model.scan_layers = False  # True: nn.scan over layers, compile time independent of depth
-  model.remat = "none"  # "full" or "save_dots" to trade compute for activation memory
+  # Execution: model.dtype "bfloat16" computes in mixed precision on GPU/TPU;
+  # model.attention_impl "xla", "cudnn" on NVIDIA GPUs with bfloat16, "triton" (GPU) and
+  # "splash" (TPU) take the documents' segment ids in a flash-attention kernel (seq_len a
+  # multiple of 128); model.scan_layers True compiles in a time independent of depth;
+  # model.remat "full" or "save_dots" trades compute for activation memory.
 
   config.data = ml_collections.ConfigDict()
   # A directory python -m train.prepare wrote (any size, any tokenizer), or several as one

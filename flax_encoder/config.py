@@ -233,6 +233,14 @@ class EncoderConfig:
     return tuple(f.name for f in dataclasses.fields(cls) if f.metadata["role"] == role)
 
   @classmethod
+  def defaults(cls) -> dict:
+    """Each field that has a default (all but vocab_size) -> it, JSON-able (dtypes by name):
+    what a program's config starts from (configs/default.py)."""
+    plain = lambda v: v if isinstance(v, (bool, int, float, str)) else jnp.dtype(v).name  # noqa: E731
+    return {f.name: plain(f.default) for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING}
+
+  @classmethod
   def record_fields(cls) -> tuple[str, ...]:
     """What a record holds: the architecture and parameters fields."""
     return cls.fields("architecture") + cls.fields("parameters")

@@ -87,3 +87,21 @@ def test_config_errors_carry_the_field_the_value_and_what_was_expected():
   assert (e.value.field, e.value.value) == ("d_model", 10)
   assert e.value.expected == "a number divisible by n_heads (4)"
   assert str(e.value) == "EncoderConfig.d_model: 10, expected a number divisible by n_heads (4)"
+
+
+@pytest.mark.parametrize("name", ["default", "base", "big", "small", "subword", "modern",
+                                  "classify", "regress", "tag", "embed"])
+def test_every_field_of_the_encoder_reaches_each_programs_config(name):
+  import importlib
+  config = importlib.import_module(f"configs.{name}").get_config()
+  fields = {f.name for f in dataclasses.fields(EncoderConfig)}
+  assert set(config.model) == fields - {"pad_id"}  # pad_id is the data's
+
+
+def test_the_default_configs_model_is_the_librarys_but_for_its_sizes():
+  from configs import default
+  model = default.get_config().model
+  differ = {name for name, value in EncoderConfig.defaults().items()
+            if name != "pad_id" and model[name] != value}
+  assert differ == {"d_model", "n_heads", "d_ff", "n_layers", "dropout", "max_len"}
+  assert model.vocab_size is None  # the data's
