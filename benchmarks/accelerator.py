@@ -1,6 +1,6 @@
 r"""One command that checks the whole program on the accelerator JAX sees, and measures it.
 
-  python -m benchmarks.accelerator --out DIR                  # every part, about 20 minutes
+  python -m benchmarks.accelerator --out DIR                  # every part, about 25 minutes
   python -m benchmarks.accelerator --out DIR --parts parity,attention
   python -m benchmarks.accelerator --out DIR --tiny           # tiny sizes, on any machine
 
@@ -24,6 +24,15 @@ DIR/log.txt are written again as each part ends:
                against transformers' BertForMaskedLM under torch.compile (sdpa, bfloat16
                autocast) on the same weights and batches: tokens/s, MFU; the transformers
                side is skipped, with a note, where torch has no CUDA or transformers is missing
+  embed        sentence embeddings (benchmarks/accelerator_embed.py): SentenceEncoder, bfloat16,
+               texts packed, against SentenceTransformer.encode (float16, sdpa) at batch 32,
+               128 and 512, on 8,192 pydoc paragraphs, for a random MiniLM-L6-sized and a
+               BERT-base-sized BERT (each in a process of its own): sentences/s and real
+               tokens/s; the vectors checked first (min cosine >= 0.99); sentence-transformers'
+               side skipped, with a note, where torch has no CUDA or it is not installed
+  contrastive  the training step of configs/embed.py (contrastive, packed pairs, AdamW) at
+               BERT-base size, bfloat16 compute, 256 made-up pairs at seq_len 128, GradCache
+               off and on: pairs/s, MFU against the measured matmul and the datasheet peak
   attention    reference, xla and cudnn attention: max error against float32, forward and
                backward time, at 512 and 2048 tokens with padding
   long         one sliding-window layer of ModernBERT-base's shape at 8,192 tokens, bfloat16
@@ -36,7 +45,7 @@ DIR/log.txt are written again as each part ends:
                tokens/s and data_wait_fraction
   profile      a JAX profiler trace of 3 training steps at 64x512 and its top kernels
 
-Without an accelerator (or with --tiny) every part runs at tiny sizes on the CPU in about two
+Without an accelerator (or with --tiny) every part runs at tiny sizes on the CPU in two to three
 minutes, and the suite part is skipped: tests/test_accelerator.py runs it so, so that it keeps
 working. BENCHMARKS.md ("GPU") has the recipe for a lent GPU machine and its figures.
 """
@@ -61,7 +70,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (part, variant, seconds allowed on an accelerator); tiny runs get a fraction of that.
 JOBS = (("environment", None, 90), ("suite", None, 360), ("parity", None, 150),
-        ("train_step", None, 330), ("bert", None, 420), ("attention", None, 180),
+        ("train_step", None, 330), ("bert", None, 420),
+        ("embed", "minilm", 180), ("embed", "base", 240), ("contrastive", None, 300),
+        ("attention", None, 180),
         ("long", None, 150),
         ("big", "none", 120), ("big", "full", 120), ("big", "save_dots", 120),
         ("train_run", None, 200), ("profile", None, 150))
@@ -348,6 +359,25 @@ def bert(tiny: bool, variant=None) -> dict:
   return {"rows": rows, "notes": notes}
 
 
+def embed(tiny: bool, variant: str | None = None) -> dict:
+  """Sentence embeddings, SentenceEncoder against sentence-transformers; `variant`: one model
+  of accelerator_embed.EMBED_MODELS (a process of its own), or None for each in turn."""
+  # JAX takes 75% of a GPU by default; sentence-transformers' side needs room beside it.
+  os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.45")
+  from benchmarks import accelerator_embed
+  if tiny:
+    accelerator_embed.quick_cpu_compiles()
+  return accelerator_embed.embed(tiny, variant, _best_attention())
+
+
+def contrastive(tiny: bool, variant=None) -> dict:
+  """The contrastive training step (configs/embed.py) at BERT-base size, GradCache off and on."""
+  from benchmarks import accelerator_embed
+  if tiny:
+    accelerator_embed.quick_cpu_compiles()
+  return accelerator_embed.contrastive(tiny, _best_attention())
+
+
 def attention(tiny: bool, variant=None) -> dict:
   import jax
   import jax.numpy as jnp
@@ -603,10 +633,11 @@ def main(argv=None) -> int:
              "machine": f"{platform.node()}, {os.cpu_count()} cores, {backend} ({device})",
              "started": time.strftime("%Y-%m-%d %H:%M"), "parts": []}
   wanted = args.parts.split(",")
-  # Tiny runs measure the three remat variants in one process: their peaks mean nothing there.
-  jobs = [(n, None if tiny and n == "big" else v, s) for n, v, s in JOBS]
+  # Tiny runs measure each part's variants in one process: the three remat variants' peaks
+  # mean nothing there, and the embedding models are tiny.
+  jobs = {(n, None if tiny and n in ("big", "embed") else v): s for n, v, s in JOBS}
   with open(os.path.join(args.out, "log.txt"), "w") as log:
-    for name, variant, limit_s in dict.fromkeys(jobs):
+    for (name, variant), limit_s in jobs.items():
       if name not in wanted:
         continue
       print(f"{name} {variant or ''}...", file=sys.stderr, flush=True)

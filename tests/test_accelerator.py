@@ -35,7 +35,8 @@ def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   results = json.loads((out / "results.json").read_text())
   parts = {(e["part"], e["variant"]): e for e in results["parts"]}
   assert [p for p, _ in parts] == ["environment", "suite", "parity", "train_step", "bert",
-                                   "attention", "long", "big", "train_run", "profile"]
+                                   "embed", "contrastive", "attention", "long", "big",
+                                   "train_run", "profile"]
   assert all(e["status"] == "ok" for e in parts.values()), parts
   assert "skipped" in parts[("suite", None)]["notes"][0]
   parity = parts[("parity", None)]["rows"]
@@ -50,6 +51,18 @@ def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   assert flax["tokens/s"] > 0 and transformers["tokens/s"] > 0
   # The same step on the same weights and batch, both in bfloat16.
   assert abs(flax["first-step loss"] / transformers["first-step loss"] - 1) < 0.02
+  # Each model size: ours against sentence-transformers (on the CPU here) at each batch size,
+  # the same vectors to a cosine of 0.99 first.
+  embed = parts[("embed", None)]["rows"]
+  assert [(r["model"], r["impl"]) for r in embed] == [
+      (model, impl) for model in ("MiniLM-L6 size", "BERT-base size")
+      for impl in ("ours", "sentence-transformers, batch 8", "sentence-transformers, batch 32")]
+  assert all(r["sentences/s"] > 0 and r["real tokens/s"] > 0 for r in embed)
+  assert all(r["min cosine vs sentence-transformers"] >= 0.99 for r in embed
+             if r["impl"] == "ours")
+  steps = parts[("contrastive", None)]["rows"]
+  assert [r["step"] for r in steps] == ["plain", "GradCache, 4 texts a chunk"]
+  assert all(r["pairs/s"] > 0 and r["first-step loss"] > 0 for r in steps)
   impls = {r["impl"] for r in parts[("attention", None)]["rows"]}
   assert impls == {"reference", "xla"}  # cudnn needs an NVIDIA GPU
   assert all(float(r["max abs err vs float32"]) < 0.05
@@ -61,5 +74,5 @@ def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   assert parts[("train_run", None)]["rows"][0]["steps"] == 40
   assert parts[("profile", None)]["rows"]
   markdown = (out / "results.md").read_text()
-  assert markdown.count("\n## ") == 10 and "| stage |" in markdown
+  assert markdown.count("\n## ") == 12 and "| stage |" in markdown
   assert os.path.getsize(out / "log.txt") > 0
