@@ -13,11 +13,12 @@ The folder holds plain files:
                     written, `complete` true and `parts`: each one's file, rows, lines,
                     first line and SHA-256.
   part-00000.npy    float32 [rows, dim], part 0's texts' embeddings in input order.
-  part-00000.json   part 0's texts: `line`, each text's line (Parquet: row) number within
-                    the part, from 1; `ids`, each text's id where the input gives one (null
-                    where not), or null where it gives none; `lines`, the lines the part
-                    holds (blank ones too); `rows`; `sha256` of the .npy; `run`, the
-                    manifest's key. Written after the .npy, it marks the part done.
+  part-00000.ids.json  part 0's texts: `line`, each text's line (Parquet: row) number
+                    within the part, from 1; `ids`, each text's id where the input gives one
+                    (null where not), or null where it gives none.
+  part-00000.json   about part 0: `rows`, `lines` (the lines it holds, blank ones too), the
+                    `sha256` of its .npy and .ids.json, `run` (the manifest's key). Written
+                    after the other two, it marks the part done.
 
 Part k holds the lines that start in bytes [k * part_bytes, (k + 1) * part_bytes) of the input
 (decompressed, where it is compressed), or the k-th run of a Parquet file's row groups. A text's
@@ -30,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -46,8 +48,16 @@ class CorpusError(ValueError):
   """A folder of parts that cannot be read as one: one line naming the file and what is wrong."""
 
 
+_MARKER = re.compile(r"part-(\d+)\.json")
+
+
 def part_name(index: int) -> str:
   return f"part-{index:05d}"
+
+
+def done_parts(names) -> list[int]:
+  """The parts whose marker (part-K.json) is among the file `names`."""
+  return [int(m[1]) for m in map(_MARKER.fullmatch, names) if m]
 
 
 def run_key(header: dict) -> str:
@@ -98,8 +108,7 @@ def read_manifest(directory: str) -> dict:
     raise CorpusError(f"{os.path.join(directory, MANIFEST)}: format "
                       f"{manifest.get('format')!r}, expected {FORMAT!r}")
   if not manifest.get("complete"):
-    done = sum(name.endswith(".json") and name.startswith("part-")
-               for name in os.listdir(directory))
+    done = len(done_parts(os.listdir(directory)))
     raise CorpusError(f"{directory}: incomplete ({done} parts written so far): run the same "
                       f"`python -m train.embed` again to finish it")
   return manifest
@@ -119,7 +128,11 @@ def iter_embeddings(directory: str, verify: bool = True) -> Iterator[tuple[list,
     if vectors.shape != (part["rows"], dim) or vectors.dtype != np.float32:
       raise CorpusError(f"{path}: {vectors.dtype} {list(vectors.shape)}, expected float32 "
                         f"[{part['rows']}, {dim}]")
-    about = _json(os.path.join(directory, part["file"][:-len(".npy")] + ".json"))
+    ids_file = os.path.join(directory, part["file"][:-len(".npy")] + ".ids.json")
+    if verify and sha256_of(ids_file) != part["ids_sha256"]:
+      raise CorpusError(f"{ids_file}: its SHA-256 differs from the manifest's: changed or "
+                        f"damaged since it was written")
+    about = _json(ids_file)
     given = about["ids"] or [None] * len(about["line"])
     ids = [i if i is not None else part["first_line"] + line
            for i, line in zip(given, about["line"])]

@@ -195,9 +195,8 @@ def _brief(value) -> str:
 def _written(out_dir: str, key: str) -> set[int]:
   """The parts already written by this run; RunError naming a part of another run."""
   done = set()
-  for name in os.listdir(out_dir):
-    if not (name.startswith("part-") and name.endswith(".json")):
-      continue
+  for k in corpus.done_parts(os.listdir(out_dir)):
+    name = corpus.part_name(k) + ".json"
     path = os.path.join(out_dir, name)
     try:
       with open(path, encoding="utf-8") as f:
@@ -210,7 +209,8 @@ def _written(out_dir: str, key: str) -> set[int]:
                      f"remove {out_dir} to start over")
     npy = path[:-len(".json")] + ".npy"
     if os.path.isfile(npy) and os.path.getsize(npy) == (
-        corpus.HEADER_BYTES + about["rows"] * about["dim"] * 4):
+        corpus.HEADER_BYTES + about["rows"] * about["dim"] * 4) and os.path.isfile(
+            path[:-len(".json")] + ".ids.json"):
       done.add(about["part"])
   return done
 
@@ -227,7 +227,8 @@ def _finish(out_dir: str, header: dict, key: str, count: int) -> None:
       raise RunError(f"--out {out_dir}: {name}.json is missing after every process finished: "
                      f"run the same command again") from None
     parts.append({"file": name + ".npy", "rows": about["rows"], "lines": about["lines"],
-                  "first_line": first, "sha256": about["sha256"]})
+                  "first_line": first, "sha256": about["sha256"],
+                  "ids_sha256": about["ids_sha256"]})
     first += about["lines"]
   _write_json(os.path.join(out_dir, corpus.MANIFEST),
               {**header, "key": key, "complete": True, "parts": parts})
@@ -271,10 +272,12 @@ class _Part:
     self._npy.__exit__(None, None, None)  # renamed into place
     self.file = None
     given = any(i is not None for i in self.ids)
+    _write_json(self.path + ".ids.json", {"line": list(self.numbers),
+                                          "ids": list(self.ids) if given else None})
     _write_json(self.path + ".json", {
         "part": self.k, "run": self.key, "rows": self.rows, "dim": self.dim, "lines": lines,
         "span": list(span), "sha256": sha256_file(self.path + ".npy"),
-        "line": list(self.numbers), "ids": list(self.ids) if given else None})
+        "ids_sha256": sha256_file(self.path + ".ids.json")})
 
   def __exit__(self, *exc):
     if self.file is not None:  # stopped before finish: nothing of the part is left
@@ -518,9 +521,7 @@ class _Bar:
   def _look(self) -> None:
     """Counts the parts other processes have written since the last look."""
     self.looked = time.monotonic()
-    for name in os.listdir(self.out_dir):
-      if name.startswith("part-") and name.endswith(".json"):
-        k = int(name[len("part-"):-len(".json")])
-        if k not in self.counted and (self.reader.count is None or k < self.reader.count):
-          self.counted.add(k)
-          self.bar.update(self._size(k))
+    for k in corpus.done_parts(os.listdir(self.out_dir)):
+      if k not in self.counted and (self.reader.count is None or k < self.reader.count):
+        self.counted.add(k)
+        self.bar.update(self._size(k))
