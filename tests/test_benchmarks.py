@@ -3,6 +3,7 @@ and both sides of the comparison compute the same training step."""
 
 import dataclasses
 import json
+import os
 
 import jax
 import numpy as np
@@ -99,3 +100,20 @@ def test_the_long_sequence_benchmark_shows_the_windowed_layer_growing_linearly(m
   for seq in (128, 256):  # twice the tokens: about twice the memory, against about four times
     assert memory["windowed", 2 * seq] < 2.3 * memory["windowed", seq]
     assert memory["full mask", 2 * seq] > 3 * memory["full mask", seq]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"),
+                    reason="the benchmark reads and resets its run's memory in /proc (Linux)")
+def test_the_big_batch_benchmark_sets_the_announced_memory_against_the_memory_held(tmp_path):
+  from benchmarks import big_batch
+  out = tmp_path / "big_batch.json"
+  assert big_batch.main(["--pairs", "32", "--devices", "2", "--mini-batch", "16", "--steps", "2",
+                         "--out", str(out)]) == 0
+  result = json.loads(out.read_text())
+  assert (result["steps"], result["chunks"]) == (2, 4)
+  assert result["announced_gb_per_device"] > 0
+  assert result["announced_gb"] == pytest.approx(2 * result["announced_gb_per_device"])
+  assert 0 < result["compiled_rss_gb"] <= result["peak_rss_gb"]
+  assert 0 < result["training_peak_rss_gb"] <= result["peak_rss_gb"]
+  assert 0 < result["host_resident_gb"] <= result["peak_rss_gb"]

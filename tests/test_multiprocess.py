@@ -178,8 +178,7 @@ def test_the_launcher_stops_the_others_when_one_fails_and_forwards_signals():
 
 
 # Contrastive training: in-batch negatives are the whole global batch's, whichever process
-# embedded them. (GradCache is left out: with 4 CPU devices on 2 cores its chunked passes'
-# collectives can wait on each other past XLA's rendezvous timeout.)
+# embedded them; with GradCache too, its chunks embedded and back-propagated one at a time.
 CONTRASTIVE = ["--config=" + os.path.join(runs.ROOT, "configs", "embed.py"),
                "--config.data.tokenizer=bytes", "--config.model.d_model=16",
                "--config.model.n_heads=2", "--config.model.d_ff=32", "--config.model.n_layers=1",
@@ -190,22 +189,33 @@ CONTRASTIVE = ["--config=" + os.path.join(runs.ROOT, "configs", "embed.py"),
                "--config.mesh.fsdp=2"]
 
 
-def _pairs_file(path, count: int, seed: int) -> str:
-  """`count` pairs of a topic word and a text about it, 2 to 40 bytes long."""
+def _pairs_file(path, count: int, seed: int, distinct: bool = False) -> str:
+  """`count` pairs of a topic word and a text about it, 2 to 40 bytes long; `distinct`: no two
+  positives alike (two alike score within a rounding of each other, so which ranks first is
+  rounding's choice, which 2 processes and 1 make differently)."""
   rng = np.random.default_rng(seed)
   words = ["river", "engine", "violin", "harbour", "glacier", "orchard", "lantern", "comet"]
+  lines, texts = [], set()
+  while len(lines) < count:
+    topic = str(rng.choice(words))
+    text = " ".join([topic, *rng.choice(words, int(rng.integers(0, 6)))])
+    anchor = topic[:int(rng.integers(2, 8))]
+    if distinct and text in texts:
+      continue
+    texts.add(text)
+    lines.append(f'{{"anchor": "{anchor}", "positive": "{text}"}}\n')
   with open(path, "w") as f:
-    for _ in range(count):
-      topic = str(rng.choice(words))
-      text = " ".join([topic, *rng.choice(words, int(rng.integers(0, 6)))])
-      f.write(f'{{"anchor": "{topic[:int(rng.integers(2, 8))]}", "positive": "{text}"}}\n')
+    f.writelines(lines)
   return str(path)
 
 
+@pytest.mark.parametrize("cached", [False, True], ids=["at_once", "gradcache"])
 def test_contrastive_training_in_two_processes_is_one_processes_with_the_same_devices(
-    tmp_path):
+    tmp_path, cached):
   data = [f"--config.data.train={_pairs_file(tmp_path / 'train.jsonl', 160, 0)}",
-          f"--config.data.eval={_pairs_file(tmp_path / 'eval.jsonl', 24, 1)}"]
+          f"--config.data.eval={_pairs_file(tmp_path / 'eval.jsonl', 24, 1, distinct=True)}"]
+  if cached:  # GradCache: the batch's 32 texts embedded about 8 at a time (4 chunks)
+    data += ["--config.task.cached=True", "--config.task.mini_batch=8"]
   one, two = str(tmp_path / "one"), str(tmp_path / "two")
   single = subprocess.run([sys.executable, "-m", "train", *CONTRASTIVE, *data, f"--workdir={one}"],
                           cwd=runs.ROOT, env=runs.environment(4), capture_output=True, text=True,

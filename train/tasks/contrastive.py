@@ -122,11 +122,22 @@ class RankingLoss:
       if has_negative is not None:  # a line without one adds no column
         hard = jnp.where(jnp.asarray(has_negative, bool)[None, :], hard, -jnp.inf)
       candidates = jnp.concatenate([scores, hard], axis=1)
-    forward = _cross_entropy_sum(candidates, jnp.diagonal(scores))
+    targets = _diagonal(scores)  # anchor i's score of positive i
+    forward = _cross_entropy_sum(candidates, targets)
     if not self.symmetric:
       return forward
     # sentence-transformers' symmetric loss: a positive is ranked among the anchors alone.
-    return (forward + _cross_entropy_sum(scores.T, jnp.diagonal(scores))) / 2
+    return (forward + _cross_entropy_sum(scores.T, targets)) / 2
+
+
+def _diagonal(scores) -> jax.Array:
+  """scores[i, i] of a square [B, B] matrix: each row summed with all but that entry masked
+  to 0, the same values as jnp.diagonal. jnp.diagonal lowers to a gather inside a conditional
+  (its platform-dependent lowering), and on a mesh the conditional holds the gather's
+  collectives; XLA:CPU does not order those with the step's other collectives in an executable
+  loaded from the persistent compilation cache, and devices that then run them in different
+  orders wait on each other until XLA aborts the process."""
+  return jnp.sum(jnp.where(jnp.eye(scores.shape[0], dtype=bool), scores, 0.0), axis=1)
 
 
 def _cross_entropy_sum(scores, target_scores) -> jax.Array:
