@@ -1,5 +1,6 @@
 r"""Sentence embeddings: flax_encoder.embeddings.SentenceEncoder (texts packed many to a row)
-against sentence-transformers' SentenceTransformer.encode, sentences per second on real text.
+against sentence-transformers' SentenceTransformer.encode, in PyTorch and in ONNX Runtime,
+sentences per second on real text.
 
   python -m benchmarks.embeddings --out benchmarks/results/embeddings.json  # minutes
   python -m benchmarks.embeddings --model DIR --texts 0   # a folder of one's own; all texts
@@ -21,23 +22,31 @@ timed call. Sides:
   sentence-transformers  SentenceTransformer(folder, device="cpu").encode(texts, batch_size=B)
                          for B in `--batch-sizes` (its default is 32): sorted by length, each
                          batch padded to its longest.
+  sentence-transformers ONNX
+                         the same encode with the transformer run by ONNX Runtime on the CPU
+                         (onnx_sentence_transformer), each B of `--batch-sizes`; the graph is
+                         exported here into a temporary copy of the folder, nothing fetched.
+                         Skipped, with the reason, where onnxruntime does not import.
 
 Each side is called once untimed (ours compiles then: its first call and the shapes it
 compiled are reported apart), then `--reps` times, interleaved across the sides, each after an
 untimed pause (benchmarks.bench.PAUSE_S); a figure is the median. Before timing, our vectors
-must agree with sentence-transformers' (batch 32) to a cosine of 0.99999 for every text.
-torch.set_num_threads(os.cpu_count()), glibc malloc keeping freed memory for both
-(train.run.host.keep_freed_memory), float32 on both sides.
+must agree with sentence-transformers' and with its ONNX side's (batch 32) to a cosine of
+0.99999 for every text. torch.set_num_threads(os.cpu_count()) and as many ONNX Runtime threads,
+glibc malloc keeping freed memory for all (train.run.host.keep_freed_memory), float32
+throughout.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
-import statistics
+import shutil
 import sys
 import tempfile
 import time
+import warnings
 
 import numpy as np
 
@@ -50,6 +59,9 @@ from train.run.host import keep_freed_memory
 
 MIN_COSINE = 0.99999
 SEQ_LEN = 256  # all-MiniLM-L6-v2's max_seq_length, the random model's too
+ONNX_OPSET = 18  # optimum-onnx's default, which sentence-transformers' backend exports with
+THEIRS = "sentence-transformers, batch "
+THEIRS_ONNX = "sentence-transformers ONNX, batch "
 
 
 def published_minilm() -> str | None:
@@ -80,6 +92,84 @@ def random_folder(folder: str, texts: list[str], sizes: dict) -> str:
   return out
 
 
+def onnx_sentence_transformer(folder: str, scratch: str):
+  """(model, how it was made): sentence-transformers with its transformer run by ONNX Runtime
+  on the CPU (as many threads as cores), made from a copy of `folder` in `scratch`; (None, why
+  not) where onnxruntime does not import.
+
+  Where optimum.onnxruntime imports it is sentence-transformers' own backend,
+  SentenceTransformer(copy, backend="onnx"), which has optimum-onnx export the transformer on
+  load. Elsewhere it is the same made here: the transformer exported by torch.onnx (the
+  TorchScript exporter and opset optimum-onnx uses) to copy/onnx/model.onnx and an
+  onnxruntime.InferenceSession standing in for it inside SentenceTransformer, taking the
+  tokenizer's numpy ids and giving last_hidden_state back as a tensor, as the backend's
+  ORTModelForFeatureExtraction does on the CPU. optimum-onnx 0.1, the newest, wants transformers
+  < 4.58 where sentence-transformers 6 wants >= 5, so the two do not install together."""
+  try:
+    import onnxruntime as ort
+  except ImportError as e:
+    return None, f"onnxruntime does not import ({e})"
+  from sentence_transformers import SentenceTransformer
+  copy = shutil.copytree(folder, os.path.join(scratch, "onnx-copy"))
+  options = ort.SessionOptions()
+  options.intra_op_num_threads = os.cpu_count()
+  try:
+    importlib.import_module("optimum.onnxruntime")
+  except ImportError as e:
+    why = str(e).splitlines()[0]
+  else:
+    model = SentenceTransformer(copy, device="cpu", local_files_only=True, backend="onnx",
+                                model_kwargs={"provider": "CPUExecutionProvider",
+                                              "session_options": options})
+    return model, "sentence-transformers' backend (optimum-onnx's export)"
+  model = SentenceTransformer(copy, device="cpu", local_files_only=True)
+  model[0].model = onnx_transformer(model[0].model, model[0].tokenizer.model_input_names,
+                                    os.path.join(copy, "onnx", "model.onnx"), options)
+  return model, f"torch.onnx here (optimum.onnxruntime does not import: {why})"
+
+
+def onnx_transformer(transformer, names: list[str], path: str, options):
+  """A torch module standing in for the Hugging Face `transformer`: `transformer` exported to
+  `path` (inputs `names`, batch and length dynamic, output last_hidden_state) and run by an
+  onnxruntime.InferenceSession on the CPU with `options`."""
+  import onnxruntime as ort
+  import torch
+  from transformers.modeling_outputs import BaseModelOutput
+
+  class Exported(torch.nn.Module):
+    """`transformer` taking `names` in order and giving last_hidden_state."""
+
+    def __init__(self):
+      super().__init__()
+      self.transformer = transformer
+
+    def forward(self, *ids):
+      return self.transformer(**dict(zip(names, ids))).last_hidden_state
+
+  class Session(torch.nn.Module):
+    """The session called as `transformer` is, with the tokenizer's features."""
+
+    def __init__(self):
+      super().__init__()
+      self.config = transformer.config
+      self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+    def forward(self, **features):
+      feed = {name: features[name].numpy() for name in names}
+      return BaseModelOutput(last_hidden_state=torch.from_numpy(self.session.run(None, feed)[0]))
+
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  ids = torch.ones((2, 8), dtype=torch.long)
+  axes = {0: "batch", 1: "length"}
+  with torch.no_grad(), warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # the tracer's, on branches it fixes: measure checks vectors
+    torch.onnx.export(Exported().eval(), tuple(ids for _ in names), path, input_names=names,
+                      output_names=["last_hidden_state"], opset_version=ONNX_OPSET,
+                      dynamic_axes={n: axes for n in [*names, "last_hidden_state"]},
+                      do_constant_folding=True, dynamo=False)
+  return Session()
+
+
 def computed_ids(encoder: SentenceEncoder, ids: list[np.ndarray], batch_tokens: int) -> int:
   """The ids (real and padding) our calls encode for texts of `ids`, as __call__ packs them."""
   total = 0
@@ -99,8 +189,15 @@ def padded_ids(lengths: np.ndarray, batch: int) -> int:
   return int(sum(ordered[i] * len(ordered[i:i + batch]) for i in range(0, len(ordered), batch)))
 
 
-def measure(folder: str, texts: list[str], batch_sizes: list[int], reps: int) -> dict:
-  """The records of each side on `texts`, and what our first call and packing came to."""
+def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+  """The least cosine between rows of `a` and `b`, the same texts' vectors."""
+  return float(np.min(np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))))
+
+
+def measure(folder: str, texts: list[str], batch_sizes: list[int], reps: int,
+            scratch: str) -> dict:
+  """The records of each side on `texts`, and what our first call and packing came to; the
+  ONNX side's copy of `folder` goes in `scratch`."""
   from sentence_transformers import SentenceTransformer
 
   start = time.perf_counter()
@@ -112,17 +209,30 @@ def measure(folder: str, texts: list[str], batch_sizes: list[int], reps: int) ->
   one_a_row = SentenceEncoder.load(folder, max_segments=1)
   theirs = SentenceTransformer(folder, device="cpu")
   reference = theirs.encode(texts, batch_size=32)
-  cosine = np.sum(vectors * reference, 1) / (
-      np.linalg.norm(vectors, axis=1) * np.linalg.norm(reference, axis=1))
-  if cosine.min() < MIN_COSINE:
+  cosine = min_cosine(vectors, reference)
+  if cosine < MIN_COSINE:
     raise AssertionError(f"our vectors differ from sentence-transformers': min cosine "
-                         f"{cosine.min():.7f} < {MIN_COSINE}: not the same model")
+                         f"{cosine:.7f} < {MIN_COSINE}: not the same model")
+  start = time.perf_counter()
+  theirs_onnx, how = onnx_sentence_transformer(folder, scratch)
+  onnx = {"made": how}
+  if theirs_onnx is None:
+    print(f"sentence-transformers ONNX: skipped: {how}", file=sys.stderr)
+  else:
+    onnx["load_s"] = time.perf_counter() - start
+    onnx_vectors = theirs_onnx.encode(texts, batch_size=32)
+    onnx.update(min_cosine=min_cosine(vectors, onnx_vectors),
+                max_abs_diff=float(np.abs(vectors - onnx_vectors).max()))
+    if onnx["min_cosine"] < MIN_COSINE:
+      raise AssertionError(f"our vectors differ from sentence-transformers ONNX's: min cosine "
+                           f"{onnx['min_cosine']:.7f} < {MIN_COSINE}")
 
   runners = {"ours": lambda: ours(texts),
              "ours, a text a row": lambda: one_a_row(texts)}
   for b in batch_sizes:
-    runners[f"sentence-transformers, batch {b}"] = (
-        lambda b=b: theirs.encode(texts, batch_size=b))
+    runners[f"{THEIRS}{b}"] = lambda b=b: theirs.encode(texts, batch_size=b)
+  for b in batch_sizes if theirs_onnx is not None else []:
+    runners[f"{THEIRS_ONNX}{b}"] = lambda b=b: theirs_onnx.encode(texts, batch_size=b)
   seconds = bench.interleaved(runners, reps, warmup=1)
 
   ids = ours.tokenize(texts)
@@ -130,17 +240,20 @@ def measure(folder: str, texts: list[str], batch_sizes: list[int], reps: int) ->
   computed = {"ours": computed_ids(ours, ids, embeddings.BATCH_TOKENS),
               "ours, a text a row": computed_ids(one_a_row, ids, embeddings.BATCH_TOKENS)}
   for b in batch_sizes:
-    computed[f"sentence-transformers, batch {b}"] = padded_ids(lengths, b)
-  theirs_best = min(s for name, s in seconds.items() if name.startswith("sentence"))
-  theirs_default = seconds.get("sentence-transformers, batch 32", theirs_best)
+    computed[f"{THEIRS}{b}"] = computed[f"{THEIRS_ONNX}{b}"] = padded_ids(lengths, b)
+  theirs_best = min(s for name, s in seconds.items() if name.startswith(THEIRS))
+  theirs_default = seconds.get(f"{THEIRS}32", theirs_best)
+  onnx_best = min((s for name, s in seconds.items() if name.startswith(THEIRS_ONNX)),
+                  default=None)
   records = [{"impl": name, "seconds": s, "sentences_per_s": len(texts) / s,
               "computed_ids": computed[name], "real_ids": int(lengths.sum()),
               "real_fraction": float(lengths.sum() / computed[name]),
               "over_best_sentence_transformers": theirs_best / s,
-              "over_sentence_transformers_batch_32": theirs_default / s}
+              "over_sentence_transformers_batch_32": theirs_default / s,
+              "over_best_sentence_transformers_onnx": onnx_best and onnx_best / s}
              for name, s in seconds.items()]
-  return {"records": records, "min_cosine": float(cosine.min()),
-          "max_abs_diff": float(np.abs(vectors - reference).max()),
+  return {"records": records, "min_cosine": cosine,
+          "max_abs_diff": float(np.abs(vectors - reference).max()), "onnx": onnx,
           "ours": {"load_s": loaded, "first_call_s": first_call,
                    "compiled_shapes": [list(s) for s in compiled],
                    "row_lengths": list(ours.row_lengths),
@@ -153,11 +266,14 @@ def measure(folder: str, texts: list[str], batch_sizes: list[int], reps: int) ->
 
 def table(records: list[dict]) -> str:
   lines = ["| implementation | sentences / s | real / computed ids | over sentence-transformers' "
-           "best | over its default (batch 32) |", "|---|---:|---:|---:|---:|"]
+           "best | over its default (batch 32) | over its ONNX best |",
+           "|---|---:|---:|---:|---:|---:|"]
   for r in records:
+    onnx = r["over_best_sentence_transformers_onnx"]
     lines.append(f"| {r['impl']} | {r['sentences_per_s']:,.1f} | {r['real_fraction']:.0%} | "
                  f"{r['over_best_sentence_transformers']:.2f} | "
-                 f"{r['over_sentence_transformers_batch_32']:.2f} |")
+                 f"{r['over_sentence_transformers_batch_32']:.2f} | "
+                 f"{'-' if onnx is None else f'{onnx:.2f}'} |")
   return "\n".join(lines)
 
 
@@ -203,9 +319,11 @@ def main(argv=None) -> int:
       folder = random_folder(scratch, paragraphs()[0], sizes)
       model = (f"random BERT (hidden {sizes['hidden_size']}, {sizes['num_hidden_layers']} "
                f"layers), WordPiece trained on the texts, mean pooling, Normalize")
-    measured = measure(folder, texts, batch_sizes, reps)
+    measured = measure(folder, texts, batch_sizes, reps, scratch)
   results = {"environment": {**bench.environment(), "transformers": transformers.__version__,
                              "sentence_transformers": _version("sentence_transformers"),
+                             "onnxruntime": _version("onnxruntime"),
+                             "optimum_onnx": _version("optimum-onnx"),
                              "malloc": malloc, "load_average_before": load_before,
                              "load_average_after": os.getloadavg()},
              "model": model, "dtype": "float32", "reps": reps, **measured}
@@ -215,14 +333,23 @@ def main(argv=None) -> int:
   print(f"ours: first call {first['first_call_s']:.1f} s (load {first['load_s']:.1f} s), "
         f"{len(first['compiled_shapes'])} shapes compiled {first['compiled_shapes']}; "
         f"min cosine to sentence-transformers {measured['min_cosine']:.7f}", file=sys.stderr)
+  onnx = measured["onnx"]
+  if "min_cosine" in onnx:
+    print(f"sentence-transformers ONNX: {onnx['made']}; made and loaded in "
+          f"{onnx['load_s']:.1f} s; min cosine to ours {onnx['min_cosine']:.7f}",
+          file=sys.stderr)
   if args.out:
     bench.write_results(args.out, results)
   return 0
 
 
-def _version(package: str) -> str:
-  from importlib.metadata import version
-  return version(package)
+def _version(package: str) -> str | None:
+  """`package`'s installed version; None where it is not installed."""
+  from importlib.metadata import PackageNotFoundError, version
+  try:
+    return version(package)
+  except PackageNotFoundError:
+    return None
 
 
 if __name__ == "__main__":
