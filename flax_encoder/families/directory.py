@@ -22,7 +22,6 @@ from flax_encoder.families.config_json import config_from_hf
 from flax_encoder.families.family import HFError
 from flax_encoder.families.safetensors_file import read_safetensors
 from flax_encoder.families.tensors import from_hf_state_dict
-from flax_encoder.families.torch_file import load_torch_checkpoint
 from flax_encoder.modules_json import ModulesError, not_a_file, read_json, transformer_folder
 
 # The weights files a directory may hold, in the order transformers prefers them.
@@ -78,6 +77,8 @@ def _read_file(file: str) -> dict:
   try:
     if file.endswith(".safetensors"):
       return read_safetensors(file)
+    # a pickle of torch tensors takes torch to read: the PyTorch bridge's reader
+    from flax_encoder.pytorch.convert import load_torch_checkpoint
     return load_torch_checkpoint(file)
   except ModuleNotFoundError as e:
     if e.name not in EXTRAS:
