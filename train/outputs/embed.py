@@ -26,8 +26,8 @@ newest checkpoint, pooling and normalization, its texts cut as its pairs were).
 
 Texts are embedded 1024 at a time, fewer where they are long (packed several to a row by
 `flax_encoder.embeddings.SentenceEncoder`) and each chunk is written before the next is read,
-so the input may be far larger than memory. --input is read twice (counted, then embedded), so
-it is a regular file, not a stream.
+so the input may be far larger than memory. For a file --out, --input is read twice (counted,
+then embedded), so it is a regular file, not a stream.
 
 A file --out appears once every text is embedded, never half-written: an error, a full disk, Ctrl-C
 or SIGTERM leave nothing behind. kill -9 leaves OUT.tmp-HOST-PID.npy (or .parquet, .jsonl),
