@@ -62,7 +62,7 @@ def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: 
     devices = f"{len(encoder.devices)} {encoder.devices[0].platform} device" + (
         "s" if len(encoder.devices) > 1 else "")
     parts = f"{reader.count} parts" if reader.count is not None else "parts"
-    print(f"embed: {parts} of {part_bytes / (1 << 20):g} MiB, {len(written)} written before; "
+    print(f"embed: {parts} of {part_bytes / (1 << 20):.3g} MiB, {len(written)} written before; "
           f"{count} process{'es' if count > 1 else ''} of {devices}, "
           f"{batch_tokens or encoder.default_batch_tokens()} ids a device a call", flush=True)
   bar = _Bar(out_dir, reader, written, show and index == 0)

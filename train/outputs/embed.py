@@ -429,7 +429,15 @@ def main(argv=None) -> int:
                                num_processes=args.num_processes, process_id=args.process_id,
                                heartbeat_timeout_seconds=args.heartbeat_timeout_s)
     process = jax.process_index(), jax.process_count()
-    barrier = lambda: multihost_utils.sync_global_devices("embed: every part written")
+
+    def barrier():
+      try:
+        multihost_utils.sync_global_devices("embed: every part written")
+      except Exception as e:  # noqa: BLE001 - jax's runtime errors: a peer is gone
+        said = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise RunError(f"--out {args.out}: another process stopped before every part was "
+                       f"written ({said}); the parts written are kept: the same command "
+                       f"continues", 1) from None
   previous = signal.signal(signal.SIGTERM, _interrupt)
   try:
     count = embed(args.model, args.input, args.out, args.text_field, args.id_field,
