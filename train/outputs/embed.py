@@ -388,6 +388,27 @@ def _interrupt(signum, frame):
   raise KeyboardInterrupt(signum)
 
 
+def _join(args) -> tuple[tuple[int, int], object]:
+  """Joins the other processes (jax.distributed); returns (this process's index, their count)
+  and the barrier every process passes once its parts are written."""
+  import jax
+  from jax.experimental import multihost_utils
+  jax.distributed.initialize(coordinator_address=args.coordinator_address,
+                             num_processes=args.num_processes, process_id=args.process_id,
+                             heartbeat_timeout_seconds=args.heartbeat_timeout_s)
+
+  def barrier():
+    try:
+      multihost_utils.sync_global_devices("embed: every part written")
+    except Exception as e:  # noqa: BLE001 - jax's runtime errors: a peer is gone
+      said = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+      raise RunError(f"--out {args.out}: another process stopped before every part was "
+                     f"written ({said}); the parts written are kept: the same command "
+                     f"continues", 1) from None
+
+  return (jax.process_index(), jax.process_count()), barrier
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m train.embed", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -423,21 +444,7 @@ def main(argv=None) -> int:
       parser.error(f"--{name.replace('_', '-')} {value}: expected a number > 0")
   process, barrier = (0, 1), None
   if args.multihost:
-    import jax
-    from jax.experimental import multihost_utils
-    jax.distributed.initialize(coordinator_address=args.coordinator_address,
-                               num_processes=args.num_processes, process_id=args.process_id,
-                               heartbeat_timeout_seconds=args.heartbeat_timeout_s)
-    process = jax.process_index(), jax.process_count()
-
-    def barrier():
-      try:
-        multihost_utils.sync_global_devices("embed: every part written")
-      except Exception as e:  # noqa: BLE001 - jax's runtime errors: a peer is gone
-        said = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise RunError(f"--out {args.out}: another process stopped before every part was "
-                       f"written ({said}); the parts written are kept: the same command "
-                       f"continues", 1) from None
+    process, barrier = _join(args)
   previous = signal.signal(signal.SIGTERM, _interrupt)
   try:
     count = embed(args.model, args.input, args.out, args.text_field, args.id_field,
