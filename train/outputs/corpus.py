@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 
@@ -85,7 +86,6 @@ def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: 
       made += 1
       bar.part_done(k)
   if nonfinite.count:
-    import sys
     print(f"embed: warning: {nonfinite.said(embedded)} are not finite (NaN or inf); written as "
           f"they came (--allow-nonfinite)", file=sys.stderr)
   if barrier is not None:
