@@ -121,6 +121,11 @@ def iter_embeddings(directory: str, verify: bool = True) -> Iterator[tuple[list,
   dim = manifest["model"]["dim"]
   for part in manifest["parts"]:
     path = os.path.join(directory, part["file"])
+    ids_file = path[:-len(".npy")] + ".ids.json"
+    for file in (path, ids_file):
+      if not os.path.isfile(file):
+        raise CorpusError(f"{file}: no such file, which {MANIFEST} lists: the folder lost it "
+                          f"since it was written")
     if verify and sha256_of(path) != part["sha256"]:
       raise CorpusError(f"{path}: its SHA-256 differs from the manifest's: changed or damaged "
                         f"since it was written")
@@ -128,7 +133,6 @@ def iter_embeddings(directory: str, verify: bool = True) -> Iterator[tuple[list,
     if vectors.shape != (part["rows"], dim) or vectors.dtype != np.float32:
       raise CorpusError(f"{path}: {vectors.dtype} {list(vectors.shape)}, expected float32 "
                         f"[{part['rows']}, {dim}]")
-    ids_file = os.path.join(directory, part["file"][:-len(".npy")] + ".ids.json")
     if verify and sha256_of(ids_file) != part["ids_sha256"]:
       raise CorpusError(f"{ids_file}: its SHA-256 differs from the manifest's: changed or "
                         f"damaged since it was written")

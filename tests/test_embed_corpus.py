@@ -6,6 +6,7 @@ uninterrupted run writes, bit for bit; another run's folder refused in one line.
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,6 +124,17 @@ def test_a_run_stopped_at_any_moment_continues_to_what_an_uninterrupted_run_writ
     read_embeddings(resumed)
   embed.embed(folder, source, resumed, part_mb=PART_MB)
   assert sorted(os.listdir(whole)) == sorted(os.listdir(resumed))
+  # a part's file lost, or another's ids in its place: one line naming it
+  for name, value in (("part-00001.npy", None), ("part-00002.ids.json", b'{"line": []}')):
+    damaged = tmp_path / "damaged"
+    shutil.rmtree(damaged, ignore_errors=True)
+    shutil.copytree(tmp_path / "whole", damaged)
+    if value is None:
+      (damaged / name).unlink()
+    else:
+      (damaged / name).write_bytes(value)
+    with pytest.raises(CorpusError, match=rf"{name}: (no such file|its SHA-256 differs)"):
+      read_embeddings(str(damaged))
   for name in os.listdir(whole):
     assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "resumed" / name).read_bytes()
 
