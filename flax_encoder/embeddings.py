@@ -760,9 +760,9 @@ class SentenceEncoder:
       packed = fill_rows(ids, texts, row_of, rows, length, self.model.config.pad_id)
       per_device = call_rows(-(-len(rows) // n), max(1, batch_tokens // length))
       row_starts = np.cumsum([0] + [c * n for c in per_device])
-      arrays = [_rows_to(a, row_starts[-1]) for a in
-                (packed.tokens, packed.segment_ids, packed.positions)]
-      arrays[0][len(rows):] = self.model.config.pad_id
+      pad = self.model.config.pad_id
+      arrays = [_rows_to(a, row_starts[-1], fill) for a, fill in
+                ((packed.tokens, pad), (packed.segment_ids, 0), (packed.positions, 0))]
       for first, end in zip(row_starts[:-1], row_starts[1:]):
         mine = (packed.where[:, 0] >= first) & (packed.where[:, 0] < end)
         self.shapes.add((int(end - first), length))
@@ -778,11 +778,12 @@ class SentenceEncoder:
       out[texts] = np.asarray(output)[where[:, 0], where[:, 1]]
 
 
-def _rows_to(array: np.ndarray, rows: int) -> np.ndarray:
-  """`array` with zero rows added to make `rows`."""
+def _rows_to(array: np.ndarray, rows: int, fill: int) -> np.ndarray:
+  """`array` with rows of `fill` added to make `rows` (empty rows: padding, segment 0)."""
   if rows == len(array):
     return array
-  return np.concatenate([array, np.zeros((rows - len(array), *array.shape[1:]), array.dtype)])
+  return np.concatenate([array, np.full((rows - len(array), *array.shape[1:]), fill,
+                                        array.dtype)])
 
 
 # One jit for every encoder: two of the same model (`SentenceModel` is hashable) share compiles.

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from flax_encoder import corpus
-from train.data import sources
+from train.data import examples, sources
 from train.errors import RunError
 from train.files import sha256_file, written_whole
 from train.outputs.nonfinite import NonFinite
@@ -67,13 +67,14 @@ def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: 
           f"{count} process{'es' if count > 1 else ''} of {devices}, "
           f"{batch_tokens or encoder.default_batch_tokens()} ids a device a call", flush=True)
   bar = _Bar(out_dir, reader, written, show and index == 0)
-  with bar:
+  with contextlib.closing(reader), bar:
     for k in reader.parts(index, count):
       if k in written:
         reader.skip(k)
         continue
       with _Part(out_dir, k, key, encoder.dim) as part:
-        for texts in _chunks(reader.read(k), chunk):
+        # chunks of bounded characters too, as a file --out reads them
+        for texts in examples.chunked(reader.read(k), chunk, lambda item: (item[2],)):
           numbers, ids, strings = zip(*texts)
           vectors = encoder(list(strings), prompt=prompt_text, batch_tokens=batch_tokens)
           if nonfinite.add(ids, vectors) and not allow_nonfinite:
@@ -286,17 +287,6 @@ class _Part:
         self._npy.__exit__(*exc)
 
 
-def _chunks(items: Iterator, size: int) -> Iterator[list]:
-  chunk = []
-  for item in items:
-    chunk.append(item)
-    if len(chunk) == size:
-      yield chunk
-      chunk = []
-  if chunk:
-    yield chunk
-
-
 # ---------------------------------------------------------------------------------------------
 # Reading the input by parts
 
@@ -325,6 +315,10 @@ class _Lines:
     self.count = None if compression else -(-size // part_bytes)  # parts, once known
     self.total = None if compression else size  # the progress bar's
     self._lines, self._done = {}, {}
+
+  def close(self) -> None:
+    self.file.close()
+    self.stored.close()
 
   def parts(self, index: int, count: int) -> Iterator[int]:
     """This process's parts, in order, while there are parts."""
@@ -442,6 +436,9 @@ class _RowGroups:
     self.rows = [sum(meta.row_group(g).num_rows for g in run) for run in self.groups]
     self.count, self.total = len(self.groups), meta.num_rows
     self._done = {}
+
+  def close(self) -> None:
+    self.file.close()
 
   def parts(self, index: int, count: int) -> Iterator[int]:
     return iter(range(index, self.count, count))
