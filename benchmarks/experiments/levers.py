@@ -36,19 +36,25 @@ def median_seconds(fn, reps: int = 7) -> float:
 
 
 def matmuls() -> None:
+  """The three matmuls of a dense layer's training step, at the paper base's 1024 tokens x 512 ->
+  2048 and at all-MiniLM-L6-v2's contrastive step (6,912 packed ids x 384 -> 1536)."""
   import torch
   rng = np.random.default_rng(0)
-  x, w, dy = (rng.random(s, np.float32) for s in ((1024, 512), (512, 2048), (1024, 2048)))
-  jx, jw, jdy = (jnp.asarray(a) for a in (x, w, dy))
-  tx, tw, tdy = (torch.from_numpy(a) for a in (x, w, dy))
-  flops = 2 * 1024 * 512 * 2048
-  cases = {"x @ w (forward)": (jax.jit(lambda a, b: a @ b), (jx, jw), lambda: tx @ tw),
-           "dy @ w.T (input grad)": (jax.jit(lambda a, b: a @ b.T), (jdy, jw), lambda: tdy @ tw.T),
-           "x.T @ dy (weight grad)": (jax.jit(lambda a, b: a.T @ b), (jx, jdy), lambda: tx.T @ tdy)}
-  for name, (fn, args, torch_fn) in cases.items():
-    j = median_seconds(lambda fn=fn, args=args: fn(*args).block_until_ready())
-    t = median_seconds(torch_fn)
-    print(f"{name:24s} jax {flops / j / 1e9:5.0f} GFLOP/s  torch {flops / t / 1e9:5.0f} GFLOP/s")
+  for m, k, n in ((1024, 512, 2048), (6912, 384, 1536)):
+    x, w, dy = (rng.random(s, np.float32) for s in ((m, k), (k, n), (m, n)))
+    jx, jw, jdy = (jnp.asarray(a) for a in (x, w, dy))
+    tx, tw, tdy = (torch.from_numpy(a) for a in (x, w, dy))
+    flops = 2 * m * k * n
+    cases = {"x @ w (forward)": (jax.jit(lambda a, b: a @ b), (jx, jw), lambda: tx @ tw),
+             "dy @ w.T (input grad)": (jax.jit(lambda a, b: a @ b.T), (jdy, jw),
+                                       lambda: tdy @ tw.T),
+             "x.T @ dy (weight grad)": (jax.jit(lambda a, b: a.T @ b), (jx, jdy),
+                                        lambda: tx.T @ tdy)}
+    for name, (fn, args, torch_fn) in cases.items():
+      j = median_seconds(lambda fn=fn, args=args: fn(*args).block_until_ready())
+      t = median_seconds(torch_fn)
+      print(f"{m}x{k}x{n} {name:24s} jax {flops / j / 1e9:5.0f} GFLOP/s  "
+            f"torch {flops / t / 1e9:5.0f} GFLOP/s")
 
 
 def qkv() -> None:
