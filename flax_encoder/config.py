@@ -31,7 +31,10 @@ ACTIVATIONS = {
     # PyTorch's nn.GELU default is the exact erf form; jax.nn.gelu defaults to the tanh one.
     "gelu": functools.partial(jax.nn.gelu, approximate=False),
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),  # GPT-2's, "gelu_new"
+    "silu": jax.nn.silu,  # x * sigmoid(x): SwiGLU's gate (NomicBERT)
 }
+# The layer's dense modules, by name: what `EncoderConfig.unbiased` may list.
+LAYER_DENSES = ("w_q", "w_k", "w_v", "w_o", "w_1", "w_2")
 ATTENTION_IMPLS = tuple(KERNELS)  # what each can do: kernels.KERNELS[name]
 REMAT_POLICIES = ("none", "full", "save_dots")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -107,6 +110,10 @@ class EncoderConfig:
   global_attention_every: int = _field(1, "architecture")
   glu: bool = _field(False, "architecture")  # GeGLU: act(x W_a) * (x W_b), one w_1 of 2 d_ff
   dense_bias: bool = _field(True, "architecture")  # biases of every dense layer
+  # The layers' dense modules that have no bias where dense_bias gives the others one, as a
+  # comma-separated list of LAYER_DENSES ("w_1": GTE's gate; "w_q,w_k,w_v,w_o,w_1,w_2":
+  # NomicBERT's layers, whose heads have biases). `has_bias` says it for a module.
+  unbiased: str = _field("", "architecture")
   norm_bias: bool = _field(True, "architecture")  # biases of every LayerNorm
   first_attention_norm: bool = _field(True, "architecture")  # Pre-LN: layer 0 normalises its
   #                                                             input (ModernBERT's does not)
@@ -178,6 +185,11 @@ class EncoderConfig:
                  "norm_bias", "first_attention_norm", "scan_layers", "shared_layers"):
       if not isinstance(getattr(self, name), (bool, np.bool_)):
         raise ConfigError(name, getattr(self, name), "True or False")
+    unknown = [n for n in self.unbiased_denses if n not in LAYER_DENSES] if isinstance(
+        self.unbiased, str) else [self.unbiased]
+    if unknown:
+      raise ConfigError("unbiased", self.unbiased,
+                        f"a comma-separated list of {LAYER_DENSES} (the layers' dense modules)")
     self._check_together()
     object.__setattr__(self, "dtype", _canonical_dtype("dtype", self.dtype))
     object.__setattr__(self, "param_dtype", _canonical_dtype("param_dtype", self.param_dtype))
@@ -275,6 +287,15 @@ class EncoderConfig:
   def embedding_width(self) -> int:
     """The width of the embedding tables: embedding_size where factorised, else d_model."""
     return self.embedding_size or self.d_model
+
+  @property
+  def unbiased_denses(self) -> tuple[str, ...]:
+    """The layer's dense modules without a bias, as `unbiased` lists them."""
+    return tuple(n.strip() for n in self.unbiased.split(",") if n.strip())
+
+  def has_bias(self, dense: str) -> bool:
+    """Whether the dense module named `dense` ('w_q' … 'w_2', a head's) has a bias."""
+    return self.dense_bias and dense not in self.unbiased_denses
 
   @property
   def head_dim(self) -> int:

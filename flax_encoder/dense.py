@@ -11,12 +11,12 @@ def dense(cfg, features: int, axes: tuple[str, str], name: str,
   """nn.Dense whose kernel has logical axes `axes` (in, out) and whose bias has (out,).
 
   `cfg` gives the compute and parameter dtypes (an EncoderConfig) and whether it has a bias
-  (`dense_bias`, unless `bias` says). The kernel is Xavier-uniform unless `kernel_init` is
+  (`has_bias(name)`, unless `bias` says). The kernel is Xavier-uniform unless `kernel_init` is
   given.
   """
   kernel_init = kernel_init or nn.initializers.xavier_uniform()
   return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                  use_bias=cfg.dense_bias if bias is None else bias,
+                  use_bias=cfg.has_bias(name) if bias is None else bias,
                   kernel_init=nn.with_logical_partitioning(kernel_init, axes),
                   bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), axes[1:]),
                   name=name)

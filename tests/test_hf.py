@@ -159,7 +159,7 @@ def _write_config(path, **changes):
     (dict(model_type="gpt2"), "model_type 'gpt2'"),
     (dict(position_embedding_type="relative_key"), "position_embedding_type='relative_key'"),
     (dict(is_decoder=True), "is_decoder=True"),
-    (dict(hidden_act="silu"), "hidden_act='silu'"),
+    (dict(hidden_act="mish"), "hidden_act='mish'"),
     (dict(tie_word_embeddings=False), "not tied"),
     (dict(num_attention_heads=5), "n_heads"),
 ])

@@ -19,9 +19,9 @@ from flax_encoder.config import EncoderConfig
 
 # transformers' hidden_act -> EncoderConfig.activation
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-               "relu": "relu"}
+               "relu": "relu", "silu": "silu", "swish": "silu"}
 # EncoderConfig.activation -> the hidden_act written
-HIDDEN_ACTS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+HIDDEN_ACTS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 
 
 class HFError(ValueError):
@@ -76,8 +76,19 @@ class Fields:
 
 # refuse(option, value, expected): an HFError saying transformers computes another model.
 Refuse = Callable[[str, Any, str], None]
-# (flax path under params, module name within the encoder) of each of the encoder's modules.
-Names = Callable[[EncoderConfig], Iterator[tuple[tuple, str]]]
+@dataclasses.dataclass(frozen=True)
+class Chunks:
+  """A dense module stored as `name` with its outputs in equal chunks of another order: ours
+  are its chunks `order[0]`, `order[1]` … (GTE's up_gate_proj holds the gated feed-forward's
+  up projection first, the encoder's w_1 the gate first: order (1, 0))."""
+  name: str
+  order: tuple[int, ...]
+
+
+# (flax path under params, module name within the encoder) of each of the encoder's modules;
+# a tuple of names for a dense module whose outputs are those modules' stacked (NomicBERT's
+# w_1: its fc12's, the gate, then its fc11's), or Chunks.
+Names = Callable[[EncoderConfig], Iterator[tuple[tuple, str | tuple[str, ...] | Chunks]]]
 # (stage, Flax module path, transformers module name) of a model of n_layers, in forward order;
 # a transformers module that runs at several depths (ALBERT's shared layer) is named once per
 # call, its k-th stage compared with its k-th call.

@@ -7,19 +7,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from flax_encoder.config import EncoderConfig
-from flax_encoder.families import albert, bert, distilbert, modernbert, mpnet, roberta
+from flax_encoder.families import (albert, bert, distilbert, gte, modernbert, mpnet, nomic_bert,
+                                   roberta)
 from flax_encoder.families.family import Family, HFError
 
 # name -> family, in the order errors list them
 FAMILIES: dict[str, Family] = {f.name: f for f in (bert.FAMILY, roberta.FAMILY,
                                                      distilbert.FAMILY, modernbert.FAMILY,
-                                                     albert.FAMILY, mpnet.FAMILY)}
+                                                     albert.FAMILY, mpnet.FAMILY,
+                                                     nomic_bert.FAMILY, gte.FAMILY)}
 # model_type (config.json's) -> family
 MODEL_TYPES: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 
 def get(name: str) -> Family:
-  """The family `name` ('bert', 'roberta', 'distilbert', 'modernbert', 'albert', 'mpnet')."""
+  """The family `name` ('bert', 'roberta', 'distilbert', 'modernbert', 'albert', 'mpnet',
+  'nomic_bert', 'gte')."""
   family = FAMILIES.get(name)
   if family is None:
     raise HFError(f"family {name!r}: expected one of {tuple(FAMILIES)}")
@@ -32,10 +35,16 @@ def of_config(hf: Mapping) -> Family:
 
 
 def of_architecture(config: EncoderConfig) -> Family:
-  """The family a model trained from scratch exports as, which it has no record of: rotary
-  positions are ModernBERT's; shared layers ALBERT's; a relative position bias MPNet's;
-  learned positions RoBERTa's with a position offset, else BERT's with token types, else
-  DistilBERT's. `hf_config` then says what else differs."""
+  """The family a model trained from scratch exports as, which it has no record of: the first
+  whose switches it has as that family's preset has them (`Family.expected`); else, by its
+  most telling switch, the family whose config.json `hf_config` then says what else differs:
+  rotary positions are ModernBERT's, shared layers ALBERT's, a relative position bias
+  MPNet's, learned positions RoBERTa's with a position offset, else BERT's with token types,
+  else DistilBERT's."""
+  for family in FAMILIES.values():
+    if family.expected(config) == {k: getattr(config, k) for k in family.switches} and (
+        config.type_vocab_size or not family.token_types):
+      return family
   if config.position_embedding == "rotary":
     return modernbert.FAMILY
   if config.shared_layers:

@@ -18,7 +18,7 @@ import numpy as np
 from flax_encoder.families import registry
 from flax_encoder.config import EncoderConfig
 from flax_encoder.encoder import stack_layers, unstack_layers
-from flax_encoder.families.family import Family, HFError
+from flax_encoder.families.family import Chunks, Family, HFError
 
 # Integer buffers that transformers' BERT-family checkpoints carry beside the weights (the
 # position and token-type ids the embeddings count from): not weights, left out on reading.
@@ -44,7 +44,10 @@ def to_numpy(name: str, value: Any) -> np.ndarray:
 
 def _kind(path: tuple) -> str:
   """How a module's weights map: 'table' (weight), 'norm' (weight, bias -> scale, bias),
-  'dense' (weight [out, in] -> kernel [in, out], bias) or 'vector' (a bare parameter)."""
+  'dense' (weight [out, in] -> kernel [in, out], bias) or 'vector' (a bare parameter). A path
+  ending in an int n is a dense module's n-th part (`Names`)."""
+  if isinstance(path[-1], int):
+    return "dense"
   if path[-1] in ("embedding", "position_embedding", "token_type_embedding",
                   "relative_attention_bias"):
     return "table"
@@ -56,6 +59,9 @@ def _kind(path: tuple) -> str:
 def _expected_shape(config: EncoderConfig, path: tuple, what: str) -> tuple[int, ...]:
   """The shape the module at flax `path` (a head's under its name: ('masked_lm', 'dense')) has
   in the state dict (torch.nn.Linear's weight [out, in]), for its "weight" or "bias"."""
+  if isinstance(path[-1], int):  # one of the n parts a dense module's outputs stack
+    out, *rest = _expected_shape(config, path[:-1], what)
+    return (out // path[-1], *rest)
   d, e, kind, name = config.d_model, config.embedding_width, _kind(path), path[-1]
   if kind == "table":
     if name == "relative_attention_bias":  # a score per bucket and head (MPNet's)
@@ -117,9 +123,18 @@ def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
   cast = lambda x: np.asarray(to_numpy("", x), dtype=config.param_dtype)
   read: set[str] = set()
 
-  def module(name: str, path: tuple, where: str) -> dict:
+  def module(name: str | tuple[str, ...], path: tuple, where: str) -> dict:
+    if isinstance(name, tuple):  # one dense module of several, stacked (Names)
+      parts = [module(part, path + (len(name),), where) for part in name]
+      return {k: np.concatenate([p[k] for p in parts], axis=-1) for k in parts[0]}
+    if isinstance(name, Chunks):  # its outputs in another order
+      chunks = {k: np.split(v, len(name.order), axis=-1)
+                for k, v in module(name.name, path, where).items()}
+      return {k: np.concatenate([v[j] for j in name.order], axis=-1) for k, v in chunks.items()}
     kind = _kind(path)
-    has_bias = {"dense": config.dense_bias, "norm": config.norm_bias}.get(kind, False)
+    # q, k and v in one matrix have a bias where w_q has one; a part where its module has.
+    dense = path[-2] if isinstance(path[-1], int) else "w_q" if path[-1] == "qkv" else path[-1]
+    has_bias = {"dense": config.has_bias(dense), "norm": config.norm_bias}.get(kind, False)
     if kind == "vector":
       keys = {"bias": name}
     else:
@@ -186,6 +201,15 @@ def _current_names(state: Mapping) -> Mapping:
   return renamed
 
 
+def _prefixed(prefix: str, name: str | tuple[str, ...] | Chunks):
+  """`name` (each of its names) under `prefix`."""
+  if isinstance(name, tuple):
+    return tuple(prefix + part for part in name)
+  if isinstance(name, Chunks):
+    return Chunks(prefix + name.name, name.order)
+  return prefix + name
+
+
 def _split_qkv(qkv: dict) -> dict:
   """q, k and v in one matrix (kernel [d, 3 d], stacked) -> w_q, w_k, w_v."""
   parts = {k: np.split(v, 3, axis=-1) for k, v in qkv.items()}
@@ -226,10 +250,21 @@ def to_hf_state_dict(variables: Mapping, config: EncoderConfig, family: str,
     params = unstack_layers(params, config.n_layers)
   state: dict[str, np.ndarray] = {}
 
-  def emit(tree: Mapping, path: tuple, name: str) -> None:
+  def emit(tree: Mapping, path: tuple, name: str | tuple[str, ...] | Chunks) -> None:
     node = tree
     for key in path:
       node = node[key]
+    if isinstance(name, (tuple, Chunks)):  # one dense module of several, stacked (Names)
+      parts = len(name) if isinstance(name, tuple) else len(name.order)
+      split = {k: np.split(np.asarray(v), parts, axis=-1) for k, v in dict(node).items()}
+      if isinstance(name, Chunks):  # the file's chunk order[i] is our i-th
+        stored = {k: [v[name.order.index(j)] for j in range(parts)] for k, v in split.items()}
+        emit({"part": {k: np.concatenate(v, -1) for k, v in stored.items()}}, ("part",),
+             name.name)
+        return
+      for i, part in enumerate(name):
+        emit({"part": {k: v[i] for k, v in split.items()}}, ("part",), part)
+      return
     kind = _kind(path)
     node = node if kind == "vector" else dict(node)
     if kind == "vector":
@@ -244,7 +279,7 @@ def to_hf_state_dict(variables: Mapping, config: EncoderConfig, family: str,
       state[name + ".bias"] = np.asarray(node["bias"])
 
   for path, name in family.names(config):
-    emit(params, path, prefix + name)
+    emit(params, path, _prefixed(prefix, name))
   if family.qkv:
     for i in range(config.n_layers):
       attention = params[f"layers_{i}"]["self_attn"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 
 import numpy as np
 import torch
@@ -17,10 +18,14 @@ from flax_encoder import families
 from flax_encoder.config import EncoderConfig
 from flax_encoder.pytorch.modernbert_float64 import modernbert_in_float64
 from flax_encoder.pytorch.report import Row, row, run_flax
+from flax_encoder.pytorch.rotary_float64 import rotary_in_float64
 
 # family name -> a context within which transformers' model of it computes in float64 where
 # it otherwise keeps float32 (only the maths' dtype changes)
-FLOAT64 = {"modernbert": modernbert_in_float64}
+FLOAT64 = {"modernbert": modernbert_in_float64,
+           "nomic_bert": functools.partial(rotary_in_float64, "nomic_bert",
+                                           "NomicBertRotaryEmbedding"),
+           "gte": functools.partial(rotary_in_float64, "gte", "GteRotaryEmbedding")}
 
 
 def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray) -> list[Row]:

@@ -1,0 +1,252 @@
+"""NomicBERT and GTE directories: BERT's Post-LN encoder with rotary positions, a gated
+feed-forward layer and their own biases. load_hf against transformers' NomicBertModel and
+GteModel built from tiny random configs (float32 and float64, padded and packed rows), their
+masked-LM heads and poolers, the parity report, the state dict and config.json back, the
+refusals; and through the program, fine-tuning, further pretraining and exports transformers
+loads as the run's own model."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from flax_encoder import Encoder, segment_positions  # noqa: E402
+from flax_encoder.families import HFError, hf_config, load_hf, to_hf_state_dict  # noqa: E402
+from flax_encoder.heads import MaskedLMHead, Pooler  # noqa: E402
+from tests import hf_models, runs  # noqa: E402
+
+pytestmark = pytest.mark.library
+
+TOLERANCE = {"float32": 1e-5, "float64": 1e-10}
+VOCAB = 99
+FAMILIES = ("nomic_bert", "gte")
+CONFIGS = {"nomic_bert": "NomicBertConfig", "gte": "GteConfig"}
+# type_vocab_size 2 for both, so token types are read and written too.
+SIZES = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+             intermediate_size=40, max_position_embeddings=160, type_vocab_size=2,
+             pad_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+PAD = 0
+
+
+def _model(path, family: str, head: str, **changes):
+  """A tiny random model of `family` ('base' with its pooler, 'masked_lm' or
+  'sequence_classification'), every parameter moved off transformers' initial values (the
+  LayerNorms and biases too), saved into `path`."""
+  torch.manual_seed(0)
+  config = getattr(transformers, CONFIGS[family])(**{**SIZES, **changes})
+  if head == "base":
+    model = transformers.AutoModel.from_config(config, add_pooling_layer=True)
+  else:
+    model = {"masked_lm": transformers.AutoModelForMaskedLM,
+             "sequence_classification": transformers.AutoModelForSequenceClassification}[
+                 head].from_config(config)
+  with torch.no_grad():
+    for param in model.parameters():
+      param.add_(0.1 * torch.randn_like(param))
+  model.eval().save_pretrained(path)
+  return str(path)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request):
+  return request.param
+
+
+@pytest.fixture(scope="module")
+def base(family, tmp_path_factory):
+  return _model(tmp_path_factory.mktemp(f"{family}-base"), family, "base")
+
+
+@pytest.fixture(scope="module")
+def masked_lm(family, tmp_path_factory):
+  return _model(tmp_path_factory.mktemp(f"{family}-masked-lm"), family, "masked_lm")
+
+
+def _padded(batch=3, seq=40, seed=0):
+  ids = np.random.default_rng(seed).integers(PAD + 1, VOCAB, (batch, seq))
+  ids[1, 30:] = PAD
+  ids[2, 9:] = PAD
+  types = np.zeros_like(ids)
+  types[0, 20:] = 1
+  return ids, types
+
+
+def _theirs(directory, precision="float32", head="base"):
+  if head == "base":
+    model = transformers.AutoModel.from_pretrained(directory, attn_implementation="eager",
+                                                   add_pooling_layer=True)
+  else:
+    model = transformers.AutoModelForMaskedLM.from_pretrained(directory,
+                                                              attn_implementation="eager")
+  model.eval()
+  return model.to({"float32": torch.float32, "float64": torch.float64}[precision])
+
+
+def _mask(ids):
+  return torch.tensor(ids != PAD).long()
+
+
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+def test_the_encoder_and_pooler_compute_what_transformers_computes(base, family, precision):
+  from flax_encoder.pytorch.hf_parity import FLOAT64
+  ids, types = _padded()
+  with torch.no_grad(), FLOAT64[family]():  # transformers' angles in float64 too
+    out = _theirs(base, precision)(input_ids=torch.tensor(ids), attention_mask=_mask(ids),
+                                   token_type_ids=torch.tensor(types))
+  with jax.enable_x64(precision == "float64"):
+    config, variables = load_hf(base, dtype=precision, param_dtype=precision)
+    assert (config.position_embedding, config.rope_theta, config.glu) == ("rotary", 500.0, True)
+    hidden = np.asarray(Encoder(config).apply({"params": variables["params"]}, ids,
+                                              token_types=types))
+    pooled = np.asarray(Pooler(config).apply({"params": variables["heads"]["pooler"]}, hidden))
+    xla, _ = load_hf(base, dtype=precision, param_dtype=precision, attention_impl="xla")
+    fused = np.asarray(Encoder(xla).apply({"params": variables["params"]}, ids,
+                                          token_types=types))
+  real = ids != PAD  # transformers' padded positions are not compared by any user
+  atol = TOLERANCE[precision]
+  np.testing.assert_allclose(hidden[real], out.last_hidden_state.numpy()[real], rtol=0,
+                             atol=atol)
+  np.testing.assert_allclose(pooled, out.pooler_output.numpy(), rtol=0, atol=atol)
+  np.testing.assert_allclose(fused[real], hidden[real], rtol=0, atol=atol)
+
+
+def test_the_biases_are_the_familys(base, family):
+  _, variables = load_hf(base)
+  layer = variables["params"]["layers_0"]
+  biased = {name for block in ("self_attn", "feed_forward") for name in layer[block]
+            if "bias" in layer[block][name]}
+  assert biased == {"nomic_bert": set(), "gte": {"w_q", "w_k", "w_v", "w_o", "w_2"}}[family]
+  assert "bias" in variables["heads"]["pooler"]["dense"]
+
+
+def test_the_masked_lm_head_computes_transformers_logits(masked_lm):
+  ids, types = _padded()
+  with torch.no_grad():
+    theirs = _theirs(masked_lm, head="masked_lm")(
+        input_ids=torch.tensor(ids), attention_mask=_mask(ids),
+        token_type_ids=torch.tensor(types)).logits.numpy()
+  config, variables = load_hf(masked_lm)
+  hidden = Encoder(config).apply({"params": variables["params"]}, ids, token_types=types)
+  logits = MaskedLMHead(config).apply({"params": variables["heads"]["masked_lm"]}, hidden,
+                                      variables["params"]["embedding"]["embedding"])
+  real = ids != PAD
+  np.testing.assert_allclose(np.asarray(logits)[real], theirs[real], rtol=0, atol=1e-5)
+
+
+def test_packed_rows_encode_each_sequence_as_transformers_does_alone(base):
+  config, variables = load_hf(base)
+  model = _theirs(base)
+  rng = np.random.default_rng(1)
+  a, b = rng.integers(PAD + 1, VOCAB, 40), rng.integers(PAD + 1, VOCAB, 30)
+  row = np.full((1, 80), PAD, np.int64)
+  row[0, :40], row[0, 40:70] = a, b
+  segments = np.array([[1] * 40 + [2] * 30 + [0] * 10])
+  packed = np.asarray(Encoder(config).apply(variables, row, segment_ids=segments,
+                                            positions=np.asarray(segment_positions(segments))))
+  for ids, at in ((a, slice(0, 40)), (b, slice(40, 70))):
+    with torch.no_grad():
+      alone = model(input_ids=torch.tensor(ids[None])).last_hidden_state.numpy()[0]
+    np.testing.assert_allclose(packed[0, at], alone, rtol=0, atol=1e-5)
+
+
+def test_the_parity_report_compares_the_embeddings_and_every_layer(base, capsys):
+  from flax_encoder.pytorch.parity import main
+  for flags in ([], ["--float64"]):
+    assert main(["--hf", base, *flags]) == 0
+    out = capsys.readouterr().out
+    stages = [line.split()[0] for line in out.splitlines()
+              if line.startswith(("embeddings", "layers.", "last_hidden"))]
+    assert stages == ["embeddings", "layers.0.self_attn", "layers.0", "layers.1.self_attn",
+                      "layers.1", "last_hidden_state"]
+    assert "PASS" in out
+
+
+@pytest.mark.parametrize("head", ["base", "masked_lm"])
+def test_the_state_dict_and_config_are_transformers_own_and_load_back_as_they_were(
+    head, base, masked_lm, family, tmp_path):
+  import safetensors.numpy
+  directory = {"base": base, "masked_lm": masked_lm}[head]
+  model = _theirs(directory, head=head)
+  config, variables = load_hf(directory)
+  prefix = "" if head == "base" else f"{family}."
+  state = to_hf_state_dict(variables, config, family, prefix=prefix)
+  # What transformers 5 saves: the published checkpoints' names, not its modules' own.
+  theirs = safetensors.numpy.load_file(os.path.join(directory, "model.safetensors"))
+  tied = {"nomic_bert": {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"},
+          "gte": {"lm_head.decoder.weight"}}[family] if head == "masked_lm" else set()
+  assert set(state) == set(theirs) | tied  # the tied decoder written too, as for BERT
+  for key in tied:
+    np.testing.assert_array_equal(state[key], state[{
+        "cls.predictions.decoder.weight": f"{family}.embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+        "lm_head.decoder.weight": f"{family}.embeddings.word_embeddings.weight"}[key]])
+  for key, value in theirs.items():
+    np.testing.assert_array_equal(state[key], value, err_msg=key)
+  written = hf_config(config, family, architectures=[type(model).__name__])
+  for key, value in written.items():
+    if not key.endswith("token_id"):
+      assert getattr(model.config, key) == value, key
+
+  out = tmp_path / "out"
+  out.mkdir()
+  safetensors.numpy.save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+  (out / "config.json").write_text(json.dumps(written))
+  again = _theirs(out, head=head)
+  ids, _ = _padded(seq=30)
+  with torch.no_grad():
+    want = model(input_ids=torch.tensor(ids), attention_mask=_mask(ids))[0].numpy()
+    got = again(input_ids=torch.tensor(ids), attention_mask=_mask(ids))[0].numpy()
+  np.testing.assert_array_equal(got, want)
+  back, variables_back = load_hf(out)
+  assert back == config
+  assert all(jax.tree.leaves(jax.tree.map(np.array_equal, variables_back, variables)))
+
+
+@pytest.mark.parametrize("family, field, value, named", [
+    ("nomic_bert", "rope_parameters", {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e3},
+     "rope_parameters.rope_type='linear'"),
+    ("nomic_bert", "head_dim", 16, "head_dim=16"),
+    ("gte", "hidden_act", "silu", "hidden_act='silu'"),
+    ("gte", "rope_parameters", {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
+     "rope_parameters.rope_type='dynamic'"),
+])
+def test_a_config_json_transformers_computes_otherwise_is_refused_naming_the_field(
+    family, field, value, named, tmp_path):
+  directory = _model(tmp_path / "m", family, "base")
+  path = os.path.join(directory, "config.json")
+  hf = json.load(open(path))
+  hf[field] = value
+  json.dump(hf, open(path, "w"))
+  with pytest.raises(HFError) as e:
+    load_hf(directory)
+  assert named in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_classify_run_exports_what_transformers_loads_as_itself(family, tmp_path):
+  directory = hf_models.write(tmp_path / family, family)
+  train, eval_ = hf_models.labelled_pairs(tmp_path, 48, 12, (2, 6))
+  workdir = str(tmp_path / "run")
+  runs.train(workdir, f"--config={os.path.join(runs.ROOT, 'configs', 'classify.py')}",
+             f"--config.data.train={train}", f"--config.data.eval={eval_}",
+             f"--config.init.hf={directory}", "--config.train.num_steps=6",
+             "--config.train.batch_size=8", "--config.train.seq_len=32",
+             "--config.train.log_every=3", "--config.train.eval_every=6",
+             "--config.train.checkpoint_every=6", "--config.optim.warmup_steps=2", config=None)
+  out = str(tmp_path / "export")
+  runs.module("train.export", f"--workdir={workdir}", "--layout=hf", f"--out={out}")
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
+  assert type(model).__name__ == f"{transformers.AutoConfig.from_pretrained(out).__class__.__name__[:-6]}ForSequenceClassification"
+  from train.outputs.predict import predict  # noqa: F401  (the run's own scores below)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+  first = json.loads(open(eval_).readline())
+  batch = tokenizer(first["text"], first["text_pair"], return_tensors="pt")
+  with torch.no_grad():
+    theirs = torch.softmax(model(**batch).logits, -1).numpy()[0]
+  assert theirs.shape == (3,)
