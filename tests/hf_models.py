@@ -53,8 +53,8 @@ def _tokenizer(family: str) -> tuple[Tokenizer, dict]:
 
 def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
           **sizes) -> str:
-  """A tiny random `family` ('bert', 'roberta', 'distilbert', 'modernbert', 'albert', 'mpnet')
-  model with `head` ('pretraining': as the published checkpoints, BERT's with its pooler and
+  """A tiny random `family` ('bert', 'roberta', 'distilbert', 'modernbert', 'albert', 'mpnet',
+  'nomic_bert', 'gte') model with `head` ('pretraining': as the published checkpoints, BERT's with its pooler and
   masked-LM head, ModernBERT's and MPNet's their masked LM; 'masked_lm',
   'sequence_classification' or 'base') and its tokenizer, saved into `path`; returns it."""
   tok, special = _tokenizer(family)
@@ -69,6 +69,12 @@ def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
         num_attention_heads=4, max_position_embeddings=128, local_attention=16,
         global_attn_every_n_layers=3, pad_token_id=0, bos_token_id=2, eos_token_id=3,
         cls_token_id=2, sep_token_id=3, **sizes)
+  elif family in ("nomic_bert", "gte"):  # the WordPiece tokenizer's ids: [PAD] 0
+    kind = {"nomic_bert": transformers.NomicBertConfig, "gte": transformers.GteConfig}[family]
+    config = kind(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=40, max_position_embeddings=128, type_vocab_size=2,
+                  pad_token_id=0, **{**dict(hidden_dropout_prob=0.1,
+                                            attention_probs_dropout_prob=0.1), **sizes})
   elif family == "albert":  # the WordPiece tokenizer: ALBERT's own is SentencePiece's
     config = transformers.AlbertConfig(
         vocab_size=vocab, embedding_size=16, hidden_size=32, num_hidden_layers=3,
@@ -83,14 +89,14 @@ def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
       config = transformers.MPNetConfig(**common)
     else:
       config = transformers.BertConfig(**common)
-  if family == "modernbert" and head == "pretraining":
-    head = "masked_lm"  # its published checkpoints are ModernBertForMaskedLM
+  if family in ("modernbert", "nomic_bert", "gte") and head == "pretraining":
+    head = "masked_lm"  # their published checkpoints are *ForMaskedLM (or the bare encoder)
   auto = {"pretraining": transformers.AutoModelForPreTraining,
           "masked_lm": transformers.AutoModelForMaskedLM,
           "sequence_classification": transformers.AutoModelForSequenceClassification,
           "base": transformers.AutoModel}[head]
   model = auto.from_config(config)
-  if family == "mpnet":
+  if family in ("mpnet", "nomic_bert", "gte"):
     # transformers starts the relative position bias near 0 and the LayerNorms at 1 and 0,
     # where a mistake in reading them would hardly show.
     with torch.no_grad():

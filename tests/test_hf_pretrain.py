@@ -23,7 +23,9 @@ from train.tasks import masked_lm  # noqa: E402
 DOCUMENTS = [" ".join(hf_models.TEXTS[i % 4].split()[::1 + i % 3]) for i in range(60)]
 
 
-@pytest.fixture(scope="module", params=["bert", "roberta", "modernbert"])
+@pytest.fixture(scope="module", params=["bert", "roberta", "modernbert",
+                                        *(pytest.param(f, marks=pytest.mark.slow)
+                                          for f in ("nomic_bert", "gte"))])
 def checkpoint(request, tmp_path_factory):
   """(family, its directory, a corpus prepared with its tokenizer and ids)."""
   base = tmp_path_factory.mktemp(request.param)
@@ -102,7 +104,9 @@ def test_the_loss_at_step_0_is_what_transformers_computes_on_the_same_masked_bat
                               task.ids.separator]).any()
 
 
-@pytest.mark.parametrize("checkpoint", ["bert", "roberta"], indirect=True)
+@pytest.mark.parametrize("checkpoint", ["bert", "roberta",
+                                        *(pytest.param(f, marks=pytest.mark.slow)
+                                          for f in ("nomic_bert", "gte"))], indirect=True)
 def test_a_further_pretraining_run_exports_what_transformers_loads_as_itself(checkpoint,
                                                                              tmp_path):
   family, directory, prepared = checkpoint
@@ -120,7 +124,7 @@ def test_a_further_pretraining_run_exports_what_transformers_loads_as_itself(che
   assert transformers.AutoTokenizer.from_pretrained(out).mask_token_id == (
       transformers.AutoTokenizer.from_pretrained(directory).mask_token_id)
   cfg, variables, _ = masked_lm.trained_with_head(workdir)
-  ids = np.asarray([[2, 10, 11, 12, 3]] if family == "bert" else [[0, 10, 11, 12, 2]])
+  ids = np.asarray([[0, 10, 11, 12, 2]] if family == "roberta" else [[2, 10, 11, 12, 3]])
   model = masked_lm.MaskedLM(cfg, bert_head=True)
   ours = model.apply({"params": {"encoder": variables["params"],
                                  "masked_lm": variables["heads"]["masked_lm"]}}, ids)

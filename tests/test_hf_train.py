@@ -110,7 +110,8 @@ def test_fine_tuning_starts_from_a_checkpoint_as_older_tools_saved_it(layout, pa
 
 
 @pytest.mark.parametrize("family", ["bert", *(pytest.param(f, marks=pytest.mark.slow)
-                                              for f in ("roberta", "distilbert"))])
+                                              for f in ("roberta", "distilbert", "nomic_bert",
+                                                        "gte"))])
 def test_a_run_trains_predicts_its_eval_and_exports_what_transformers_loads_as_itself(
     family, pairs, tmp_path):
   directory = hf_models.write(tmp_path / family, family)
@@ -152,7 +153,7 @@ def test_a_run_trains_predicts_its_eval_and_exports_what_transformers_loads_as_i
       0.1, 0.1)
   rows = [json.loads(line) for line in open(eval_)][:6]
   batch = tokenizer([r["text"] for r in rows], [r["text_pair"] for r in rows], padding=True,
-                    return_token_type_ids=family == "bert",
+                    return_token_type_ids=family in ("bert", "nomic_bert", "gte"),
                     return_tensors="pt")
   with torch.no_grad():
     theirs = torch.softmax(model(**batch).logits, -1).numpy()

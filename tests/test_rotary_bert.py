@@ -228,25 +228,78 @@ def test_a_config_json_transformers_computes_otherwise_is_refused_naming_the_fie
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("task", ["tag", "regress"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_classify_run_exports_what_transformers_loads_as_itself(family, tmp_path):
+def test_tag_and_regress_runs_export_what_transformers_computes_on_their_eval(family, task,
+                                                                               tmp_path):
+  """Classification runs: tests/test_hf_train.py; further pretraining: test_hf_pretrain.py."""
+  from tests import test_heads as heads
+  from train.outputs.export import main as export
+  rng = np.random.default_rng(0)
+  make = {"tag": heads._tagged, "regress": heads._scored}[task]
+  files = {task: tuple(heads._write(tmp_path / f"{split}.jsonl", make(rng, n))
+                       for split, n in (("train", 48), ("eval", 16)))}
   directory = hf_models.write(tmp_path / family, family)
-  train, eval_ = hf_models.labelled_pairs(tmp_path, 48, 12, (2, 6))
   workdir = str(tmp_path / "run")
-  runs.train(workdir, f"--config={os.path.join(runs.ROOT, 'configs', 'classify.py')}",
-             f"--config.data.train={train}", f"--config.data.eval={eval_}",
-             f"--config.init.hf={directory}", "--config.train.num_steps=6",
-             "--config.train.batch_size=8", "--config.train.seq_len=32",
-             "--config.train.log_every=3", "--config.train.eval_every=6",
-             "--config.train.checkpoint_every=6", "--config.optim.warmup_steps=2", config=None)
-  out = str(tmp_path / "export")
-  runs.module("train.export", f"--workdir={workdir}", "--layout=hf", f"--out={out}")
-  model = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
-  assert type(model).__name__ == f"{transformers.AutoConfig.from_pretrained(out).__class__.__name__[:-6]}ForSequenceClassification"
-  from train.outputs.predict import predict  # noqa: F401  (the run's own scores below)
+  runs.train(workdir, *heads._args(task, files, f"--config.init.hf={directory}"), config=None)
+  final = [r for r in runs.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+           if r["split"] == "eval"][-1]
+  out = str(tmp_path / "exported")
+  assert export(["--workdir", workdir, "--layout", "hf", "--out", out]) == 0
   tokenizer = transformers.AutoTokenizer.from_pretrained(out)
-  first = json.loads(open(eval_).readline())
-  batch = tokenizer(first["text"], first["text_pair"], return_tensors="pt")
+  rows = [json.loads(line) for line in open(files[task][1])]
+  if task == "tag":
+    model = transformers.AutoModelForTokenClassification.from_pretrained(out).eval()
+    batch = tokenizer([r["tokens"] for r in rows], is_split_into_words=True, padding=True,
+                      return_tensors="pt")
+    labels = torch.full(batch["input_ids"].shape, -100)
+    for i, row in enumerate(rows):  # each word's tag at its first id
+      for w in range(len(row["tokens"])):
+        labels[i, batch.word_ids(i).index(w)] = model.config.label2id[row["tags"][w]]
+  else:
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
+    batch = tokenizer([r["text"] for r in rows], [r["text_pair"] for r in rows], padding=True,
+                      return_token_type_ids=True, return_tensors="pt")
+    labels = torch.tensor([r["label"] for r in rows])
+  assert type(model).__name__.startswith({"nomic_bert": "NomicBert", "gte": "Gte"}[family])
   with torch.no_grad():
-    theirs = torch.softmax(model(**batch).logits, -1).numpy()[0]
-  assert theirs.shape == (3,)
+    theirs = model(**batch, labels=labels).loss.item()
+  # The run's held-out loss is transformers' on the same examples with the exported model.
+  assert final["loss"] == pytest.approx(theirs, rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_contrastive_run_from_a_sentence_transformers_folder_exports_its_embeddings(
+    family, tmp_path):
+  """nomic-embed-text's and gte-base-en-v1.5's kind of folder: the Transformer module, mean
+  pooling, Normalize; SentenceEncoder gives sentence-transformers' vectors at the start, and
+  the run's exported folder gives the run's."""
+  st = pytest.importorskip("sentence_transformers")
+  from sentence_transformers.base.modules import Normalize, Transformer
+  from sentence_transformers.sentence_transformer.modules import Pooling
+
+  from flax_encoder.embeddings import SentenceEncoder
+  from tests import test_mpnet
+  from train.outputs.export import main as export_main
+  from train.tasks.contrastive import sentence_encoder
+  encoder = hf_models.write(tmp_path / family, family, head="base")
+  start = str(tmp_path / "start")
+  st.SentenceTransformer(modules=[Transformer(encoder, max_seq_length=16),
+                                  Pooling(32, pooling_mode="mean"), Normalize()],
+                         device="cpu").save(start)
+  pairs = test_mpnet._topic_pairs(tmp_path)
+  texts = [json.loads(line)[name] for line in open(pairs[1]) for name in ("anchor", "positive")]
+  texts.append("the quick brown fox jumps over the lazy dog 0 1 2 3 4 5 6 7 8 9")  # cut at 16
+  before = st.SentenceTransformer(start, device="cpu").encode(texts)
+  np.testing.assert_allclose(SentenceEncoder.load(start)(texts), before, rtol=0, atol=1e-5)
+
+  workdir = test_mpnet._program("embed", tmp_path / "run", pairs, start)
+  out = str(tmp_path / "exported")
+  assert export_main(["--workdir", workdir, "--layout", "sentence-transformers",
+                      "--out", out]) == 0
+  assert json.load(open(os.path.join(out, "config.json")))["model_type"] == family
+  want = sentence_encoder(workdir)(texts)
+  got = st.SentenceTransformer(out, device="cpu").encode(texts)
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+  assert np.abs(got - before).max() > 1e-2  # the run's model, not the one it started from
