@@ -1,23 +1,27 @@
-r"""A Hugging Face BERT in Flax (`flax_encoder.families.load_hf`) against transformers' own
-BertForMaskedLM: the same weights, the same batches, the masked-LM training step each runs.
+r"""A Hugging Face encoder in Flax (`flax_encoder.families.load_hf`) against transformers' own
+*ForMaskedLM: the same weights, the same batches, the masked-LM training step each runs.
 
   python -m benchmarks.hf --out benchmarks/results/hf.json     # BERT-base at 8x128: minutes
-  python -m benchmarks.hf --tiny                               # a tiny BERT: seconds
+  python -m benchmarks.hf --family gte --out benchmarks/results/hf-gte.json   # GTE-base
+  python -m benchmarks.hf --tiny [--family gte]                # a tiny one: seconds
 
-The model is `transformers.BertConfig()`'s (BERT-base: hidden 768, 12 layers, 12 heads,
-intermediate 3072, vocabulary 30522, exact-erf GELU) with random weights, built by
-transformers (`BertForMaskedLM(config)`), saved with `save_pretrained` to a temporary directory
+The model is BERT-base's sizes (hidden 768, 12 layers, 12 heads, intermediate 3072, vocabulary
+30522) in the `--family`'s transformers config (`bert`: `BertConfig()`, exact-erf GELU;
+`gte`: gte-base-en-v1.5's architecture, rotary positions and GeGLU; `nomic_bert`:
+nomic-embed-text's, SwiGLU without biases) with random weights, built by transformers
+(`AutoModelForMaskedLM.from_config`), saved with `save_pretrained` to a temporary directory
 and read back by both sides: by `load_hf` on the Flax side, by `from_pretrained` on the
 PyTorch side with `attn_implementation` "sdpa" (transformers' default) and "eager".
 
 Sections:
   forward  the encoder's last_hidden_state (no pooler, no head): Flax `Encoder.apply` under
-           jax.jit against `model.bert(input_ids, attention_mask)` under torch.no_grad.
+           jax.jit against `model.base_model(input_ids, attention_mask)` under
+           torch.no_grad.
   train    one masked-LM step. Flax: the step `python -m train` runs further pretraining
            with (train.run.step.make_train_step over train.tasks.masked_lm.MaskedLMTask with BERT's
            head: masking drawn in the step, the encoder, the head's dense, GELU, LayerNorm and
            tied decoder at the predicted positions, cross-entropy there), jitted once, state
-           donated. PyTorch: BertForMaskedLM(input_ids, labels=...).loss on the same masked
+           donated. PyTorch: *ForMaskedLM(input_ids, labels=...).loss on the same masked
            ids (the head at every position, as transformers computes it), backward. Both
            AdamW (lr 1e-4, betas 0.9/0.999, eps 1e-8, weight decay 0.01: torch's defaults but
            the rate; decay on every parameter, biases and LayerNorms too, as both apply it
@@ -81,19 +85,25 @@ FIRST_ID = 1000  # random ids from here: no [PAD], [CLS], [SEP] or [MASK] among 
 # The model and the batches
 
 
-def bert_config(tiny: bool = False, **overrides):
-  """transformers.BertConfig(): BERT-base, or a tiny one."""
+FAMILIES = {"bert": "BertConfig", "gte": "GteConfig", "nomic_bert": "NomicBertConfig"}
+
+
+def bert_config(tiny: bool = False, family: str = "bert", **overrides):
+  """`family`'s transformers config (FAMILIES) of BERT-base's sizes, or a tiny one."""
   import transformers
-  return transformers.BertConfig(**(TINY if tiny else BERT_BASE), **overrides)
+  sizes = TINY if tiny else BERT_BASE
+  if family != "bert":  # positions are rotary: no table, so no cap but the config's
+    sizes = {**sizes, "max_position_embeddings": 8192, "pad_token_id": 0}
+  return getattr(transformers, FAMILIES[family])(**sizes, **overrides)
 
 
 def save_random_bert(config, directory: str) -> str:
-  """A BertForMaskedLM of `config` with transformers' random initialisation (seed 0), saved
+  """A *ForMaskedLM of `config` with transformers' random initialisation (seed 0), saved
   with save_pretrained to `directory`."""
   import torch
   import transformers
   torch.manual_seed(0)
-  transformers.BertForMaskedLM(config).save_pretrained(directory)
+  transformers.AutoModelForMaskedLM.from_config(config).save_pretrained(directory)
   return directory
 
 
@@ -182,12 +192,12 @@ def _for_transformers(batch: dict) -> dict:
 
 def torch_side(directory: str, batches: list[dict], attention: str, compile_: bool,
                dtype: str = "float32", device: str = "cpu", section: str = "train"):
-  """A runner of `section` ("forward" or "train") for transformers' BertForMaskedLM read
+  """A runner of `section` ("forward" or "train") for transformers' *ForMaskedLM read
   from `directory` with attn_implementation `attention`, through torch.compile if
   `compile_`, under bfloat16 autocast if `dtype` says so, on `batches` (flax_side's)."""
   import torch
   import transformers
-  model = transformers.BertForMaskedLM.from_pretrained(
+  model = transformers.AutoModelForMaskedLM.from_pretrained(
       directory, attn_implementation=attention).to(device).eval()  # eval: no dropout
   tensors = [{"input_ids": torch.from_numpy(b["input_ids"]).long().to(device),
               "attention_mask": torch.ones(b["input_ids"].shape, dtype=torch.long,
@@ -198,7 +208,7 @@ def torch_side(directory: str, batches: list[dict], attention: str, compile_: bo
   autocast = lambda: torch.autocast(device_type=device, dtype=torch.bfloat16,
                                     enabled=dtype == "bfloat16")
   if section == "forward":
-    encoder = torch.compile(model.bert) if compile_ else model.bert
+    encoder = torch.compile(model.base_model) if compile_ else model.base_model
 
     def run_forward():
       b = next_batch()
@@ -314,8 +324,10 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m benchmarks.hf", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--size", default=None, help="batch x seq (default 8x128; 2x16 tiny)")
+  parser.add_argument("--family", default="bert", choices=tuple(FAMILIES),
+                      help="the transformers family of the model (default bert)")
   parser.add_argument("--tiny", action="store_true",
-                      help="a tiny BERT, no torch.compile, 2 repetitions: seconds")
+                      help="a tiny model, no torch.compile, 2 repetitions: seconds")
   parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
   parser.add_argument("--attention", default="reference", choices=("reference", "xla"),
                       help="the Flax side's attention_impl (default: load_hf's)")
@@ -335,7 +347,7 @@ def main(argv=None) -> int:
   transformers.utils.logging.disable_progress_bar()
   torch.set_num_threads(os.cpu_count())
   jax.config.update("jax_default_matmul_precision", "highest")
-  config = bert_config(args.tiny)
+  config = bert_config(args.tiny, args.family)
   load_before = os.getloadavg()
   with tempfile.TemporaryDirectory() as directory:
     save_random_bert(config, directory)
@@ -346,6 +358,7 @@ def main(argv=None) -> int:
   results = {"environment": {**environment(), **load}, "dtype": "float32", "size": size,
              "flax_attention": args.attention, "reps": reps, "warmup": warmup,
              "dropout": "off on both sides (torch eval mode, flax deterministic)",
+             "family": args.family,
              "bert_config": {k: v for k, v in config.to_dict().items()
                              if isinstance(v, (int, float, str))},
              **measured, "ratios": ratios(measured["records"])}

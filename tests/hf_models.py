@@ -48,15 +48,17 @@ def _mpnet_wordpiece() -> tuple[Tokenizer, dict]:
 
 
 def _tokenizer(family: str) -> tuple[Tokenizer, dict]:
-  return {"roberta": _byte_bpe, "mpnet": _mpnet_wordpiece}.get(family, _wordpiece)()
+  return {"roberta": _byte_bpe, "jina_embeddings_v3": _byte_bpe,
+          "mpnet": _mpnet_wordpiece}.get(family, _wordpiece)()
 
 
 def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
           **sizes) -> str:
   """A tiny random `family` ('bert', 'roberta', 'distilbert', 'modernbert', 'albert', 'mpnet',
-  'nomic_bert', 'gte') model with `head` ('pretraining': as the published checkpoints, BERT's with its pooler and
-  masked-LM head, ModernBERT's and MPNet's their masked LM; 'masked_lm',
-  'sequence_classification' or 'base') and its tokenizer, saved into `path`; returns it."""
+  'nomic_bert', 'gte', 'jina_embeddings_v3') model with `head` ('pretraining': as the
+  published checkpoints, BERT's with its pooler and masked-LM head, the others' their masked
+  LM; 'masked_lm', 'sequence_classification' or 'base') and its tokenizer, saved into `path`;
+  returns it."""
   tok, special = _tokenizer(family)
   vocab = tok.get_vocab_size()
   torch.manual_seed(seed)
@@ -75,6 +77,11 @@ def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
                   intermediate_size=40, max_position_embeddings=128, type_vocab_size=2,
                   pad_token_id=0, **{**dict(hidden_dropout_prob=0.1,
                                             attention_probs_dropout_prob=0.1), **sizes})
+  elif family == "jina_embeddings_v3":  # the byte-level BPE tokenizer's ids, as RoBERTa's
+    config = transformers.JinaEmbeddingsV3Config(
+        vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=37, max_position_embeddings=128, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2, **sizes)
   elif family == "albert":  # the WordPiece tokenizer: ALBERT's own is SentencePiece's
     config = transformers.AlbertConfig(
         vocab_size=vocab, embedding_size=16, hidden_size=32, num_hidden_layers=3,
@@ -89,14 +96,15 @@ def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
       config = transformers.MPNetConfig(**common)
     else:
       config = transformers.BertConfig(**common)
-  if family in ("modernbert", "nomic_bert", "gte") and head == "pretraining":
+  if family in ("modernbert", "nomic_bert", "gte", "jina_embeddings_v3") and (
+      head == "pretraining"):
     head = "masked_lm"  # their published checkpoints are *ForMaskedLM (or the bare encoder)
   auto = {"pretraining": transformers.AutoModelForPreTraining,
           "masked_lm": transformers.AutoModelForMaskedLM,
           "sequence_classification": transformers.AutoModelForSequenceClassification,
           "base": transformers.AutoModel}[head]
   model = auto.from_config(config)
-  if family in ("mpnet", "nomic_bert", "gte"):
+  if family in ("mpnet", "nomic_bert", "gte", "jina_embeddings_v3"):
     # transformers starts the relative position bias near 0 and the LayerNorms at 1 and 0,
     # where a mistake in reading them would hardly show.
     with torch.no_grad():

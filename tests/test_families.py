@@ -46,7 +46,8 @@ def test_every_model_type_reads_as_the_family_that_lists_it():
   with pytest.raises(HFError) as e:
     families.get("gpt2")
   assert str(e.value) == ("family 'gpt2': expected one of ('bert', 'roberta', 'distilbert', "
-                          "'modernbert', 'albert', 'mpnet', 'nomic_bert', 'gte')")
+                          "'modernbert', 'albert', 'mpnet', 'nomic_bert', 'gte', "
+                          "'jina_embeddings_v3')")
 
 
 @pytest.mark.parametrize("name", NAMES)

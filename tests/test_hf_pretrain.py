@@ -25,7 +25,8 @@ DOCUMENTS = [" ".join(hf_models.TEXTS[i % 4].split()[::1 + i % 3]) for i in rang
 
 @pytest.fixture(scope="module", params=["bert", "roberta", "modernbert",
                                         *(pytest.param(f, marks=pytest.mark.slow)
-                                          for f in ("nomic_bert", "gte"))])
+                                          for f in ("nomic_bert", "gte",
+                                                    "jina_embeddings_v3"))])
 def checkpoint(request, tmp_path_factory):
   """(family, its directory, a corpus prepared with its tokenizer and ids)."""
   base = tmp_path_factory.mktemp(request.param)
@@ -106,7 +107,8 @@ def test_the_loss_at_step_0_is_what_transformers_computes_on_the_same_masked_bat
 
 @pytest.mark.parametrize("checkpoint", ["bert", "roberta",
                                         *(pytest.param(f, marks=pytest.mark.slow)
-                                          for f in ("nomic_bert", "gte"))], indirect=True)
+                                          for f in ("nomic_bert", "gte",
+                                                    "jina_embeddings_v3"))], indirect=True)
 def test_a_further_pretraining_run_exports_what_transformers_loads_as_itself(checkpoint,
                                                                              tmp_path):
   family, directory, prepared = checkpoint
@@ -124,7 +126,8 @@ def test_a_further_pretraining_run_exports_what_transformers_loads_as_itself(che
   assert transformers.AutoTokenizer.from_pretrained(out).mask_token_id == (
       transformers.AutoTokenizer.from_pretrained(directory).mask_token_id)
   cfg, variables, _ = masked_lm.trained_with_head(workdir)
-  ids = np.asarray([[0, 10, 11, 12, 2]] if family == "roberta" else [[2, 10, 11, 12, 3]])
+  ids = np.asarray([[0, 10, 11, 12, 2]] if family in ("roberta", "jina_embeddings_v3")
+                   else [[2, 10, 11, 12, 3]])
   model = masked_lm.MaskedLM(cfg, bert_head=True)
   ours = model.apply({"params": {"encoder": variables["params"],
                                  "masked_lm": variables["heads"]["masked_lm"]}}, ids)

@@ -167,6 +167,9 @@ class Family:
   decoder_bias: bool = False  # the decoder holds the output bias too (BERT's)
   prediction_head: Mapping[tuple, str] | None = None  # ModernBERT's dense and norm
   pooler: str = "pooler.dense"  # the pooler's dense layer, under the encoder's prefix
+  # Parts of tensor names that make another model than transformers' (Jina v3's task LoRA
+  # adapters): weights holding one are refused, naming it.
+  refused_weights: tuple[str, ...] = ()
 
   # fine-tuning
   pooling: Callable[[Mapping], str]  # the default config.task.pooling, of its config.json

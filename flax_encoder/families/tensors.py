@@ -118,6 +118,11 @@ def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
   model_type = hf["model_type"]
   family = registry.MODEL_TYPES[model_type]
   state = _current_names(state)
+  refused = next((k for k in state for part in family.refused_weights if part in k), None)
+  if refused:
+    raise HFError(f"the weights hold {refused!r}, which transformers' {family.title} model "
+                  f"has not (expected none of {list(family.refused_weights)}): merge or drop "
+                  f"them first")
   prefix = _base_prefix(state, model_type, family)
   _check_depth(state, prefix + family.layers, family, config)
   cast = lambda x: np.asarray(to_numpy("", x), dtype=config.param_dtype)

@@ -25,7 +25,9 @@ from flax_encoder.pytorch.rotary_float64 import rotary_in_float64
 FLOAT64 = {"modernbert": modernbert_in_float64,
            "nomic_bert": functools.partial(rotary_in_float64, "nomic_bert",
                                            "NomicBertRotaryEmbedding"),
-           "gte": functools.partial(rotary_in_float64, "gte", "GteRotaryEmbedding")}
+           "gte": functools.partial(rotary_in_float64, "gte", "GteRotaryEmbedding"),
+           "jina_embeddings_v3": functools.partial(rotary_in_float64, "jina_embeddings_v3",
+                                                   "JinaEmbeddingsV3RotaryEmbedding")}
 
 
 def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray) -> list[Row]:
