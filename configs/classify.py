@@ -38,9 +38,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.task.name = "classify"
   # "mean" over the real tokens; "first": the first token's; "pooler": a dense layer and tanh
   # on the first token (BERT's pooler, RoBERTa's head); "pre_classifier": the same with ReLU
-  # (DistilBERT's); "first_head", "mean_head": the first token or the mean through ModernBERT's
-  # prediction head (dense, activation, LayerNorm). Unset: the family's from config.init.hf
-  # (ModernBERT's as its classifier_pooling says), "mean" otherwise.
+  # (DistilBERT's); "first_gelu", "mean_gelu": a dense layer and GELU on the first token or the
+  # mean (EuroBERT's); "first_head", "mean_head": the first token or the mean through
+  # ModernBERT's prediction head (dense, activation, LayerNorm). Unset: the family's from
+  # config.init.hf (ModernBERT's and EuroBERT's as its classifier_pooling says), "mean"
+  # otherwise.
   config.task.pooling = config_dict.placeholder(str)
   # Pack several short examples into each row of seq_len ids (each encoded and pooled as if
   # alone; at most seq_len // 8 a row): less padding computed. config.train.batch_size then

@@ -68,10 +68,16 @@ class MultiHeadAttention(nn.Module):
     key = query if key is None else key
     value = key if value is None else value
     batch, q_len, _ = query.shape
-    # [batch, seq, d_model] -> [batch, seq, heads, head_dim]
-    project = lambda name, x: dense(cfg, cfg.d_model, ("embed", "joined_kv"), name)(x).reshape(
-        batch, x.shape[1], cfg.n_heads, cfg.head_dim)
-    q, k, v = project("w_q", query), project("w_k", key), project("w_v", value)
+    # [batch, seq, d_model] -> [batch, seq, heads, head_dim]; keys and values of
+    # config.key_value_heads heads, each serving n_heads // key_value_heads query heads
+    # (grouped-query attention), repeated to one a query head for every kernel.
+    project = lambda name, x, heads: dense(cfg, heads * cfg.head_dim, ("embed", "joined_kv"),
+                                           name)(x).reshape(batch, x.shape[1], heads,
+                                                            cfg.head_dim)
+    groups = cfg.n_heads // cfg.key_value_heads
+    q = project("w_q", query, cfg.n_heads)
+    k, v = (jnp.repeat(project(name, x, cfg.key_value_heads), groups, axis=2) if groups > 1
+            else project(name, x, cfg.n_heads) for name, x in (("w_k", key), ("w_v", value)))
     if cfg.position_embedding == "rotary":
       q, k = self._rotary(q, k, positions, is_global)
     if kernel.takes_segment_ids:

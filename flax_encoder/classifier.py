@@ -34,10 +34,14 @@ from flax_encoder.encoder import Encoder
 from flax_encoder.heads import Pooler, PredictionHead
 from flax_encoder.packing import segment_positions
 
-POOLINGS = ("mean", "first", "pooler", "pre_classifier", "first_head", "mean_head")
+POOLINGS = ("mean", "first", "pooler", "pre_classifier", "first_head", "mean_head",
+            "first_gelu", "mean_gelu")
 # ModernBERT's: the pooling before its prediction head.
 HEAD_POOLINGS = {"first_head": "first", "mean_head": "mean"}
-_POOLER_ACTIVATION = {"pooler": "tanh", "pre_classifier": "relu"}
+# A dense layer ({"pooler": {"dense": …}}) and its activation on the first token or the mean:
+# BERT's pooler, DistilBERT's pre-classifier, EuroBERT's dense layer and GELU.
+_POOLER = {"pooler": ("first", "tanh"), "pre_classifier": ("first", "relu"),
+           "first_gelu": ("first", "gelu"), "mean_gelu": ("mean", "gelu")}
 # Ids a packed example takes at least, as the packing counts on: a row of seq_len ids holds
 # seq_len // 8 segments at most (16 in 128), which short texts (tens of ids) never reach.
 SEGMENT_IDS = 8
@@ -126,8 +130,7 @@ class SequenceClassifier(nn.Module):
         tokens, segment_ids=segment_ids, positions=positions, token_types=types,
         deterministic=deterministic)
     head = self.pooling in HEAD_POOLINGS
-    # BERT's pooler and DistilBERT's pre-classifier read the first token.
-    first_or_mean = "first" if self.pooling in _POOLER_ACTIVATION else HEAD_POOLINGS.get(
+    first_or_mean = _POOLER[self.pooling][0] if self.pooling in _POOLER else HEAD_POOLINGS.get(
         self.pooling, self.pooling)
     if segment_ids is None:
       pooled = pool(hidden, tokens != cfg.pad_id, first_or_mean)
@@ -135,8 +138,8 @@ class SequenceClassifier(nn.Module):
       pooled = pool_segments(hidden, segment_ids,
                              self.max_segments or segments_per_row(tokens.shape[1]),
                              first_or_mean)
-    if self.pooling in _POOLER_ACTIVATION:  # a dense layer on each sequence's first token
-      pooler = Pooler(cfg, _POOLER_ACTIVATION[self.pooling], name="pooler")
+    if self.pooling in _POOLER:  # a dense layer on each sequence's pooled state
+      pooler = Pooler(cfg, _POOLER[self.pooling][1], name="pooler")
       pooled = pooler(pooled.reshape(-1, 1, pooled.shape[-1])).reshape(pooled.shape)
     if head:
       pooled = PredictionHead(cfg, name="head")(pooled)

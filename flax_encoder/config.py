@@ -25,6 +25,7 @@ import numpy as np
 from flax_encoder.kernels import KERNELS, Kernel
 
 NORM_POSITIONS = ("post", "pre")
+NORM_TYPES = ("layer", "rms")  # LayerNorm; RMSNorm (no centring, no bias: T5's, Llama's)
 POSITION_EMBEDDINGS = ("sinusoidal", "learned", "rotary")
 ACTIVATIONS = {
     "relu": jax.nn.relu,
@@ -78,6 +79,9 @@ class EncoderConfig:
   d_model: int = _field(512, "architecture")
   n_heads: int = _field(8, "architecture")
   d_ff: int = _field(2048, "architecture")
+  # Grouped-query attention: keys and values of this many heads, each shared by n_heads //
+  # kv_heads query heads (EuroBERT's); 0: one per query head.
+  kv_heads: int = _field(0, "architecture")
   n_layers: int = _field(6, "architecture")
   max_len: int = _field(5000, "architecture")
   pad_id: int = _field(0, "architecture")
@@ -118,6 +122,7 @@ class EncoderConfig:
   first_attention_norm: bool = _field(True, "architecture")  # Pre-LN: layer 0 normalises its
   #                                                             input (ModernBERT's does not)
   norm_position: str = _field("post", "architecture")  # "post": Add & Norm; "pre": x + f(norm(x))
+  norm_type: str = _field("layer", "architecture")  # every norm's: one of NORM_TYPES
   final_norm: bool = _field(True, "architecture")
   # PyTorch's LayerNorm uses eps=1e-5; Flax defaults to 1e-6.
   layer_norm_eps: float = _field(1e-5, "architecture")
@@ -143,10 +148,14 @@ class EncoderConfig:
         0 <= self.pad_id < self.vocab_size):
       raise ConfigError("pad_id", self.pad_id, f"an id in [0, vocab_size={self.vocab_size})")
     for name in ("position_offset", "type_vocab_size", "local_attention", "embedding_size",
-                 "relative_attention_buckets"):
+                 "relative_attention_buckets", "kv_heads"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ConfigError(name, value, "an integer >= 0")
+    if self.n_heads % self.key_value_heads:
+      raise ConfigError("kv_heads", self.kv_heads,
+                        f"0 or a divisor of n_heads ({self.n_heads}): each key and value head "
+                        f"serves as many query heads")
     buckets = self.relative_attention_buckets
     if buckets and (buckets % 2 or not 4 <= buckets <= 510):
       raise ConfigError("relative_attention_buckets", buckets,
@@ -174,7 +183,7 @@ class EncoderConfig:
     if isinstance(self.layer_norm_eps, bool) or not isinstance(
         self.layer_norm_eps, (int, float)) or not self.layer_norm_eps > 0:
       raise ConfigError("layer_norm_eps", self.layer_norm_eps, "a number > 0")
-    for name, allowed in (("norm_position", NORM_POSITIONS),
+    for name, allowed in (("norm_position", NORM_POSITIONS), ("norm_type", NORM_TYPES),
                           ("position_embedding", POSITION_EMBEDDINGS),
                           ("activation", tuple(ACTIVATIONS)),
                           ("attention_impl", ATTENTION_IMPLS), ("remat", REMAT_POLICIES)):
@@ -201,6 +210,8 @@ class EncoderConfig:
     for field, wrong, expected in (
         ("position_offset", self.position_offset and self.position_embedding != "learned",
          "0 with position_embedding='sinusoidal' (an offset is a row of a learned table)"),
+        ("norm_bias", self.norm_bias and self.norm_type == "rms",
+         "False with norm_type='rms' (RMSNorm has a scale only)"),
         ("first_attention_norm", not self.first_attention_norm and self.norm_position != "pre",
          "True with norm_position='post' (a layer 0 without its attention norm is Pre-LN's)"),
         ("scan_layers", self.scan_layers and not self.first_attention_norm,
@@ -296,6 +307,11 @@ class EncoderConfig:
   def has_bias(self, dense: str) -> bool:
     """Whether the dense module named `dense` ('w_q' … 'w_2', a head's) has a bias."""
     return self.dense_bias and dense not in self.unbiased_denses
+
+  @property
+  def key_value_heads(self) -> int:
+    """The heads of the keys and values: kv_heads, or n_heads where 0."""
+    return self.kv_heads or self.n_heads
 
   @property
   def head_dim(self) -> int:

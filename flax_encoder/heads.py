@@ -59,12 +59,12 @@ class Pooler(nn.Module):
   """BERT's pooler: tanh(dense(first token's hidden state))."""
 
   config: EncoderConfig
-  activation: str = "tanh"  # DistilBERT's pre-classifier uses "relu"
+  activation: str = "tanh"  # DistilBERT's pre-classifier uses "relu", EuroBERT's "gelu"
 
   @nn.compact
   def __call__(self, hidden: jax.Array) -> jax.Array:
     """[batch, seq, d_model] -> [batch, d_model]."""
-    act = {"tanh": jnp.tanh, "relu": jax.nn.relu}[self.activation]
+    act = {"tanh": jnp.tanh, "relu": jax.nn.relu, "gelu": ACTIVATIONS["gelu"]}[self.activation]
     return act(dense(self.config, self.config.d_model, ("embed", "mlp"), "dense")(hidden[:, 0]))
 
 

@@ -47,13 +47,13 @@ def test_every_model_type_reads_as_the_family_that_lists_it():
     families.get("gpt2")
   assert str(e.value) == ("family 'gpt2': expected one of ('bert', 'roberta', 'distilbert', "
                           "'modernbert', 'albert', 'mpnet', 'nomic_bert', 'gte', "
-                          "'jina_embeddings_v3')")
+                          "'jina_embeddings_v3', 'eurobert')")
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_family_reads_back_its_preset_from_the_config_json_it_writes(name):
   family = families.get(name)
-  preset = family.preset(50368)  # the base model's sizes and ids
+  preset = family.preset(128256)  # the base model's sizes and ids (EuroBERT's pad 128001)
   written = json.loads(json.dumps(families.hf_config(preset, name)))
   assert written["model_type"] == name
   assert families.config_from_hf(written) == preset

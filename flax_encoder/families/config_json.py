@@ -78,4 +78,4 @@ def hf_config(config: EncoderConfig, family: str, **extra) -> dict:
                   f"{', '.join(f'{k}={v!r}' for k, v in wrong.items())}, a {family.name} model "
                   f"{', '.join(f'{k}={want[k]!r}' for k in wrong)}")
   out = family.write(config, HIDDEN_ACTS[config.activation])
-  return {**out, "tie_word_embeddings": True, **extra}
+  return {"tie_word_embeddings": True, **out, **extra}  # EuroBERT's write says it is not

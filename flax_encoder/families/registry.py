@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from flax_encoder.config import EncoderConfig
-from flax_encoder.families import (albert, bert, distilbert, gte, jina_embeddings_v3, modernbert,
-                                   mpnet, nomic_bert, roberta)
+from flax_encoder.families import (albert, bert, distilbert, eurobert, gte, jina_embeddings_v3,
+                                   modernbert, mpnet, nomic_bert, roberta)
 from flax_encoder.families.family import Family, HFError
 
 # name -> family, in the order errors list them
@@ -16,14 +16,15 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (bert.FAMILY, roberta.FAMILY,
                                                      distilbert.FAMILY, modernbert.FAMILY,
                                                      albert.FAMILY, mpnet.FAMILY,
                                                      nomic_bert.FAMILY, gte.FAMILY,
-                                                     jina_embeddings_v3.FAMILY)}
+                                                     jina_embeddings_v3.FAMILY,
+                                                     eurobert.FAMILY)}
 # model_type (config.json's) -> family
 MODEL_TYPES: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 
 def get(name: str) -> Family:
   """The family `name` ('bert', 'roberta', 'distilbert', 'modernbert', 'albert', 'mpnet',
-  'nomic_bert', 'gte', 'jina_embeddings_v3')."""
+  'nomic_bert', 'gte', 'jina_embeddings_v3', 'eurobert')."""
   family = FAMILIES.get(name)
   if family is None:
     raise HFError(f"family {name!r}: expected one of {tuple(FAMILIES)}")

@@ -73,7 +73,9 @@ def _expected_shape(config: EncoderConfig, path: tuple, what: str) -> tuple[int,
     return (e,) if path in (("embedding_norm",), ("masked_lm", "norm")) else (d,)
   if kind == "vector":  # the masked-LM head's output bias
     return (config.vocab_size,)
-  out, inputs = {"qkv": (3 * d, d), "w_1": (config.d_ff * (2 if config.glu else 1), d),
+  kv = config.key_value_heads * config.head_dim  # grouped-query attention's keys and values
+  out, inputs = {"qkv": (d + 2 * kv, d), "w_k": (kv, d), "w_v": (kv, d),
+                 "w_1": (config.d_ff * (2 if config.glu else 1), d),
                  "w_2": (d, config.d_ff), "embedding_projection": (d, e)}.get(
                      name, (e, d) if path == ("masked_lm", "dense") else (d, d))
   return (out, inputs) if what == "weight" else (out,)
@@ -167,7 +169,7 @@ def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
   if family.qkv:
     for i in range(config.n_layers):
       params[f"layers_{i}"]["self_attn"].update(_split_qkv(
-          module(family.qkv.format(i=i), ("qkv",), prefix)))
+          module(family.qkv.format(i=i), ("qkv",), prefix), config))
   heads: dict = {}
   if any(k.startswith(prefix + family.pooler + ".") for k in state):
     heads["pooler"] = {"dense": module(family.pooler, ("pooler", "dense"), prefix)}
@@ -176,10 +178,10 @@ def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
     heads["prediction_head"] = {}
     for path, name in head.items():
       _put(heads["prediction_head"], path, module(name, ("prediction_head", *path), ""))
-  mlm = dict(family.masked_lm)
+  mlm = dict(family.masked_lm or {})
   if family.decoder_bias and mlm[("bias",)] not in state:  # its copy, where only it is saved
     mlm[("bias",)] = family.decoder + ".bias"
-  if mlm[("bias",)] in state:
+  if mlm and mlm[("bias",)] in state:
     heads["masked_lm"] = {}
     for path, name in mlm.items():
       _put(heads["masked_lm"], path, module(name, ("masked_lm", *path), ""))
@@ -215,9 +217,11 @@ def _prefixed(prefix: str, name: str | tuple[str, ...] | Chunks):
   return prefix + name
 
 
-def _split_qkv(qkv: dict) -> dict:
-  """q, k and v in one matrix (kernel [d, 3 d], stacked) -> w_q, w_k, w_v."""
-  parts = {k: np.split(v, 3, axis=-1) for k, v in qkv.items()}
+def _split_qkv(qkv: dict, config: EncoderConfig) -> dict:
+  """q, k and v in one matrix (kernel [d, d + 2 kv], stacked) -> w_q, w_k, w_v."""
+  kv = config.key_value_heads * config.head_dim
+  at = [config.d_model, config.d_model + kv]
+  parts = {k: np.split(v, at, axis=-1) for k, v in qkv.items()}
   return {name: {k: v[i] for k, v in parts.items()}
           for i, name in enumerate(("w_q", "w_k", "w_v"))}
 
@@ -297,6 +301,9 @@ def to_hf_state_dict(variables: Mapping, config: EncoderConfig, family: str,
   if "prediction_head" in heads:
     for path, name in family.prediction_head.items():
       emit(heads["prediction_head"], path, name)
+  if "masked_lm" in heads and family.masked_lm is None:
+    raise HFError(f"heads: a masked-LM head, which {family.title}'s checkpoint holds as an "
+                  f"untied decoder, not BERT's head: export the encoder without it")
   if "masked_lm" in heads:
     # ModernBERT's masked-LM head and prediction head are one module of the checkpoint.
     shared = {k: state[k] for name in (family.prediction_head or {}).values()

@@ -18,7 +18,7 @@ from flax_encoder import families
 from flax_encoder.config import EncoderConfig
 from flax_encoder.pytorch.modernbert_float64 import modernbert_in_float64
 from flax_encoder.pytorch.report import Row, row, run_flax
-from flax_encoder.pytorch.rotary_float64 import rotary_in_float64
+from flax_encoder.pytorch.rotary_float64 import eurobert_in_float64, rotary_in_float64
 
 # family name -> a context within which transformers' model of it computes in float64 where
 # it otherwise keeps float32 (only the maths' dtype changes)
@@ -27,7 +27,8 @@ FLOAT64 = {"modernbert": modernbert_in_float64,
                                            "NomicBertRotaryEmbedding"),
            "gte": functools.partial(rotary_in_float64, "gte", "GteRotaryEmbedding"),
            "jina_embeddings_v3": functools.partial(rotary_in_float64, "jina_embeddings_v3",
-                                                   "JinaEmbeddingsV3RotaryEmbedding")}
+                                                   "JinaEmbeddingsV3RotaryEmbedding"),
+           "eurobert": eurobert_in_float64}
 
 
 def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray) -> list[Row]:

@@ -1,6 +1,6 @@
-"""transformers' rotary BERTs (NomicBERT, GTE) computed in float64 throughout, for the float64
-parity report (flax_encoder.pytorch.hf_parity's FLOAT64) and the tests. Needs torch and
-transformers."""
+"""transformers' rotary encoders (NomicBERT, GTE, Jina v3, EuroBERT) computed in float64
+throughout, for the float64 parity report (flax_encoder.pytorch.hf_parity's FLOAT64) and the
+tests. Needs torch and transformers."""
 
 from __future__ import annotations
 
@@ -33,3 +33,35 @@ def rotary_in_float64(model_type: str, rotary: str):
     yield
   finally:
     owner.forward = saved
+
+
+@contextlib.contextmanager
+def eurobert_in_float64():
+  """Within it, transformers' EuroBERT computes its rotary angles, its RMSNorm and its eager
+  softmax in the model's dtype (it does all three in float32 whatever the model's)."""
+  from transformers.models.eurobert import modeling_eurobert as module
+
+  def rms_norm(self, x):
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+    return self.weight * x
+
+  def attention(self, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    key = module.repeat_kv(key, self.num_key_value_groups)
+    value = module.repeat_kv(value, self.num_key_value_groups)
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+      weights = weights + attention_mask
+    weights = torch.softmax(weights, dim=-1)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+  patched = ((module.EuroBertRMSNorm, "forward", rms_norm),
+             (module, "eager_attention_forward", attention))
+  saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
+  try:
+    for owner, name, value in patched:
+      setattr(owner, name, value)
+    with rotary_in_float64("eurobert", "EuroBertRotaryEmbedding"):
+      yield
+  finally:
+    for owner, name, value in saved:
+      setattr(owner, name, value)

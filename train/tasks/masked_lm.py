@@ -285,6 +285,11 @@ def _from_hf(config, path: str, windows: dataset.Windows):
     raise RunError(f"config.data.prepared: {windows.source} holds other ids than the "
                    f"checkpoint's; prepare the corpus with its tokenizer and ids: python -m "
                    f"train.prepare --tokenizer {path} ...")
+  from flax_encoder.families import get
+  if get(family).masked_lm is None:
+    raise RunError(f"config.init.hf: {path} is a {get(family).title} model, whose masked-LM "
+                   f"head (an untied decoder) flax-encoder does not train; its encoder "
+                   f"fine-tunes (configs/classify.py …) and embeds")
   params = {"encoder": variables["params"]}
   if "masked_lm" in variables.get("heads", {}):
     params["masked_lm"] = variables["heads"]["masked_lm"]
