@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from flax_encoder import relative
 from flax_encoder.config import EncoderConfig
 from flax_encoder.dense import dense
 from flax_encoder.kernels import KERNELS, Kernel, interpreting
@@ -71,13 +72,17 @@ class MultiHeadAttention(nn.Module):
     # [batch, seq, d_model] -> [batch, seq, heads, head_dim]; keys and values of
     # config.key_value_heads heads, each serving n_heads // key_value_heads query heads
     # (grouped-query attention), repeated to one a query head for every kernel.
-    project = lambda name, x, heads: dense(cfg, heads * cfg.head_dim, ("embed", "joined_kv"),
-                                           name)(x).reshape(batch, x.shape[1], heads,
-                                                            cfg.head_dim)
+    w_q, w_k, w_v = (dense(cfg, heads * cfg.head_dim, ("embed", "joined_kv"), name)
+                     for name, heads in (("w_q", cfg.n_heads), ("w_k", cfg.key_value_heads),
+                                         ("w_v", cfg.key_value_heads)))
+    project = lambda w, x: w(x).reshape(batch, x.shape[1], -1, cfg.head_dim)
     groups = cfg.n_heads // cfg.key_value_heads
-    q = project("w_q", query, cfg.n_heads)
-    k, v = (jnp.repeat(project(name, x, cfg.key_value_heads), groups, axis=2) if groups > 1
-            else project(name, x, cfg.n_heads) for name, x in (("w_k", key), ("w_v", value)))
+    q = project(w_q, query)
+    k, v = (jnp.repeat(project(w, x), groups, axis=2) if groups > 1 else project(w, x)
+            for w, x in ((w_k, key), (w_v, value)))
+    if cfg.relative_attention:  # a family's scheme: this layer's bias, from the encoder's state
+      bias, q = relative.part(cfg.relative_attention).scores(cfg, q, k, w_q, w_k, bias,
+                                                              deterministic)
     if cfg.position_embedding == "rotary":
       q, k = self._rotary(q, k, positions, is_global)
     if kernel.takes_segment_ids:

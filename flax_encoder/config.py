@@ -26,7 +26,7 @@ from flax_encoder.kernels import KERNELS, Kernel
 
 NORM_POSITIONS = ("post", "pre")
 NORM_TYPES = ("layer", "rms")  # LayerNorm; RMSNorm (no centring, no bias: T5's, Llama's)
-POSITION_EMBEDDINGS = ("sinusoidal", "learned", "rotary")
+POSITION_EMBEDDINGS = ("sinusoidal", "learned", "rotary", "none")
 ACTIVATIONS = {
     "relu": jax.nn.relu,
     # PyTorch's nn.GELU default is the exact erf form; jax.nn.gelu defaults to the tanh one.
@@ -96,6 +96,9 @@ class EncoderConfig:
   # (T5's, both directions, log-spaced to a distance of 128), computed once from the positions
   # and added to every layer's attention scores. Only kernels that take a bias run it.
   relative_attention_buckets: int = _field(0, "architecture")
+  # A relative attention scheme a family brings (flax_encoder.relative.PARTS), as its spec:
+  # "disentangled,buckets=256,…" (DeBERTa's). "": none. Only kernels that take a bias run it.
+  relative_attention: str = _field("", "architecture")
   embedding_scale: bool = _field(True, "architecture")  # embeddings * sqrt(d_model) (paper)
   embedding_norm: bool = _field(False, "architecture")  # LayerNorm on the embeddings' sum (BERT)
   # ALBERT's switches. embedding_size > 0: the tables are that wide, and a dense layer
@@ -199,6 +202,16 @@ class EncoderConfig:
     if unknown:
       raise ConfigError("unbiased", self.unbiased,
                         f"a comma-separated list of {LAYER_DENSES} (the layers' dense modules)")
+    if self.relative_attention:
+      from flax_encoder import relative  # its parts are imported when first named
+      try:
+        spec = relative.part(self.relative_attention).spec() if isinstance(
+            self.relative_attention, str) else None
+      except ValueError as e:
+        raise ConfigError("relative_attention", self.relative_attention, str(e)) from None
+      if spec is None:
+        raise ConfigError("relative_attention", self.relative_attention, "a string")
+      object.__setattr__(self, "relative_attention", spec)
     self._check_together()
     object.__setattr__(self, "dtype", _canonical_dtype("dtype", self.dtype))
     object.__setattr__(self, "param_dtype", _canonical_dtype("param_dtype", self.param_dtype))
@@ -210,6 +223,8 @@ class EncoderConfig:
     for field, wrong, expected in (
         ("position_offset", self.position_offset and self.position_embedding != "learned",
          "0 with position_embedding='sinusoidal' (an offset is a row of a learned table)"),
+        ("relative_attention", self.relative_attention and self.relative_attention_buckets,
+         "'' with relative_attention_buckets > 0 (one relative position scheme)"),
         ("norm_bias", self.norm_bias and self.norm_type == "rms",
          "False with norm_type='rms' (RMSNorm has a scale only)"),
         ("first_attention_norm", not self.first_attention_norm and self.norm_position != "pre",
@@ -236,6 +251,11 @@ class EncoderConfig:
       raise ConfigError("attention_impl", kernel.name,
                         f"{kernel.alternatives(lambda other: other.takes_window)} with "
                         f"local_attention: {kernel.title} takes no window")
+    if self.relative_attention and not kernel.takes_bias:
+      raise ConfigError("attention_impl", kernel.name,
+                        f"{kernel.alternatives(lambda other: other.takes_bias)} with "
+                        f"relative_attention={self.relative_attention.split(',')[0]!r}: "
+                        f"{kernel.title} takes no bias on the attention scores")
     if self.relative_attention_buckets and not kernel.takes_bias:
       raise ConfigError("attention_impl", kernel.name,
                         f"{kernel.alternatives(lambda other: other.takes_bias)} with "

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_encoder import relative
 from flax_encoder.config import EncoderConfig
 from flax_encoder.dense import dense
 from flax_encoder.dropout import Dropout
@@ -217,7 +218,12 @@ def _table(cfg: EncoderConfig, rows: int, name: str) -> Embed:
 
 def _relative_bias(cfg: EncoderConfig, positions: jax.Array | None, seq: int):
   """[batch or 1, heads, seq, seq]: the bias every layer adds to its scores, from the
-  positions' differences (MPNet's "relative_attention_bias"); None without one."""
+  positions' differences (MPNet's "relative_attention_bias"); or the state of a relative
+  attention scheme (config.relative_attention, flax_encoder.relative), from which each layer
+  computes its own; None without either."""
+  if cfg.relative_attention:
+    return relative.part(cfg.relative_attention).shared(cfg, "relative_attention")(
+        positions, seq)
   if not cfg.relative_attention_buckets:
     return None
   if positions is None:

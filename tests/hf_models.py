@@ -55,7 +55,8 @@ def _tokenizer(family: str) -> tuple[Tokenizer, dict]:
 def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
           **sizes) -> str:
   """A tiny random `family` ('bert', 'roberta', 'distilbert', 'modernbert', 'albert', 'mpnet',
-  'nomic_bert', 'gte', 'jina_embeddings_v3', 'eurobert') model with `head` ('pretraining': as
+  'nomic_bert', 'gte', 'jina_embeddings_v3', 'eurobert', 'deberta-v2') model with `head`
+  ('pretraining': as
   the published checkpoints, BERT's with its pooler and masked-LM head, the others' their masked
   LM; 'masked_lm', 'sequence_classification' or 'base') and its tokenizer, saved into `path`;
   returns it."""
@@ -88,6 +89,13 @@ def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
         num_key_value_heads=2, intermediate_size=40, max_position_embeddings=128,
         pad_token_id=0, bos_token_id=2, eos_token_id=3, mask_token_id=4,
         **{"classifier_pooling": "mean", **sizes})
+  elif family == "deberta-v2":  # deberta-v3's settings at tiny sizes
+    config = transformers.DebertaV2Config(
+        vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=37, max_position_embeddings=128, relative_attention=True,
+        pos_att_type=["p2c", "c2p"], position_buckets=16, max_relative_positions=128,
+        share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False,
+        type_vocab_size=0, layer_norm_eps=1e-7, pad_token_id=0, **sizes)
   elif family == "albert":  # the WordPiece tokenizer: ALBERT's own is SentencePiece's
     config = transformers.AlbertConfig(
         vocab_size=vocab, embedding_size=16, hidden_size=32, num_hidden_layers=3,
@@ -102,15 +110,15 @@ def write(path, family: str = "bert", head: str = "pretraining", seed: int = 0,
       config = transformers.MPNetConfig(**common)
     else:
       config = transformers.BertConfig(**common)
-  if family in ("modernbert", "nomic_bert", "gte", "jina_embeddings_v3", "eurobert") and (
-      head == "pretraining"):
+  if family in ("modernbert", "nomic_bert", "gte", "jina_embeddings_v3", "eurobert",
+                "deberta-v2") and head == "pretraining":
     head = "masked_lm"  # their published checkpoints are *ForMaskedLM (or the bare encoder)
   auto = {"pretraining": transformers.AutoModelForPreTraining,
           "masked_lm": transformers.AutoModelForMaskedLM,
           "sequence_classification": transformers.AutoModelForSequenceClassification,
           "base": transformers.AutoModel}[head]
   model = auto.from_config(config)
-  if family in ("mpnet", "nomic_bert", "gte", "jina_embeddings_v3", "eurobert"):
+  if family in ("mpnet", "nomic_bert", "gte", "jina_embeddings_v3", "eurobert", "deberta-v2"):
     # transformers starts the relative position bias near 0 and the LayerNorms at 1 and 0,
     # where a mistake in reading them would hardly show.
     with torch.no_grad():

@@ -47,7 +47,7 @@ def test_every_model_type_reads_as_the_family_that_lists_it():
     families.get("gpt2")
   assert str(e.value) == ("family 'gpt2': expected one of ('bert', 'roberta', 'distilbert', "
                           "'modernbert', 'albert', 'mpnet', 'nomic_bert', 'gte', "
-                          "'jina_embeddings_v3', 'eurobert')")
+                          "'jina_embeddings_v3', 'eurobert', 'deberta-v2')")
 
 
 @pytest.mark.parametrize("name", NAMES)

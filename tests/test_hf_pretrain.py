@@ -26,7 +26,7 @@ DOCUMENTS = [" ".join(hf_models.TEXTS[i % 4].split()[::1 + i % 3]) for i in rang
 @pytest.fixture(scope="module", params=["bert", "roberta", "modernbert",
                                         *(pytest.param(f, marks=pytest.mark.slow)
                                           for f in ("nomic_bert", "gte",
-                                                    "jina_embeddings_v3"))])
+                                                    "jina_embeddings_v3", "deberta-v2"))])
 def checkpoint(request, tmp_path_factory):
   """(family, its directory, a corpus prepared with its tokenizer and ids)."""
   base = tmp_path_factory.mktemp(request.param)
@@ -108,7 +108,8 @@ def test_the_loss_at_step_0_is_what_transformers_computes_on_the_same_masked_bat
 @pytest.mark.parametrize("checkpoint", ["bert", "roberta",
                                         *(pytest.param(f, marks=pytest.mark.slow)
                                           for f in ("nomic_bert", "gte",
-                                                    "jina_embeddings_v3"))], indirect=True)
+                                                    "jina_embeddings_v3", "deberta-v2"))],
+                         indirect=True)
 def test_a_further_pretraining_run_exports_what_transformers_loads_as_itself(checkpoint,
                                                                              tmp_path):
   family, directory, prepared = checkpoint

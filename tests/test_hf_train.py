@@ -111,7 +111,8 @@ def test_fine_tuning_starts_from_a_checkpoint_as_older_tools_saved_it(layout, pa
 
 @pytest.mark.parametrize("family", ["bert", *(pytest.param(f, marks=pytest.mark.slow)
                                               for f in ("roberta", "distilbert", "nomic_bert",
-                                                        "gte", "jina_embeddings_v3"))])
+                                                        "gte", "jina_embeddings_v3",
+                                                        "deberta-v2"))])
 def test_a_run_trains_predicts_its_eval_and_exports_what_transformers_loads_as_itself(
     family, pairs, tmp_path):
   directory = hf_models.write(tmp_path / family, family)

@@ -254,6 +254,12 @@ def test_weights_holding_jina_v3s_task_adapters_are_refused_naming_one(tmp_path)
 def test_tag_and_regress_runs_export_what_transformers_computes_on_their_eval(family, task,
                                                                                tmp_path):
   """Classification runs: tests/test_hf_train.py; further pretraining: test_hf_pretrain.py."""
+  tag_or_regress(family, task, tmp_path)
+
+
+def tag_or_regress(family, task, tmp_path):
+  """A tag or regress run from a tiny `family` directory (tests/hf_models), exported: its
+  model on transformers' ids gives transformers' logits, its held-out loss transformers'."""
   from tests import test_heads as heads
   from train.outputs.export import main as export
   rng = np.random.default_rng(0)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from flax_encoder.config import EncoderConfig
-from flax_encoder.families import (albert, bert, distilbert, eurobert, gte, jina_embeddings_v3,
-                                   modernbert, mpnet, nomic_bert, roberta)
+from flax_encoder.families import (albert, bert, deberta_v2, distilbert, eurobert, gte,
+                                   jina_embeddings_v3, modernbert, mpnet, nomic_bert, roberta)
 from flax_encoder.families.family import Family, HFError
 
 # name -> family, in the order errors list them
@@ -17,14 +17,14 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (bert.FAMILY, roberta.FAMILY,
                                                      albert.FAMILY, mpnet.FAMILY,
                                                      nomic_bert.FAMILY, gte.FAMILY,
                                                      jina_embeddings_v3.FAMILY,
-                                                     eurobert.FAMILY)}
+                                                     eurobert.FAMILY, deberta_v2.FAMILY)}
 # model_type (config.json's) -> family
 MODEL_TYPES: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 
 def get(name: str) -> Family:
   """The family `name` ('bert', 'roberta', 'distilbert', 'modernbert', 'albert', 'mpnet',
-  'nomic_bert', 'gte', 'jina_embeddings_v3', 'eurobert')."""
+  'nomic_bert', 'gte', 'jina_embeddings_v3', 'eurobert', 'deberta-v2')."""
   family = FAMILIES.get(name)
   if family is None:
     raise HFError(f"family {name!r}: expected one of {tuple(FAMILIES)}")

@@ -15,6 +15,7 @@ from typing import Any
 import flax.linen as nn
 import numpy as np
 
+from flax_encoder import relative
 from flax_encoder.families import registry
 from flax_encoder.config import EncoderConfig
 from flax_encoder.encoder import stack_layers, unstack_layers
@@ -49,7 +50,7 @@ def _kind(path: tuple) -> str:
   if isinstance(path[-1], int):
     return "dense"
   if path[-1] in ("embedding", "position_embedding", "token_type_embedding",
-                  "relative_attention_bias"):
+                  "relative_attention_bias", "rel_embeddings"):
     return "table"
   if path[-1].startswith("norm") or path[-1] == "embedding_norm":
     return "norm"
@@ -66,6 +67,8 @@ def _expected_shape(config: EncoderConfig, path: tuple, what: str) -> tuple[int,
   if kind == "table":
     if name == "relative_attention_bias":  # a score per bucket and head (MPNet's)
       return (config.relative_attention_buckets, config.n_heads)
+    if name == "rel_embeddings":  # a relative attention scheme's table (DeBERTa's)
+      return (2 * relative.part(config.relative_attention).span, config.d_model)
     rows = {"embedding": config.vocab_size, "token_type_embedding": config.type_vocab_size,
             "position_embedding": config.max_len + config.position_offset}[name]
     return (rows, e)

@@ -18,7 +18,8 @@ from flax_encoder import families
 from flax_encoder.config import EncoderConfig
 from flax_encoder.pytorch.modernbert_float64 import modernbert_in_float64
 from flax_encoder.pytorch.report import Row, row, run_flax
-from flax_encoder.pytorch.rotary_float64 import eurobert_in_float64, rotary_in_float64
+from flax_encoder.pytorch.rotary_float64 import (deberta_in_float64, eurobert_in_float64,
+                                                  rotary_in_float64)
 
 # family name -> a context within which transformers' model of it computes in float64 where
 # it otherwise keeps float32 (only the maths' dtype changes)
@@ -28,7 +29,7 @@ FLOAT64 = {"modernbert": modernbert_in_float64,
            "gte": functools.partial(rotary_in_float64, "gte", "GteRotaryEmbedding"),
            "jina_embeddings_v3": functools.partial(rotary_in_float64, "jina_embeddings_v3",
                                                    "JinaEmbeddingsV3RotaryEmbedding"),
-           "eurobert": eurobert_in_float64}
+           "eurobert": eurobert_in_float64, "deberta-v2": deberta_in_float64}
 
 
 def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray) -> list[Row]:
@@ -44,7 +45,7 @@ def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray
       transformers gets attention_mask = tokens != pad_id.
 
   Returns:
-    The rows in forward order, last_hidden_state last.
+    The rows in forward order, last_hidden_state last, each compared at the real tokens.
   """
   model_type = getattr(model.config, "model_type", None)
   family = families.MODEL_TYPES.get(model_type)
@@ -72,12 +73,15 @@ def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray
     calls, output = _every_call(modules, {t for _, _, t in points},
                                 lambda: model(input_ids=ids, attention_mask=mask))
   seen: collections.Counter = collections.Counter()  # a module's stages so far: its next call
+  # Compared at the real tokens: what a padding position holds is no one's (DeBERTa zeroes its
+  # embeddings there, the others do not).
+  real = np.asarray(tokens) != config.pad_id
   rows = []
   for name, f, t in points:
-    rows.append(row(name, flax_value(f), calls[t][seen[t]]))
+    rows.append(row(name, flax_value(f), calls[t][seen[t]], real))
     seen[t] += 1
   rows.append(row("last_hidden_state", output_flax,
-                  output.last_hidden_state.detach().cpu().numpy()))
+                  output.last_hidden_state.detach().cpu().numpy(), real))
   return rows
 
 

@@ -32,12 +32,15 @@ class Row:
     return self.max_abs <= atol + rtol * self.scale
 
 
-def row(name: str, ours: np.ndarray, theirs: np.ndarray) -> Row:
-  """The error of the Flax side's output `ours` against the PyTorch side's `theirs`."""
+def row(name: str, ours: np.ndarray, theirs: np.ndarray, real: np.ndarray | None = None) -> Row:
+  """The error of the Flax side's output `ours` against the PyTorch side's `theirs`, at the
+  positions `real` (bool [batch, seq]: the real tokens) where given."""
+  shape = tuple(theirs.shape)
+  if real is not None:
+    ours, theirs = ours[real], theirs[real]
   diff = np.abs(ours.astype(np.float64) - theirs.astype(np.float64))
   scale = float(np.max(np.abs(theirs)))
-  return Row(name, tuple(theirs.shape), float(diff.max()), float(diff.max()) / (scale or 1.0),
-             scale)
+  return Row(name, shape, float(diff.max()), float(diff.max()) / (scale or 1.0), scale)
 
 
 def check_finite(module, what: str) -> None:

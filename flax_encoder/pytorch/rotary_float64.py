@@ -65,3 +65,21 @@ def eurobert_in_float64():
   finally:
     for owner, name, value in saved:
       setattr(owner, name, value)
+
+
+@contextlib.contextmanager
+def deberta_in_float64():
+  """Within it, transformers' DeBERTa v2 scales its scores by sqrt(head_dim · factor) in the
+  model's dtype (it rounds that scale to float32 whatever the model's)."""
+  from transformers.models.deberta_v2 import modeling_deberta_v2 as module
+
+  def scale(query_layer, scale_factor):
+    return torch.sqrt(torch.tensor(query_layer.size(-1), dtype=query_layer.dtype) *
+                      scale_factor)
+
+  saved = module.scaled_size_sqrt
+  try:
+    module.scaled_size_sqrt = scale
+    yield
+  finally:
+    module.scaled_size_sqrt = saved

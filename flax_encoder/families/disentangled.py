@@ -1,0 +1,142 @@
+"""DeBERTa's disentangled attention ("DeBERTa: Decoding-enhanced BERT with Disentangled
+Attention", He et al. 2021; v2 and v3's form): besides the content-to-content scores q·k, each
+head scores the query's content against the key's relative position (c2p) and the key's
+content against the query's (p2c), through a table of relative-position embeddings shared by
+every layer and projected by each layer's own query and key projections. Distances are
+bucketed logarithmically past half the buckets. All scores are scaled by
+1/sqrt(head_dim · (1 + the kinds of position scores)).
+
+`EncoderConfig.relative_attention = "disentangled,buckets=256,max_relative=512,types=c2p|p2c,
+norm=layer_norm"` (flax_encoder.relative finds this module by the name): `buckets` are
+transformers' position_buckets (0: every distance up to `max_relative` its own),
+`max_relative` its max_relative_positions, `types` its pos_att_type, `norm` its norm_rel_ebd
+("layer_norm" or "none"). The table and its LayerNorm are the encoder's
+params["relative_attention"] ("rel_embeddings", "norm")."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flax_encoder.dropout import Dropout
+from flax_encoder.layer import layer_norm
+
+TYPES = ("c2p", "p2c")
+NORMS = ("layer_norm", "none")
+
+
+def log_buckets(distance: np.ndarray, buckets: int, max_relative: int) -> np.ndarray:
+  """transformers' make_log_bucket_position, in float32 as it computes it: distances within
+  half the buckets are their own; beyond, log-spaced up to max_relative, signed."""
+  distance = np.asarray(distance, np.int64)
+  mid = buckets // 2
+  near = (distance < mid) & (distance > -mid)
+  far = np.where(near, mid - 1, np.abs(distance)).astype(np.float32)
+  with np.errstate(divide="ignore"):
+    spread = np.log(far / np.float32(mid)) / np.log(np.float32((max_relative - 1) / mid))
+  log_pos = np.ceil(spread * np.float32(mid - 1)) + mid
+  return np.where(np.abs(distance) <= mid, distance, log_pos.astype(np.int64) * np.sign(distance))
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+  """The settings of a disentangled attention (its spec's)."""
+  buckets: int = 256
+  max_relative: int = 512
+  types: tuple[str, ...] = TYPES
+  norm: str = "layer_norm"
+
+  @classmethod
+  def parse(cls, spec: str) -> Part:
+    """The Part of "disentangled[,key=value…]"; ValueError saying what was expected."""
+    expected = ("'disentangled' then ',buckets=N' (N >= 0, even), ',max_relative=N' (N >= 2), "
+                f"',types=' some of {'|'.join(TYPES)}, ',norm=' one of {'|'.join(NORMS)}")
+    name, *items = [item.strip() for item in spec.split(",")]
+    settings: dict = {}
+    try:
+      for item in items:
+        key, value = item.split("=")
+        if key in settings or key not in ("buckets", "max_relative", "types", "norm"):
+          raise ValueError(key)
+        settings[key] = (int(value) if key in ("buckets", "max_relative") else
+                         tuple(value.split("|")) if key == "types" else value)
+      part = cls(**settings)
+    except (ValueError, TypeError):
+      raise ValueError(expected) from None
+    if (name != "disentangled" or part.buckets < 0 or part.buckets % 2
+        or part.max_relative < 2 or not set(part.types) <= set(TYPES)
+        or len(set(part.types)) != len(part.types) or part.norm not in NORMS):
+      raise ValueError(expected)
+    return part
+
+  def spec(self) -> str:
+    return (f"disentangled,buckets={self.buckets},max_relative={self.max_relative},"
+            f"types={'|'.join(t for t in TYPES if t in self.types)},norm={self.norm}")
+
+  @property
+  def span(self) -> int:
+    """The distances each side of 0 the table holds: its rows are 2 · span."""
+    return self.buckets if self.buckets > 0 else self.max_relative
+
+  def index(self, positions: jax.Array, max_len: int) -> jax.Array:
+    """int32 [batch, q, k]: each query-key pair's row of the table, from their positions'
+    difference (a packed row's segments each count from 0, so each is bucketed as alone)."""
+    distances = np.arange(-(max_len - 1), max_len)
+    rows = distances if self.buckets <= 0 else log_buckets(distances, self.buckets,
+                                                           self.max_relative)
+    rows = np.clip(rows + self.span, 0, 2 * self.span - 1).astype(np.int32)
+    difference = positions[:, :, None] - positions[:, None, :]
+    return jnp.take(jnp.asarray(rows), difference + max_len - 1, mode="clip")
+
+  def shared(self, cfg, name: str) -> nn.Module:
+    return Shared(cfg, self, name=name)
+
+  def scores(self, cfg, q, k, w_q, w_k, state, deterministic):
+    """(bias [batch, heads, q, k], q scaled for the kernel's 1/sqrt(head_dim)) of one layer:
+    its c2p and p2c scores through its own projections `w_q`, `w_k` of the shared table."""
+    table = Dropout(cfg.dropout)(state["table"], deterministic=deterministic)
+    heads, head_dim = q.shape[2], q.shape[3]
+    rows = table.shape[0]
+    factor = 1 + len(self.types)
+    index = state["index"][:, None]  # [batch, 1, q, k]
+    bias = 0.0
+    if "c2p" in self.types:
+      keys = w_k(table).reshape(rows, heads, head_dim)
+      every = jnp.einsum("bqhd,rhd->bhqr", q, keys)
+      bias = bias + jnp.take_along_axis(
+          every, jnp.broadcast_to(index, (*every.shape[:2], *index.shape[2:])), axis=-1)
+    if "p2c" in self.types:
+      queries = w_q(table).reshape(rows, heads, head_dim)
+      every = jnp.einsum("bkhd,rhd->bhkr", k, queries)
+      at = jnp.swapaxes(index, -1, -2)  # key j's row for query i, keys first
+      bias = bias + jnp.swapaxes(jnp.take_along_axis(
+          every, jnp.broadcast_to(at, (*every.shape[:2], *at.shape[2:])), axis=-1), -1, -2)
+    scale = math.sqrt(head_dim * factor)
+    return bias / jnp.asarray(scale, q.dtype), q / jnp.asarray(math.sqrt(factor), q.dtype)
+
+
+class Shared(nn.Module):
+  """The table of relative-position embeddings (normalised as `part.norm` says) and each
+  pair's row of it: what every layer's attention reads."""
+
+  config: object
+  part: Part
+
+  @nn.compact
+  def __call__(self, positions: jax.Array | None, seq: int) -> dict:
+    cfg, part = self.config, self.part
+    rows = nn.Embed(2 * part.span, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                    embedding_init=nn.with_logical_partitioning(
+                        nn.initializers.normal(stddev=0.02), (None, "embed")),
+                    name="rel_embeddings")
+    table = jnp.asarray(rows.embedding, cfg.dtype)
+    if part.norm == "layer_norm":
+      table = layer_norm(cfg, "norm")(table)
+    if positions is None:
+      positions = jnp.arange(seq)[None]
+    return {"table": table, "index": part.index(positions, cfg.max_len)}

@@ -1,0 +1,32 @@
+"""Relative attention schemes a family brings: a registry, as kernels.KERNELS is for kernels.
+
+`EncoderConfig.relative_attention` holds a spec, "name" or "name,key=value,…", whose name is
+one of `PARTS`; the module that computes it is imported when it is first needed, so the
+encoder and its config never import a family. A part module defines `Part` with:
+
+  Part.parse(spec) -> Part     its settings, ValueError(what was expected) where wrong
+  part.spec() -> str           the spec, canonical (what a config records)
+  part.shared(cfg, positions, seq) -> nn.Module call: the state every layer reads (its
+                               parameters: once, under the encoder's "relative_attention")
+  part.scores(cfg, q, k, w_q, w_k, state, deterministic) -> (bias, q): the bias every head
+                               adds to its scores [batch, heads, q, k], and q as the kernel's
+                               1/sqrt(head_dim) should scale it
+
+Adding a scheme is its module and one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# name -> the module that defines its Part
+PARTS = {"disentangled": "flax_encoder.families.disentangled"}  # DeBERTa's c2p and p2c
+
+
+def part(spec: str):
+  """The Part of `spec` (EncoderConfig.relative_attention); ValueError naming what was
+  expected where its name or settings are not one."""
+  name = spec.split(",", 1)[0].strip()
+  if name not in PARTS:
+    raise ValueError(f"one of {sorted(PARTS)}, then its settings ('disentangled,buckets=256')")
+  return importlib.import_module(PARTS[name]).Part.parse(spec)
