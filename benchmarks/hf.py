@@ -3,12 +3,14 @@ r"""A Hugging Face encoder in Flax (`flax_encoder.families.load_hf`) against tra
 
   python -m benchmarks.hf --out benchmarks/results/hf.json     # BERT-base at 8x128: minutes
   python -m benchmarks.hf --family gte --out benchmarks/results/hf-gte.json   # GTE-base
+  python -m benchmarks.hf --family deberta-v2 --out ...                       # DeBERTa-v3-base
   python -m benchmarks.hf --tiny [--family gte]                # a tiny one: seconds
 
 The model is BERT-base's sizes (hidden 768, 12 layers, 12 heads, intermediate 3072, vocabulary
 30522) in the `--family`'s transformers config (`bert`: `BertConfig()`, exact-erf GELU;
 `gte`: gte-base-en-v1.5's architecture, rotary positions and GeGLU; `nomic_bert`:
-nomic-embed-text's, SwiGLU without biases) with random weights, built by transformers
+nomic-embed-text's, SwiGLU without biases; `deberta-v2`: deberta-v3-base's, disentangled
+attention over 256 position buckets) with random weights, built by transformers
 (`AutoModelForMaskedLM.from_config`), saved with `save_pretrained` to a temporary directory
 and read back by both sides: by `load_hf` on the Flax side, by `from_pretrained` on the
 PyTorch side with `attn_implementation` "sdpa" (transformers' default) and "eager".
@@ -85,15 +87,22 @@ FIRST_ID = 1000  # random ids from here: no [PAD], [CLS], [SEP] or [MASK] among 
 # The model and the batches
 
 
-FAMILIES = {"bert": "BertConfig", "gte": "GteConfig", "nomic_bert": "NomicBertConfig"}
+FAMILIES = {"bert": "BertConfig", "gte": "GteConfig", "nomic_bert": "NomicBertConfig",
+            "deberta-v2": "DebertaV2Config"}
+# deberta-v3-base's settings beside BERT-base's sizes
+DEBERTA_V3 = dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=256,
+                  max_relative_positions=512, share_att_key=True, norm_rel_ebd="layer_norm",
+                  position_biased_input=False, type_vocab_size=0, layer_norm_eps=1e-7)
 
 
 def bert_config(tiny: bool = False, family: str = "bert", **overrides):
   """`family`'s transformers config (FAMILIES) of BERT-base's sizes, or a tiny one."""
   import transformers
   sizes = TINY if tiny else BERT_BASE
-  if family != "bert":  # positions are rotary: no table, so no cap but the config's
+  if family in ("gte", "nomic_bert"):  # positions are rotary: no table, no cap but the config's
     sizes = {**sizes, "max_position_embeddings": 8192, "pad_token_id": 0}
+  if family == "deberta-v2":
+    sizes = {**sizes, **DEBERTA_V3}
   return getattr(transformers, FAMILIES[family])(**sizes, **overrides)
 
 
@@ -238,11 +247,18 @@ def torch_side(directory: str, batches: list[dict], attention: str, compile_: bo
 # Measuring
 
 
-def implementations(compile_: bool) -> list[tuple[str, str, bool]]:
+def implementations(compile_: bool, attentions=ATTENTIONS) -> list[tuple[str, str, bool]]:
   """(name, attn_implementation, compiled) of each PyTorch implementation."""
-  impls = [(f"transformers {a}", a, False) for a in ATTENTIONS]
-  return impls + ([(f"transformers {a} compiled", a, True) for a in ATTENTIONS]
+  impls = [(f"transformers {a}", a, False) for a in attentions]
+  return impls + ([(f"transformers {a} compiled", a, True) for a in attentions]
                   if compile_ else [])
+
+
+def attentions_of(directory: str) -> tuple[str, ...]:
+  """The attn_implementations transformers has for the model of `directory`: DeBERTa's eager
+  one alone."""
+  return ("eager",) if json.load(open(os.path.join(directory, "config.json")))[
+      "model_type"] == "deberta-v2" else ATTENTIONS
 
 
 def check_losses(losses: dict[str, list[float]]) -> list[dict]:
@@ -271,7 +287,7 @@ def measure(directory: str, batch: int, seq: int, reps: int, warmup: int, compil
   time (each section's models are freed before the next's are built)."""
   import torch
   rows = token_rows(vocab_size_of(directory), batch, seq)
-  impls = implementations(compile_)
+  impls = implementations(compile_, attentions_of(directory))
   config, flax_forward, flax_train, batches = flax_side(directory, rows,
                                                         attention_impl=attention_impl)
   forward = {"flax": flax_forward}

@@ -83,46 +83,52 @@ class Part:
     """The distances each side of 0 the table holds: its rows are 2 · span."""
     return self.buckets if self.buckets > 0 else self.max_relative
 
-  def index(self, positions: jax.Array, max_len: int) -> jax.Array:
-    """int32 [batch, q, k]: each query-key pair's row of the table, from their positions'
-    difference (a packed row's segments each count from 0, so each is bucketed as alone)."""
-    distances = np.arange(-(max_len - 1), max_len)
+  def rows(self, seq: int) -> np.ndarray:
+    """int32 [2 seq - 1]: the table's row of each distance from -(seq - 1) to seq - 1."""
+    distances = np.arange(-(seq - 1), seq)
     rows = distances if self.buckets <= 0 else log_buckets(distances, self.buckets,
                                                            self.max_relative)
-    rows = np.clip(rows + self.span, 0, 2 * self.span - 1).astype(np.int32)
-    difference = positions[:, :, None] - positions[:, None, :]
-    return jnp.take(jnp.asarray(rows), difference + max_len - 1, mode="clip")
+    return np.clip(rows + self.span, 0, 2 * self.span - 1).astype(np.int32)
 
   def shared(self, cfg, name: str) -> nn.Module:
     return Shared(cfg, self, name=name)
 
   def scores(self, cfg, q, k, w_q, w_k, state, deterministic):
     """(bias [batch, heads, q, k], q scaled for the kernel's 1/sqrt(head_dim)) of one layer:
-    its c2p and p2c scores through its own projections `w_q`, `w_k` of the shared table."""
+    its c2p and p2c scores through its own projections `w_q`, `w_k` of the shared table.
+
+    The distance of two tokens is their offset in the row, as transformers takes it (a packed
+    row's segments are runs of consecutive tokens, so within one it is their positions'
+    difference). Each score is a product with the table's row of a distance: the rows are
+    taken once per distance (2 seq - 1 of them, a gather of the small table), multiplied with
+    every query or key, and each pair's read off by a skew of the product (`_skew`: slices and
+    reshapes, no gather of [batch, heads, q, k] indices)."""
     table = Dropout(cfg.dropout)(state["table"], deterministic=deterministic)
-    heads, head_dim = q.shape[2], q.shape[3]
-    rows = table.shape[0]
+    batch, seq, heads, head_dim = q.shape
+    rows = jnp.asarray(self.rows(seq))  # distance -(seq - 1) … seq - 1
     factor = 1 + len(self.types)
-    index = state["index"][:, None]  # [batch, 1, q, k]
     bias = 0.0
-    if "c2p" in self.types:
-      keys = w_k(table).reshape(rows, heads, head_dim)
-      every = jnp.einsum("bqhd,rhd->bhqr", q, keys)
-      bias = bias + jnp.take_along_axis(
-          every, jnp.broadcast_to(index, (*every.shape[:2], *index.shape[2:])), axis=-1)
-    if "p2c" in self.types:
-      queries = w_q(table).reshape(rows, heads, head_dim)
-      every = jnp.einsum("bkhd,rhd->bhkr", k, queries)
-      at = jnp.swapaxes(index, -1, -2)  # key j's row for query i, keys first
-      bias = bias + jnp.swapaxes(jnp.take_along_axis(
-          every, jnp.broadcast_to(at, (*every.shape[:2], *at.shape[2:])), axis=-1), -1, -2)
+    if "c2p" in self.types:  # query i against the row of distance i - j, far end first
+      keys = w_k(table[rows[::-1]]).reshape(2 * seq - 1, heads, head_dim)
+      bias = bias + _skew(jnp.einsum("bqhd,mhd->bhqm", q, keys))
+    if "p2c" in self.types:  # key j against the row of distance i - j, near end first
+      queries = w_q(table[rows]).reshape(2 * seq - 1, heads, head_dim)
+      bias = bias + jnp.swapaxes(_skew(jnp.einsum("bkhd,mhd->bhkm", k, queries)), -1, -2)
     scale = math.sqrt(head_dim * factor)
     return bias / jnp.asarray(scale, q.dtype), q / jnp.asarray(math.sqrt(factor), q.dtype)
 
 
+def _skew(x: jax.Array) -> jax.Array:
+  """[..., n, 2n - 1] -> [..., n, n]: y[a, b] = x[a, n - 1 - a + b], by reading x's rows
+  flat with a stride one shorter than theirs (Transformer-XL's relative shift)."""
+  n = x.shape[-2]
+  flat = x.reshape(*x.shape[:-2], n * (2 * n - 1))[..., n - 1:n - 1 + n * (2 * n - 2)]
+  return flat.reshape(*x.shape[:-2], n, 2 * n - 2)[..., :n]
+
+
 class Shared(nn.Module):
-  """The table of relative-position embeddings (normalised as `part.norm` says) and each
-  pair's row of it: what every layer's attention reads."""
+  """The table of relative-position embeddings, normalised as `part.norm` says: what every
+  layer's attention reads."""
 
   config: object
   part: Part
@@ -137,6 +143,4 @@ class Shared(nn.Module):
     table = jnp.asarray(rows.embedding, cfg.dtype)
     if part.norm == "layer_norm":
       table = layer_norm(cfg, "norm")(table)
-    if positions is None:
-      positions = jnp.arange(seq)[None]
-    return {"table": table, "index": part.index(positions, cfg.max_len)}
+    return {"table": table}
