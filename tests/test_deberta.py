@@ -217,3 +217,13 @@ def test_a_spec_is_kept_in_its_canonical_form_and_a_record_before_it_loads_as_it
 def test_tag_and_regress_runs_export_what_transformers_computes_on_their_eval(task, tmp_path):
   from tests.test_rotary_bert import tag_or_regress
   tag_or_regress("deberta-v2", task, tmp_path)
+
+
+@pytest.mark.parametrize("seq", [1, 2])
+def test_rows_of_one_or_two_tokens_are_transformers_own(base, seq):
+  ids = np.random.default_rng(3).integers(4, VOCAB, (2, seq))
+  with torch.no_grad():
+    want = _theirs(base)(input_ids=torch.tensor(ids))[0].numpy()
+  config, variables = load_hf(base)
+  np.testing.assert_allclose(np.asarray(Encoder(config).apply(variables, ids)), want, rtol=0,
+                             atol=1e-5)

@@ -122,6 +122,8 @@ def _skew(x: jax.Array) -> jax.Array:
   """[..., n, 2n - 1] -> [..., n, n]: y[a, b] = x[a, n - 1 - a + b], by reading x's rows
   flat with a stride one shorter than theirs (Transformer-XL's relative shift)."""
   n = x.shape[-2]
+  if n == 1:  # one token: its distance to itself
+    return x
   flat = x.reshape(*x.shape[:-2], n * (2 * n - 1))[..., n - 1:n - 1 + n * (2 * n - 2)]
   return flat.reshape(*x.shape[:-2], n, 2 * n - 2)[..., :n]
 
