@@ -3,8 +3,8 @@
   tokenizer = tokenizer_from_directory("bert-base-uncased")
 
 A directory's tokenizer.json (a fast tokenizer's file) is read as it is. Older checkpoints ship
-the files of transformers' slow tokenizers instead: vocab.txt (BERT's WordPiece) or vocab.json
-and merges.txt (RoBERTa's byte-level BPE), with their options and special tokens in
+the files of transformers' slow tokenizers instead: vocab.txt (BERT's WordPiece), vocab.json
+and merges.txt (RoBERTa's byte-level BPE) or spm.model (DeBERTa-v3's SentencePiece model), with their options and special tokens in
 tokenizer_config.json and special_tokens_map.json. These are built into a tokenizer.json with
 the `tokenizers` library, as transformers builds its tokenizer from them, so that no
 transformers is needed to read them. A sentence-transformers folder's tokenizer is read where
@@ -23,7 +23,7 @@ from flax_encoder.modules_json import (TRANSFORMER_CONFIGS, ModulesError, not_a_
                                        transformer_folder)
 from flax_encoder.tokenizer import Tokenizer, is_panic
 
-LOOKED_FOR = "tokenizer.json, vocab.txt, or vocab.json and merges.txt"
+LOOKED_FOR = "tokenizer.json, vocab.txt, vocab.json and merges.txt, or spm.model"
 SAVE_IT = ("save it with transformers: AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR) "
            "writes tokenizer.json")
 
@@ -32,6 +32,8 @@ SAVE_IT = ("save it with transformers: AutoTokenizer.from_pretrained(DIR).save_p
 WORDPIECE_CLASSES = ("BertTokenizer", "DistilBertTokenizer", "ElectraTokenizer")
 # ... and from vocab.json and merges.txt as RoBERTa's: "<s> a </s></s> b </s>"
 BPE_CLASSES = ("RobertaTokenizer", "LongformerTokenizer", "BartTokenizer")
+# ... and from spm.model as DeBERTa v2 and v3's: "[CLS] a [SEP] b [SEP]", a Unigram model
+SPM_CLASSES = ("DebertaV2Tokenizer",)
 
 
 class TokenizerError(ValueError):
@@ -41,7 +43,7 @@ class TokenizerError(ValueError):
 def tokenizer_from_directory(path: str | os.PathLike, offset: int = 0) -> Tokenizer:
   """The tokenizer of the model directory `path` (ids + `offset`): its tokenizer.json (its
   bytes as they are), else one built from its vocab.txt (WordPiece), else from its vocab.json
-  and merges.txt (byte-level BPE); in a sentence-transformers folder, from its Transformer
+  and merges.txt (byte-level BPE), else from its spm.model (DeBERTa's Unigram); in a sentence-transformers folder, from its Transformer
   module's folder (where sentence-transformers reads it), with a Lowercase normalizer first
   where the module lower-cases texts. Raises TokenizerError naming the directory or file and
   what it expected."""
@@ -58,6 +60,8 @@ def tokenizer_from_directory(path: str | os.PathLike, offset: int = 0) -> Tokeni
     built = _wordpiece(directory)
   elif _has(directory, "vocab.json") and _has(directory, "merges.txt"):
     built = _byte_level_bpe(directory)
+  elif _has(directory, "spm.model"):
+    built = _deberta_spm(directory)
   else:
     raise TokenizerError(f"{path}: no tokenizer files (looked for {LOOKED_FOR} in "
                          f"{directory}); {SAVE_IT}")
@@ -273,4 +277,63 @@ def _byte_level_bpe(directory: str) -> bytes:
       (sep[0].content, sep[1]), (cls[0].content, cls[1]),
       trim_offsets=options.flag("trim_offsets", True), add_prefix_space=add_prefix_space)
   tokenizer.add_special_tokens([cls[0], sep[0]] + [t for t, _ in filter(None, others)])
+  return tokenizer.to_str().encode("utf-8")
+
+
+def _deberta_spm(directory: str) -> bytes:
+  """DeBERTa v2 and v3's tokenizer from spm.model, as transformers' DebertaV2Tokenizer builds
+  it: the model's pieces and scores as a Unigram model; whitespace runs, tabs and newlines to
+  one space, NFC, trailing spaces stripped (lower-cased first with do_lower_case); words
+  split at punctuation with split_by_punct, then at spaces marked "\u2581" (before the first
+  word too unless add_prefix_space is false); "[CLS] a [SEP] b [SEP]"; special tokens the
+  model lacks ([MASK]) added after its pieces."""
+  import sentencepiece
+  from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+  from tokenizers import Tokenizer as HFTokenizer
+  from tokenizers import processors
+  file = os.path.join(directory, "spm.model")
+  try:
+    model = sentencepiece.SentencePieceProcessor(model_file=file)
+  except (OSError, RuntimeError) as e:
+    raise TokenizerError(f"{file}: not a SentencePiece model "
+                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+  pieces = [(model.id_to_piece(i), model.get_score(i)) for i in range(model.get_piece_size())]
+  ids = {piece: i for i, (piece, _) in enumerate(pieces)}
+  options = _Options(directory, SPM_CLASSES, "spm.model", ids, file)
+  names = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+           "mask_token")
+  defaults = ("[CLS]", "[SEP]", "[UNK]", "[SEP]", "[PAD]", "[CLS]", "[MASK]")
+  specials = {}
+  for name, default in zip(names, defaults):
+    found = options.special(name, default, required=False)
+    if found is None:  # not one of its pieces: a token after them, as transformers adds it
+      value = {**options.config, **options.tokens}.get(name, default)
+      content = value.get("content") if isinstance(value, dict) else value
+      if not isinstance(content, str):
+        raise TokenizerError(f"{options.config_file}: {name}={value!r}, expected a token")
+      found = AddedToken(content, normalized=False, special=True), None
+    specials[name] = found
+  unk = specials["unk_token"][0].content
+  unk_id = next((i for i, (piece, score) in enumerate(pieces) if piece == unk and score == 0.0),
+                1)
+  tokenizer = HFTokenizer(models.Unigram(pieces, unk_id=unk_id, byte_fallback=False))
+  lower = [normalizers.Lowercase()] if options.flag("do_lower_case", False) else []
+  tokenizer.normalizer = normalizers.Sequence(
+      lower + [normalizers.Replace(Regex(r"\s{2,}|[\n\r\t]"), " "), normalizers.NFC(),
+               normalizers.Strip(left=False, right=True)])
+  scheme = "always" if options.flag("add_prefix_space", True) else "first"
+  split = ([pre_tokenizers.Punctuation(behavior="isolated")]
+           if options.flag("split_by_punct", False) else [])
+  tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+      split + [pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme)])
+  tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme)
+  added = []
+  for token, _ in specials.values():
+    if token.content not in {t.content for t in added}:
+      added.append(token)
+  tokenizer.add_special_tokens(added)
+  cls, sep = (specials[name][0].content for name in ("cls_token", "sep_token"))
+  tokenizer.post_processor = processors.TemplateProcessing(
+      single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+      special_tokens=[(cls, tokenizer.token_to_id(cls)), (sep, tokenizer.token_to_id(sep))])
   return tokenizer.to_str().encode("utf-8")

@@ -227,3 +227,36 @@ def test_rows_of_one_or_two_tokens_are_transformers_own(base, seq):
   config, variables = load_hf(base)
   np.testing.assert_allclose(np.asarray(Encoder(config).apply(variables, ids)), want, rtol=0,
                              atol=1e-5)
+
+
+TEXTS = ["Hello,  world!\tnaïve  Café", "the quick [MASK] fox", "  leading spaces", "trailing  ",
+         "x\n\ny", "It's 3.14 o'clock — déjà vu", "e\u0301cole", "UNSEEN ťřž 你好"]
+
+
+@pytest.mark.parametrize("options", [{}, {"do_lower_case": True, "split_by_punct": True},
+                                     {"add_prefix_space": False}])
+def test_a_directory_with_spm_model_alone_is_tokenized_as_transformers_tokenizes_it(
+    options, tmp_path):
+  """deberta-v3-base's files: spm.model and tokenizer_config.json, no tokenizer.json."""
+  import io
+
+  import sentencepiece
+
+  from flax_encoder.hf_tokenizer import tokenizer_from_directory
+  model = io.BytesIO()
+  sentencepiece.SentencePieceTrainer.train(
+      sentence_iterator=iter([t for t in TEXTS for _ in range(20)]), model_writer=model,
+      vocab_size=60, model_type="unigram", pad_id=0, pad_piece="[PAD]", bos_id=1,
+      bos_piece="[CLS]", eos_id=2, eos_piece="[SEP]", unk_id=3, unk_piece="[UNK]",
+      character_coverage=1.0, minloglevel=2)
+  (tmp_path / "spm.model").write_bytes(model.getvalue())
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+      "tokenizer_class": "DebertaV2Tokenizer", "mask_token": "[MASK]", **options}))
+  theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  ours = tokenizer_from_directory(tmp_path)
+  assert [ours.template().start, ours.template().between, ours.template().end] == [
+      (1,), (2,), (2,)]
+  for text in TEXTS:
+    assert ours.encode_batch([text])[0].tolist() == theirs(text, add_special_tokens=False)[
+        "input_ids"], text
+  assert ours.vocab_size == len(theirs) == 61  # [MASK] after the model's 60 pieces
