@@ -34,8 +34,10 @@ ACTIVATIONS = {
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),  # GPT-2's, "gelu_new"
     "silu": jax.nn.silu,  # x * sigmoid(x): SwiGLU's gate (NomicBERT)
 }
-# The layer's dense modules, by name: what `EncoderConfig.unbiased` may list.
+# The layer's dense modules, by name, and an untied masked-LM decoder's (EuroBERT's): what
+# `EncoderConfig.unbiased` may list.
 LAYER_DENSES = ("w_q", "w_k", "w_v", "w_o", "w_1", "w_2")
+UNBIASED = (*LAYER_DENSES, "decoder")
 ATTENTION_IMPLS = tuple(KERNELS)  # what each can do: kernels.KERNELS[name]
 REMAT_POLICIES = ("none", "full", "save_dots")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -118,8 +120,9 @@ class EncoderConfig:
   glu: bool = _field(False, "architecture")  # GeGLU: act(x W_a) * (x W_b), one w_1 of 2 d_ff
   dense_bias: bool = _field(True, "architecture")  # biases of every dense layer
   # The layers' dense modules that have no bias where dense_bias gives the others one, as a
-  # comma-separated list of LAYER_DENSES ("w_1": GTE's gate; "w_q,w_k,w_v,w_o,w_1,w_2":
-  # NomicBERT's layers, whose heads have biases). `has_bias` says it for a module.
+  # comma-separated list of UNBIASED ("w_1": GTE's gate; "w_q,w_k,w_v,w_o,w_1,w_2":
+  # NomicBERT's layers, whose heads have biases; "decoder": EuroBERT's masked-LM decoder).
+  # `has_bias` says it for a module.
   unbiased: str = _field("", "architecture")
   norm_bias: bool = _field(True, "architecture")  # biases of every LayerNorm
   first_attention_norm: bool = _field(True, "architecture")  # Pre-LN: layer 0 normalises its
@@ -197,11 +200,12 @@ class EncoderConfig:
                  "norm_bias", "first_attention_norm", "scan_layers", "shared_layers"):
       if not isinstance(getattr(self, name), (bool, np.bool_)):
         raise ConfigError(name, getattr(self, name), "True or False")
-    unknown = [n for n in self.unbiased_denses if n not in LAYER_DENSES] if isinstance(
+    unknown = [n for n in self.unbiased_denses if n not in UNBIASED] if isinstance(
         self.unbiased, str) else [self.unbiased]
     if unknown:
       raise ConfigError("unbiased", self.unbiased,
-                        f"a comma-separated list of {LAYER_DENSES} (the layers' dense modules)")
+                        f"a comma-separated list of {UNBIASED} (the layers' dense modules, "
+                        f"an untied masked-LM decoder)")
     if self.relative_attention:
       from flax_encoder import relative  # its parts are imported when first named
       try:

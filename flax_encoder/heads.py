@@ -55,6 +55,19 @@ class MaskedLMHead(nn.Module):
     return logits + bias.astype(cfg.dtype)
 
 
+class DecoderHead(nn.Module):
+  """An untied masked-LM decoder (EuroBERT's lm_head): hidden states -> vocabulary logits by
+  one dense layer of its own ("decoder", its bias as config.has_bias says)."""
+
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, hidden: jax.Array) -> jax.Array:
+    """[..., d_model] -> logits [..., vocab_size] in config.dtype."""
+    cfg = self.config
+    return dense(cfg, cfg.vocab_size, ("embed", "vocab"), "decoder")(hidden)
+
+
 class Pooler(nn.Module):
   """BERT's pooler: tanh(dense(first token's hidden state))."""
 

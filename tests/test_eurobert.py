@@ -1,9 +1,10 @@
 """EuroBERT directories: a Llama-style encoder (RMSNorm before each sub-layer and at the end,
 rotary positions, grouped-query attention, SwiGLU, no biases). load_hf against transformers'
 EuroBertModel built from a tiny random config (float32 and float64, padded and packed rows),
-the parity report, the state dict and config.json back, the refusals; and through the
-program, a classify run whose export transformers loads with the run's probabilities, and a
-sentence-transformers folder whose vectors SentenceEncoder gives."""
+the parity report, the state dict and config.json back, its untied masked-LM decoder, the
+refusals; and through the program, a classify run whose export transformers loads with the
+run's probabilities, a sentence-transformers folder whose vectors SentenceEncoder gives, and
+further pretraining (tests/test_hf_pretrain.py)."""
 
 import json
 import os
@@ -136,7 +137,7 @@ def test_the_state_dict_and_config_are_transformers_own_and_load_back_as_they_we
 def test_biases_are_read_where_config_json_has_them(tmp_path):
   directory = _model(tmp_path / "biased", attention_bias=True)
   config, variables = load_hf(directory)
-  assert config.unbiased == "w_1,w_2"
+  assert config.unbiased == "w_1,w_2,decoder"  # lm_head's bias is mlp_bias's
   assert "bias" in variables["params"]["layers_1"]["self_attn"]["w_o"]
   ids = _padded()
   with torch.no_grad():
@@ -147,20 +148,34 @@ def test_biases_are_read_where_config_json_has_them(tmp_path):
                              want[real], rtol=0, atol=1e-5)
 
 
-def test_a_masked_lm_checkpoint_gives_its_encoder_and_its_untied_head_is_not_exported(
-    base, tmp_path):
+def test_the_untied_masked_lm_decoder_computes_transformers_logits_and_is_written_back(
+    tmp_path):
+  import safetensors.numpy
+
+  from flax_encoder.heads import DecoderHead
   directory = _model(tmp_path / "mlm", "masked_lm")
+  ids = _padded()
+  with torch.no_grad():
+    model = transformers.AutoModelForMaskedLM.from_pretrained(directory,
+                                                              attn_implementation="eager")
+    want = model.eval()(input_ids=torch.tensor(ids),
+                        attention_mask=torch.tensor(ids != PAD).long()).logits.numpy()
   config, variables = load_hf(directory)
-  assert set(variables) == {"params"}  # the decoder is not BERT's head: not read
-  heads = {"masked_lm": {"bias": np.zeros(VOCAB, np.float32)}}
-  with pytest.raises(HFError, match="^heads: a masked-LM head, which EuroBERT's checkpoint "
-                                    "holds as an untied decoder") as e:
-    to_hf_state_dict({**variables, "heads": heads}, config, "eurobert", prefix="model.")
-  assert "\n" not in str(e.value)
+  assert "decoder" in config.unbiased  # lm_head's bias is mlp_bias's: none
+  hidden = Encoder(config).apply({"params": variables["params"]}, ids)
+  logits = DecoderHead(config).apply({"params": variables["heads"]["masked_lm"]}, hidden)
+  real = ids != PAD
+  np.testing.assert_allclose(np.asarray(logits)[real], want[real], rtol=0, atol=1e-5)
+  state = to_hf_state_dict(variables, config, "eurobert", prefix="model.")
+  theirs = safetensors.numpy.load_file(os.path.join(directory, "model.safetensors"))
+  assert sorted(state) == sorted(theirs)  # lm_head.weight its own, not the embeddings'
+  for key, value in theirs.items():
+    np.testing.assert_array_equal(state[key], value, err_msg=key)
 
 
 @pytest.mark.parametrize("changes, named", [
     (dict(kv_heads=3), "EncoderConfig.kv_heads: 3, expected 0 or a divisor of n_heads (4)"),
+    (dict(unbiased="w_1,head"), "EncoderConfig.unbiased: 'w_1,head', expected a comma-"),
     (dict(norm_bias=True), "EncoderConfig.norm_bias: True, expected False with norm_type='rms'"),
     (dict(norm_type="batch"), "EncoderConfig.norm_type: 'batch', expected one of"),
 ])
@@ -244,21 +259,3 @@ def test_a_sentence_transformers_folder_gives_its_vectors(tmp_path):
   texts = [" ".join(t.split()[:n]) for t in hf_models.TEXTS[:4] for n in (2, 5, 40)]
   want = st.SentenceTransformer(folder, device="cpu").encode(texts)
   np.testing.assert_allclose(SentenceEncoder.load(folder)(texts), want, rtol=0, atol=1e-5)
-
-
-def test_further_pretraining_from_it_is_refused_in_one_line(tmp_path):
-  from train.data import prepare
-  directory = hf_models.write(tmp_path / "eurobert", "eurobert")
-  corpus = tmp_path / "corpus.jsonl"
-  corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in hf_models.TEXTS))
-  prepared = str(tmp_path / "prepared")
-  prepare.prepare([str(corpus)], prepared, directory, seq_len=32, eval_fraction=0.25,
-                  workers=1, progress=False)
-  result = runs.train(str(tmp_path / "run"), f"--config.init.hf={directory}",
-                      f"--config.data.prepared={prepared}", "--config.train.num_steps=2",
-                      "--config.train.seq_len=32",
-                      config=os.path.join(runs.ROOT, "configs", "default.py"), check=False)
-  assert result.returncode == 2
-  last = result.stderr.strip().splitlines()[-1]
-  assert "is a EuroBERT model, whose masked-LM head (an untied decoder) flax-encoder does not " \
-         "train" in last and "Traceback" not in result.stderr

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -26,7 +27,8 @@ DOCUMENTS = [" ".join(hf_models.TEXTS[i % 4].split()[::1 + i % 3]) for i in rang
 @pytest.fixture(scope="module", params=["bert", "roberta", "modernbert",
                                         *(pytest.param(f, marks=pytest.mark.slow)
                                           for f in ("nomic_bert", "gte",
-                                                    "jina_embeddings_v3", "deberta-v2"))])
+                                                    "jina_embeddings_v3", "deberta-v2",
+                                                    "eurobert"))])
 def checkpoint(request, tmp_path_factory):
   """(family, its directory, a corpus prepared with its tokenizer and ids)."""
   base = tmp_path_factory.mktemp(request.param)
@@ -108,7 +110,8 @@ def test_the_loss_at_step_0_is_what_transformers_computes_on_the_same_masked_bat
 @pytest.mark.parametrize("checkpoint", ["bert", "roberta",
                                         *(pytest.param(f, marks=pytest.mark.slow)
                                           for f in ("nomic_bert", "gte",
-                                                    "jina_embeddings_v3", "deberta-v2"))],
+                                                    "jina_embeddings_v3", "deberta-v2",
+                                                    "eurobert"))],
                          indirect=True)
 def test_a_further_pretraining_run_exports_what_transformers_loads_as_itself(checkpoint,
                                                                              tmp_path):
@@ -129,7 +132,9 @@ def test_a_further_pretraining_run_exports_what_transformers_loads_as_itself(che
   cfg, variables, _ = masked_lm.trained_with_head(workdir)
   ids = np.asarray([[0, 10, 11, 12, 2]] if family in ("roberta", "jina_embeddings_v3")
                    else [[2, 10, 11, 12, 3]])
-  model = masked_lm.MaskedLM(cfg, bert_head=True)
+  from flax_encoder import families
+  model = masked_lm.MaskedLM(cfg, bert_head=True,
+                             decoder_head=families.get(family).untied_decoder)
   ours = model.apply({"params": {"encoder": variables["params"],
                                  "masked_lm": variables["heads"]["masked_lm"]}}, ids)
   with torch.no_grad():
@@ -187,6 +192,10 @@ def test_a_checkpoint_without_a_masked_lm_head_needs_fresh_head_then_trains_a_ne
   assert set(setup.start_params) == {"encoder"}  # the head is the task's own, drawn afresh
   assert "has no masked-LM head: a new one starts" in capsys.readouterr().err
   head = setup.task.init(jax.random.PRNGKey(0), 32)["masked_lm"]
+  if family == "eurobert":  # its untied decoder: a [d, vocab] matrix of its own, no bias
+    assert jax.tree.map(np.shape, nn.unbox(head)) == {
+        "decoder": {"kernel": (setup.encoder.d_model, setup.encoder.vocab_size)}}
+    return
   # BERT's head: its decoder is the word embeddings, so it holds no [d, vocab] matrix of its own
   assert setup.task.model.bert_head and all(
       np.shape(leaf) in {(setup.encoder.d_model,), (setup.encoder.d_model,) * 2,

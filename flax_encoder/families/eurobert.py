@@ -2,8 +2,8 @@
 final one, rotary positions, grouped-query attention (`kv_heads`), SwiGLU, no biases unless
 config.json's attention_bias or mlp_bias say, no token types and nothing on the embeddings.
 Its classifier pools the first token or the mean, then a dense layer and GELU
-(`classifier_pooling` "bos" or "mean"); its masked-LM head is an untied decoder, which is not
-read (further pretraining from it is not supported)."""
+(`classifier_pooling` "bos" or "mean"); its masked-LM head is a dense layer to the vocabulary
+of its own (`Family.untied_decoder`, `heads.DecoderHead`)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def preset(vocab_size: int, **overrides) -> EncoderConfig:
                 position_embedding="rotary", rope_theta=250000.0, type_vocab_size=0,
                 embedding_scale=False, embedding_norm=False, final_norm=True,
                 norm_position="pre", norm_type="rms", norm_bias=False, glu=True,
-                unbiased=",".join(_ATTENTION + _MLP), layer_norm_eps=1e-5, activation="silu",
+                unbiased=",".join((*_ATTENTION, *_MLP, "decoder")), layer_norm_eps=1e-5,
+                activation="silu",
                 pad_id=128001, dropout=0.0)
   return EncoderConfig(vocab_size=vocab_size, **{**fields, **overrides})
 
@@ -69,7 +70,7 @@ def read(fields: Fields, refuse: Refuse, model_type: str, sizes: dict) -> tuple[
     refuse("pretraining_tp", fields.get("pretraining_tp"), "1")
   fields.choice("classifier_pooling", "late", ("bos", "mean", "late"))
   unbiased = (() if fields.flag("attention_bias", False) else _ATTENTION) + (
-      () if fields.flag("mlp_bias", False) else _MLP)
+      () if fields.flag("mlp_bias", False) else (*_MLP, "decoder"))  # lm_head's is mlp_bias
   arch = dict(max_len=fields.integer("max_position_embeddings", 8192),
               rope_theta=nomic_bert.rope_theta(fields, refuse, sizes, 10000.0),
               kv_heads=0 if kv == heads else kv, unbiased=",".join(unbiased),
@@ -107,7 +108,7 @@ FAMILY = Family(
     switches=SWITCHES, write=write,
     carried=("bos_token_id", "eos_token_id", "mask_token_id", "classifier_pooling"),
     names=names, word_embeddings=EMBEDDINGS[("embedding",)], layers="layers.",
-    masked_lm=None, decoder="lm_head",
+    masked_lm={("decoder",): "lm_head"}, decoder="lm_head", untied_decoder=True,
     pooling=lambda hf: POOLINGS.get(hf.get("classifier_pooling"), "mean_gelu"),
     classifier=SequenceClassifier(
         poolings=tuple(POOLINGS.values()), pools="by a dense layer and GELU on the first token "

@@ -162,9 +162,10 @@ class Family:
   word_embeddings: str  # the table the masked-LM decoder is tied to
   layers: str  # where layer i's modules are: f"{layers}{i}." (ALBERT's shared one: i = 0)
   qkv: str | None = None  # layer {i}'s q, k and v in one matrix (ModernBERT's Wqkv)
-  # the masked-LM head's dense, norm and output bias; None: its head is not BERT's (EuroBERT's
-  # untied decoder), not read, and a run's masked-LM head is not exported as it
-  masked_lm: Mapping[tuple, str] | None
+  # the masked-LM head's dense, norm and output bias (BERT's head); or, with untied_decoder,
+  # its one dense layer to the vocabulary ({("decoder",): …}: EuroBERT's lm_head)
+  masked_lm: Mapping[tuple, str]
+  untied_decoder: bool = False
   decoder: str  # the masked-LM decoder, tied to the word embeddings
   decoder_bias: bool = False  # the decoder holds the output bias too (BERT's)
   prediction_head: Mapping[tuple, str] | None = None  # ModernBERT's dense and norm

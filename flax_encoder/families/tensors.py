@@ -78,6 +78,7 @@ def _expected_shape(config: EncoderConfig, path: tuple, what: str) -> tuple[int,
     return (config.vocab_size,)
   kv = config.key_value_heads * config.head_dim  # grouped-query attention's keys and values
   out, inputs = {"qkv": (d + 2 * kv, d), "w_k": (kv, d), "w_v": (kv, d),
+                 "decoder": (config.vocab_size, d),
                  "w_1": (config.d_ff * (2 if config.glu else 1), d),
                  "w_2": (d, config.d_ff), "embedding_projection": (d, e)}.get(
                      name, (e, d) if path == ("masked_lm", "dense") else (d, d))
@@ -181,14 +182,19 @@ def from_hf_state_dict(state: Mapping[str, Any], hf: Mapping,
     heads["prediction_head"] = {}
     for path, name in head.items():
       _put(heads["prediction_head"], path, module(name, ("prediction_head", *path), ""))
-  mlm = dict(family.masked_lm or {})
-  if family.decoder_bias and mlm[("bias",)] not in state:  # its copy, where only it is saved
-    mlm[("bias",)] = family.decoder + ".bias"
-  if mlm and mlm[("bias",)] in state:
+  mlm = dict(family.masked_lm)
+  if family.untied_decoder:
+    held = mlm[("decoder",)] + ".weight"
+  else:
+    if family.decoder_bias and mlm[("bias",)] not in state:  # its copy, where only it is saved
+      mlm[("bias",)] = family.decoder + ".bias"
+    held = mlm[("bias",)]
+  if held in state:
     heads["masked_lm"] = {}
     for path, name in mlm.items():
       _put(heads["masked_lm"], path, module(name, ("masked_lm", *path), ""))
-    _check_tied(state, hf, family, params["embedding"]["embedding"], cast)
+    if not family.untied_decoder:
+      _check_tied(state, hf, family, params["embedding"]["embedding"], cast)
   _warn_unread(state, prefix, read)
   if config.scan_layers:
     params = stack_layers(params, config.n_layers)
@@ -304,9 +310,6 @@ def to_hf_state_dict(variables: Mapping, config: EncoderConfig, family: str,
   if "prediction_head" in heads:
     for path, name in family.prediction_head.items():
       emit(heads["prediction_head"], path, name)
-  if "masked_lm" in heads and family.masked_lm is None:
-    raise HFError(f"heads: a masked-LM head, which {family.title}'s checkpoint holds as an "
-                  f"untied decoder, not BERT's head: export the encoder without it")
   if "masked_lm" in heads:
     # ModernBERT's masked-LM head and prediction head are one module of the checkpoint.
     shared = {k: state[k] for name in (family.prediction_head or {}).values()
@@ -316,7 +319,8 @@ def to_hf_state_dict(variables: Mapping, config: EncoderConfig, family: str,
     if any(not np.array_equal(v, state[k]) for k, v in shared.items()):
       raise HFError(f"heads: the masked-LM head's dense and norm differ from the prediction "
                     f"head's, and {family.title}'s checkpoint holds one 'head' for both")
-    state[family.decoder + ".weight"] = state[prefix + family.word_embeddings + ".weight"]
+    if not family.untied_decoder:  # tied: the word embeddings (an untied one is written above)
+      state[family.decoder + ".weight"] = state[prefix + family.word_embeddings + ".weight"]
     if family.decoder_bias:
       state[family.decoder + ".bias"] = state[family.masked_lm[("bias",)]]
   return {k: np.ascontiguousarray(v) for k, v in state.items()}

@@ -18,7 +18,7 @@ import optax
 
 from flax_encoder import Encoder, EncoderConfig, families, segment_positions
 from flax_encoder.dense import dense
-from flax_encoder.heads import MaskedLMHead
+from flax_encoder.heads import DecoderHead, MaskedLMHead
 from train.data import dataset
 from train.data.tokens import PROJECT_IDS, SpecialIds
 from train.errors import RunError
@@ -90,7 +90,8 @@ class MaskedLM(nn.Module):
       choice), instead of a dense layer of its own ('head').
     bert_head: BERT's whole head instead (`flax_encoder.heads.MaskedLMHead`, 'masked_lm':
       dense, activation, LayerNorm, then the tied table and a bias), as a Hugging Face
-      checkpoint has it.
+      checkpoint has it; with `decoder_head` too, the checkpoint's untied decoder
+      (`heads.DecoderHead`, EuroBERT's).
     head_at_every_position: with `predict_at`, compute the output layer at every position and
       then select (the cost that selecting first saves; benchmarks/head.py compares them).
   """
@@ -99,6 +100,7 @@ class MaskedLM(nn.Module):
   tie_embeddings: bool = False
   head_at_every_position: bool = False
   bert_head: bool = False
+  decoder_head: bool = False
   check_traced_ids: bool = True  # as Encoder's
 
   @nn.compact
@@ -115,7 +117,9 @@ class MaskedLM(nn.Module):
     select = lambda x: jnp.take_along_axis(x, predict_at[..., None], axis=1)
     if predict_at is not None and not self.head_at_every_position:
       hidden = select(hidden)
-    if self.bert_head:
+    if self.bert_head and self.decoder_head:
+      logits = DecoderHead(cfg, name="masked_lm")(hidden)
+    elif self.bert_head:
       table = nn.meta.unbox(encoder.variables["params"]["embedding"]["embedding"])
       logits = MaskedLMHead(cfg, name="masked_lm")(hidden, table)
     elif self.tie_embeddings:
@@ -222,11 +226,13 @@ class MaskedLMTask:
 
 
 def task(config, cfg: EncoderConfig, baseline_token: int, ids: SpecialIds = PROJECT_IDS,
-         bert_head: bool = False) -> MaskedLMTask:
+         bert_head: bool = False, decoder_head: bool = False) -> MaskedLMTask:
   """The task config.task describes (label smoothing from config.optim) for the encoder `cfg`
-  and data of special `ids`; `bert_head`: a Hugging Face checkpoint's head."""
+  and data of special `ids`; `bert_head`: a Hugging Face checkpoint's head (`decoder_head`:
+  an untied decoder)."""
   return MaskedLMTask(
       model=MaskedLM(cfg, tie_embeddings=_tied(config, cfg, bert_head), bert_head=bert_head,
+                     decoder_head=decoder_head,
                      check_traced_ids=False),  # the windows' ids are checked as read
       mask_rate=config.task.mask_rate,
       predictions=predictions_per_row(config.task.mask_rate, config.train.seq_len,
@@ -259,7 +265,8 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   else:
     cfg, params = settings.encoder_config(config.model, windows.vocab_size, windows.source,
                                           config.train.seq_len), None
-  return Setup(task=task(config, cfg, baseline, windows.specials, bert_head=bool(start)),
+  return Setup(task=task(config, cfg, baseline, windows.specials, bert_head=bool(start),
+                         decoder_head=_untied(family)),
                encoder=cfg, train=windows.train,
                eval=windows.eval[:config.data.max_eval_windows], eval_fill=windows.specials.pad,
                record={"encoder": cfg.record(), "dataset": windows.identity,
@@ -284,22 +291,19 @@ def _from_hf(config, path: str, windows: dataset.Windows):
     raise RunError(f"config.data.prepared: {windows.source} holds other ids than the "
                    f"checkpoint's; prepare the corpus with its tokenizer and ids: python -m "
                    f"train.prepare --tokenizer {path} ...")
-  from flax_encoder.families import get
-  if get(family).masked_lm is None:
-    raise RunError(f"config.init.hf: {path} is a {get(family).title} model, whose masked-LM "
-                   f"head (an untied decoder) flax-encoder does not train; its encoder "
-                   f"fine-tunes (configs/classify.py …) and embeds")
   params = {"encoder": variables["params"]}
   if "masked_lm" in variables.get("heads", {}):
     params["masked_lm"] = variables["heads"]["masked_lm"]
   elif config.init.get("fresh_head"):
     if jax.process_index() == 0:
-      print(f"{path} has no masked-LM head: a new one starts (dense, LayerNorm and output bias "
-            f"drawn afresh; its decoder the word embeddings)", file=sys.stderr)
+      head = ("its decoder drawn afresh" if _untied(family) else "dense, LayerNorm and output "
+              "bias drawn afresh; its decoder the word embeddings")
+      print(f"{path} has no masked-LM head: a new one starts ({head})", file=sys.stderr)
   else:
+    kind = "its own decoder" if _untied(family) else "tied to its word embeddings"
     raise RunError(f"config.init.hf: {path} has no masked-LM head (a *ForMaskedLM or "
                    f"*ForPreTraining checkpoint has one); set config.init.fresh_head=True to "
-                   f"start a new one, tied to its word embeddings")
+                   f"start a new one, {kind}")
   if windows.vocab_size > cfg.vocab_size:
     raise RunError(f"config.data.prepared: ids up to {windows.vocab_size - 1}, but {path}'s "
                    f"embedding has {cfg.vocab_size} rows")
@@ -338,11 +342,18 @@ def hf_model(workdir: str, config) -> HFModel:
       dataset.run_tokenizer(config, workdir).path)
 
 
+def _untied(family: str | None) -> bool:
+  """Whether the Hugging Face family `family` (None: none) has an untied masked-LM decoder."""
+  from flax_encoder.families import get
+  return family is not None and get(family).untied_decoder
+
+
 def trained_with_head(workdir: str) -> tuple[EncoderConfig, dict, str | None]:
   """(EncoderConfig, {'params': the encoder's, 'heads': {'masked_lm': …}}, the family it
   recorded) of a further pretraining run's newest verified checkpoint."""
   def init_for(meta):
-    model = MaskedLM(recorded_encoder_config(meta), bert_head=True)
+    model = MaskedLM(recorded_encoder_config(meta), bert_head=True,
+                     decoder_head=_untied(meta.get("family")))
     return lambda: model.init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
 
   params, meta = load_params(workdir, init_for)
