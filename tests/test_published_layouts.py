@@ -243,14 +243,13 @@ def test_weights_of_another_framework_are_one_line_saying_how_to_convert_them(
       f".save_pretrained(OUT)) and load OUT")
 
 
-@pytest.mark.parametrize("file, package, extra", [("model.safetensors", "safetensors", "hf"),
-                                                  ("pytorch_model.bin", "torch", "torch")])
+@pytest.mark.parametrize("file, package, extra", [("model.safetensors", "safetensors", "hf")])
 def test_weights_whose_reader_is_not_installed_are_one_line_naming_the_extra(
     file, package, extra, tmp_path, monkeypatch):
+  """(pytorch_model.bin takes no package: tests/test_torch_zip.py)"""
   _bert_config_json(tmp_path)
   (tmp_path / file).write_bytes(b"PK\x03\x04")
   monkeypatch.setitem(sys.modules, package, None)  # as where it is not installed
-  monkeypatch.delitem(sys.modules, "flax_encoder.pytorch.convert", raising=False)
   with pytest.raises(HFError) as e:
     load_hf(tmp_path)
   assert str(e.value) == (f"{tmp_path / file}: reading it needs {package}, which is not "

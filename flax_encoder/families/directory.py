@@ -6,8 +6,9 @@ flax variables.
 
 Reading checks what a directory holds before building anything from it: config.json's
 model_type is one a family reads; each tensor has the shape config.json gives it; a shard
-index names files of the directory only. model.safetensors is read without torch (the `hf`
-extra); pytorch_model.bin needs it (torch.load(weights_only=True)). A sentence-transformers
+index names files of the directory only. Neither weights file needs torch: model.safetensors
+is read with safetensors (the `hf` extra), pytorch_model.bin by `torch_zip` (tensors only, as
+torch.load(weights_only=True) reads them). A sentence-transformers
 folder (modules.json) reads as its Transformer module's directory (`model_directory`).
 """
 
@@ -16,12 +17,16 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
+import ml_dtypes
+import numpy as np
+
 from flax_encoder.families import registry
 from flax_encoder.config import EncoderConfig
 from flax_encoder.families.config_json import config_from_hf
 from flax_encoder.families.family import HFError
 from flax_encoder.families.safetensors_file import read_safetensors
-from flax_encoder.families.tensors import from_hf_state_dict
+from flax_encoder.families.tensors import INDEX_BUFFERS, from_hf_state_dict
+from flax_encoder.families.torch_zip import TorchZipError, read_torch_zip
 from flax_encoder.modules_json import ModulesError, not_a_file, read_json, transformer_folder
 
 # The weights files a directory may hold, in the order transformers prefers them.
@@ -32,7 +37,7 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 OTHER_WEIGHTS = {"tf_model.h5": ("TensorFlow", "tensorflow", "from_tf=True"),
                  "flax_model.msgpack": ("Flax", "flax", "from_flax=True")}
 # The package a weights file needs -> the extra that installs it.
-EXTRAS = {"safetensors": "hf", "torch": "torch"}
+EXTRAS = {"safetensors": "hf"}
 
 
 class HFModel(NamedTuple):
@@ -73,13 +78,25 @@ def read_hf_config(path: str | os.PathLike) -> dict:
 
 
 def _read_file(file: str) -> dict:
-  """The state dict of one weights file: .safetensors without torch, .bin with it."""
+  """The state dict of one weights file, without torch: .safetensors, or .bin (torch.save's
+  zip format; its integer index buffers left out, bfloat16 read as float32, exactly)."""
   try:
     if file.endswith(".safetensors"):
       return read_safetensors(file)
-    # a pickle of torch tensors takes torch to read: the PyTorch bridge's reader
-    from flax_encoder.pytorch.convert import load_torch_checkpoint
-    return load_torch_checkpoint(file)
+    try:
+      state = read_torch_zip(file)
+    except TorchZipError as e:
+      raise HFError(str(e)) from None
+    weights = {}
+    for name, value in state.items():
+      if value.dtype == ml_dtypes.bfloat16:
+        weights[name] = value.astype(np.float32)
+      elif np.issubdtype(value.dtype, np.floating):
+        weights[name] = value
+      elif not name.endswith(INDEX_BUFFERS):
+        raise HFError(f"{file}: {name!r} holds {value.dtype} values, expected floating-point "
+                      f"weights")
+    return weights
   except ModuleNotFoundError as e:
     if e.name not in EXTRAS:
       raise
@@ -89,8 +106,8 @@ def _read_file(file: str) -> dict:
 
 def read_hf_weights(path: str | os.PathLike) -> dict:
   """The state dict (names -> numpy arrays, as the files hold them: float16 stays float16) of
-  the directory `path` (`model_directory`'s): model.safetensors, pytorch_model.bin (read with
-  torch.load(weights_only=True)), or either's shards through their index, each shard a file of
+  the directory `path` (`model_directory`'s): model.safetensors, pytorch_model.bin (torch.save's
+  zip format, read without torch), or either's shards through their index, each shard a file of
   the directory (`_shard`)."""
   path = model_directory(path)
   for name in WEIGHT_FILES:
