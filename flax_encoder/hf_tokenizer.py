@@ -164,9 +164,10 @@ class _Options:
   def flag(self, key: str, default: bool | None) -> bool | None:
     return _flag(self.config, key, default, self.config_file)
 
-  def special(self, key: str, default: str, required: bool = True):
+  def special(self, key: str, default: str, required: bool = True, added: bool = False):
     """The special token `key` (cls_token …) as an AddedToken and its id; None where the
-    vocabulary lacks a token that is not `required`."""
+    vocabulary lacks a token that is not `required`, or, where it may be `added` after the
+    vocabulary, the token and None."""
     from tokenizers import AddedToken
     file = self.tokens_file if key in self.tokens else self.config_file
     value = {**self.config, **self.tokens}.get(key, default)
@@ -175,6 +176,8 @@ class _Options:
     if not isinstance(content, str):
       raise TokenizerError(f"{file}: {key}={value!r}, expected a token (a string)")
     if content not in self.vocab:
+      if added:
+        return AddedToken(content, normalized=False, special=True), None
       if not required:
         return None
       raise TokenizerError(f"{self.vocab_file}: no {content!r} (the {key}), expected the special "
@@ -288,7 +291,7 @@ def _deberta_spm(directory: str) -> bytes:
   word too unless add_prefix_space is false); "[CLS] a [SEP] b [SEP]"; special tokens the
   model lacks ([MASK]) added after its pieces."""
   import sentencepiece
-  from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+  from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
   from tokenizers import Tokenizer as HFTokenizer
   from tokenizers import processors
   file = os.path.join(directory, "spm.model")
@@ -303,16 +306,9 @@ def _deberta_spm(directory: str) -> bytes:
   names = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
            "mask_token")
   defaults = ("[CLS]", "[SEP]", "[UNK]", "[SEP]", "[PAD]", "[CLS]", "[MASK]")
-  specials = {}
-  for name, default in zip(names, defaults):
-    found = options.special(name, default, required=False)
-    if found is None:  # not one of its pieces: a token after them, as transformers adds it
-      value = {**options.config, **options.tokens}.get(name, default)
-      content = value.get("content") if isinstance(value, dict) else value
-      if not isinstance(content, str):
-        raise TokenizerError(f"{options.config_file}: {name}={value!r}, expected a token")
-      found = AddedToken(content, normalized=False, special=True), None
-    specials[name] = found
+  # a token that is not one of its pieces ([MASK]) comes after them, as transformers adds it
+  specials = {name: options.special(name, default, added=True)
+              for name, default in zip(names, defaults)}
   unk = specials["unk_token"][0].content
   unk_id = next((i for i, (piece, score) in enumerate(pieces) if piece == unk and score == 0.0),
                 1)
@@ -327,11 +323,10 @@ def _deberta_spm(directory: str) -> bytes:
   tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
       split + [pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme)])
   tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme)
-  added = []
+  unique: dict = {}  # [CLS] and [SEP] are bos and eos too: each added once
   for token, _ in specials.values():
-    if token.content not in {t.content for t in added}:
-      added.append(token)
-  tokenizer.add_special_tokens(added)
+    unique.setdefault(token.content, token)
+  tokenizer.add_special_tokens(list(unique.values()))
   cls, sep = (specials[name][0].content for name in ("cls_token", "sep_token"))
   tokenizer.post_processor = processors.TemplateProcessing(
       single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",

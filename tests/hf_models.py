@@ -156,3 +156,40 @@ def labelled_pairs(directory, train: int, eval_: int, words: tuple[int, int]) ->
     return str(path)
 
   return write("train.jsonl", train), write("eval.jsonl", eval_)
+
+
+def assert_packed_rows_as_alone(model, config, variables, first_id: int, lengths=(40, 30),
+                                padding: int = 10, atol: float = 1e-5) -> None:
+  """One row packing texts of `lengths` random ids (from `first_id` up) then `padding` pads:
+  each text's encoding by the Flax `config`, `variables` equals transformers' `model` (a base
+  model) on it alone."""
+  import numpy as np
+
+  from flax_encoder import Encoder, segment_positions
+  rng = np.random.default_rng(1)
+  texts = [rng.integers(first_id, config.vocab_size, n) for n in lengths]
+  row = np.full((1, sum(lengths) + padding), config.pad_id, np.int64)
+  row[0, :sum(lengths)] = np.concatenate(texts)
+  segments = np.array([[k + 1 for k, n in enumerate(lengths) for _ in range(n)] + [0] * padding])
+  packed = np.asarray(Encoder(config).apply(variables, row, segment_ids=segments,
+                                            positions=np.asarray(segment_positions(segments))))
+  start = 0
+  for ids in texts:
+    with torch.no_grad():
+      alone = model(input_ids=torch.tensor(ids[None]))[0].numpy()[0]
+    np.testing.assert_allclose(packed[0, start:start + len(ids)], alone, rtol=0, atol=atol)
+    start += len(ids)
+
+
+def parity_report_stages(directory, capsys, starts: tuple[str, ...]) -> list[str]:
+  """The stages `python -m flax_encoder.pytorch.parity --hf directory` compares (its lines
+  that start with one of `starts`), the same in float32 and float64, where both pass."""
+  from flax_encoder.pytorch.parity import main
+  seen = []
+  for flags in ([], ["--float64"]):
+    assert main(["--hf", str(directory), *flags]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out
+    seen.append([line.split()[0] for line in out.splitlines() if line.startswith(starts)])
+  assert seen[0] == seen[1]
+  return seen[0]

@@ -17,10 +17,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from flax_encoder import ConfigError, Encoder, EncoderConfig, segment_positions  # noqa: E402
+from flax_encoder import ConfigError, Encoder, EncoderConfig  # noqa: E402
 from flax_encoder.families import HFError, hf_config, load_hf, to_hf_state_dict  # noqa: E402
 from flax_encoder.families.disentangled import log_buckets  # noqa: E402
 from flax_encoder.heads import MaskedLMHead  # noqa: E402
+from tests import hf_models  # noqa: E402
 
 pytestmark = pytest.mark.library
 
@@ -96,18 +97,7 @@ def test_the_encoder_computes_what_transformers_computes(base, precision):
 
 def test_packed_rows_encode_each_sequence_as_transformers_does_alone(base):
   config, variables = load_hf(base)
-  model = _theirs(base)
-  rng = np.random.default_rng(1)
-  a, b = rng.integers(4, VOCAB, 50), rng.integers(4, VOCAB, 30)
-  row = np.full((1, 90), PAD, np.int64)
-  row[0, :50], row[0, 50:80] = a, b
-  segments = np.array([[1] * 50 + [2] * 30 + [0] * 10])
-  packed = np.asarray(Encoder(config).apply(variables, row, segment_ids=segments,
-                                            positions=np.asarray(segment_positions(segments))))
-  for ids, at in ((a, slice(0, 50)), (b, slice(50, 80))):
-    with torch.no_grad():
-      alone = model(input_ids=torch.tensor(ids[None]))[0].numpy()[0]
-    np.testing.assert_allclose(packed[0, at], alone, rtol=0, atol=1e-5)
+  hf_models.assert_packed_rows_as_alone(_theirs(base), config, variables, 4, lengths=(50, 30))
 
 
 def test_the_masked_lm_head_computes_transformers_logits(tmp_path):
@@ -125,15 +115,9 @@ def test_the_masked_lm_head_computes_transformers_logits(tmp_path):
 
 
 def test_the_parity_report_compares_the_embeddings_and_every_layer(base, capsys):
-  from flax_encoder.pytorch.parity import main
-  for flags in ([], ["--float64"]):
-    assert main(["--hf", base, *flags]) == 0
-    out = capsys.readouterr().out
-    stages = [line.split()[0] for line in out.splitlines()
-              if line.startswith(("embeddings", "encoder.", "last_hidden"))]
-    assert stages == ["embeddings", "encoder.layer.0.attention", "encoder.layer.0",
-                      "encoder.layer.1.attention", "encoder.layer.1", "last_hidden_state"]
-    assert "PASS" in out
+  stages = hf_models.parity_report_stages(base, capsys, ("embeddings", "encoder.", "last_hidden"))
+  assert stages == ["embeddings", "encoder.layer.0.attention", "encoder.layer.0",
+                    "encoder.layer.1.attention", "encoder.layer.1", "last_hidden_state"]
 
 
 def test_the_state_dict_and_config_are_transformers_own_and_load_back_as_they_were(base,

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from flax_encoder import Encoder, segment_positions  # noqa: E402
+from flax_encoder import Encoder  # noqa: E402
 from flax_encoder import families  # noqa: E402
 from flax_encoder.families import HFError, hf_config, load_hf, to_hf_state_dict  # noqa: E402
 from flax_encoder.heads import MaskedLMHead, Pooler  # noqa: E402
@@ -145,30 +145,13 @@ def test_the_masked_lm_head_computes_transformers_logits(masked_lm):
 
 def test_packed_rows_encode_each_sequence_as_transformers_does_alone(base):
   config, variables = load_hf(base)
-  model = _theirs(base)
-  rng = np.random.default_rng(1)
-  a, b = rng.integers(PAD + 1, VOCAB, 40), rng.integers(PAD + 1, VOCAB, 30)
-  row = np.full((1, 80), PAD, np.int64)
-  row[0, :40], row[0, 40:70] = a, b
-  segments = np.array([[1] * 40 + [2] * 30 + [0] * 10])
-  packed = np.asarray(Encoder(config).apply(variables, row, segment_ids=segments,
-                                            positions=np.asarray(segment_positions(segments))))
-  for ids, at in ((a, slice(0, 40)), (b, slice(40, 70))):
-    with torch.no_grad():
-      alone = model(input_ids=torch.tensor(ids[None])).last_hidden_state.numpy()[0]
-    np.testing.assert_allclose(packed[0, at], alone, rtol=0, atol=1e-5)
+  hf_models.assert_packed_rows_as_alone(_theirs(base), config, variables, PAD + 1)
 
 
 def test_the_parity_report_compares_the_embeddings_and_every_layer(base, capsys):
-  from flax_encoder.pytorch.parity import main
-  for flags in ([], ["--float64"]):
-    assert main(["--hf", base, *flags]) == 0
-    out = capsys.readouterr().out
-    stages = [line.split()[0] for line in out.splitlines()
-              if line.startswith(("embeddings", "layers.", "last_hidden"))]
-    assert stages == ["embeddings", "layers.0.self_attn", "layers.0", "layers.1.self_attn",
-                      "layers.1", "last_hidden_state"]
-    assert "PASS" in out
+  stages = hf_models.parity_report_stages(base, capsys, ("embeddings", "layers.", "last_hidden"))
+  assert stages == ["embeddings", "layers.0.self_attn", "layers.0", "layers.1.self_attn",
+                    "layers.1", "last_hidden_state"]
 
 
 @pytest.mark.parametrize("head", ["base", "masked_lm"])

@@ -32,7 +32,8 @@ EMBEDDINGS = {("embedding",): "embeddings.word_embeddings",
               ("embedding_norm",): "embeddings.LayerNorm"}
 
 
-def _layer(i: int) -> dict:
+def layer(i: int) -> dict:
+  """transformers' names of BERT's layer i's modules."""
   at = f"encoder.layer.{i}."
   return {("self_attn", "w_q"): at + "attention.self.query",
           ("self_attn", "w_k"): at + "attention.self.key",
@@ -44,7 +45,7 @@ def _layer(i: int) -> dict:
           ("norm2",): at + "output.LayerNorm"}
 
 
-def names(config: EncoderConfig, layer=_layer) -> Iterator[tuple[tuple, str]]:
+def names(config: EncoderConfig, layer=layer) -> Iterator[tuple[tuple, str]]:
   """(flax path under params, module name) of each module of a BERT encoder: its embeddings
   (token types where it has them) and `layer(i)`'s names of each layer (DistilBERT's own)."""
   for path, name in EMBEDDINGS.items():

@@ -26,10 +26,6 @@ from flax_encoder.families.family import (
 # which config.json says.
 SWITCHES = (*(s for s in bert.SWITCHES if s not in ("position_embedding", "relative_attention")),
             "first_attention_norm")
-_EMBEDDINGS = {("embedding",): "embeddings.word_embeddings",
-               ("position_embedding",): "embeddings.position_embeddings",
-               ("token_type_embedding",): "embeddings.token_type_embeddings",
-               ("embedding_norm",): "embeddings.LayerNorm"}
 _RELATIVE = {("relative_attention", "rel_embeddings"): "encoder.rel_embeddings",
              ("relative_attention", "norm"): "encoder.LayerNorm"}
 
@@ -44,21 +40,15 @@ def preset(vocab_size: int, **overrides) -> EncoderConfig:
 
 
 def _layer(i: int) -> dict:
-  at = f"encoder.layer.{i}."
-  return {("self_attn", "w_q"): at + "attention.self.query_proj",
-          ("self_attn", "w_k"): at + "attention.self.key_proj",
-          ("self_attn", "w_v"): at + "attention.self.value_proj",
-          ("self_attn", "w_o"): at + "attention.output.dense",
-          ("norm1",): at + "attention.output.LayerNorm",
-          ("feed_forward", "w_1"): at + "intermediate.dense",
-          ("feed_forward", "w_2"): at + "output.dense",
-          ("norm2",): at + "output.LayerNorm"}
+  """BERT's layer names, its query, key and value projections named query_proj …"""
+  return {path: name + "_proj" if path[-1] in ("w_q", "w_k", "w_v") else name
+          for path, name in bert.layer(i).items()}
 
 
 def names(config: EncoderConfig) -> Iterator[tuple[tuple, str]]:
   """(flax path under params, module name) of each module: the embeddings it has, the
   relative-position table and its norm, each layer's."""
-  for path, name in _EMBEDDINGS.items():
+  for path, name in bert.EMBEDDINGS.items():
     if ((path != ("token_type_embedding",) or config.type_vocab_size)
         and (path != ("position_embedding",) or config.position_embedding == "learned")):
       yield path, name
@@ -128,22 +118,12 @@ def write(config: EncoderConfig, act: str) -> dict:
               pooler_hidden_size=config.d_model, pooler_hidden_act="gelu")
 
 
-def stages(n_layers: int) -> list[tuple[str, str, str]]:
-  """The embeddings, then per layer its attention (after its LayerNorm) and the layer."""
-  points = [("embeddings", "embedding_norm", "embeddings")]
-  for i in range(n_layers):
-    layer = f"encoder.layer.{i}"
-    points += [(f"{layer}.attention", f"layers_{i}/norm1", f"{layer}.attention"),
-               (layer, f"layers_{i}", layer)]
-  return points
-
-
 FAMILY = Family(
     name="deberta-v2", title="DeBERTa", stem="DebertaV2",
     model_types={"deberta-v2": "deberta."},
     preset=preset, sizes=bert.SIZES, pad_id=0, read=read,
     switches=SWITCHES, write=write,
-    names=names, word_embeddings=_EMBEDDINGS[("embedding",)], layers="encoder.layer.",
+    names=names, word_embeddings=bert.EMBEDDINGS[("embedding",)], layers="encoder.layer.",
     masked_lm={("dense",): "cls.predictions.transform.dense",
                ("norm",): "cls.predictions.transform.LayerNorm",
                ("bias",): "cls.predictions.bias"},
@@ -153,5 +133,5 @@ FAMILY = Family(
         poolings=("first_gelu",), pools="by 'first_gelu' (its pooler: a dense layer and GELU "
                                         "on the first token)",
         denses=(("pooler.dense", ("pooler", "dense")), ("classifier", ("classifier",)))),
-    stages=stages,
+    stages=bert.stages,  # its attention module ends with its LayerNorm, as BERT's
 )

@@ -17,15 +17,12 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-import ml_dtypes
-import numpy as np
-
 from flax_encoder.families import registry
 from flax_encoder.config import EncoderConfig
 from flax_encoder.families.config_json import config_from_hf
 from flax_encoder.families.family import HFError
-from flax_encoder.families.safetensors_file import read_safetensors
-from flax_encoder.families.tensors import INDEX_BUFFERS, from_hf_state_dict
+from flax_encoder.families.safetensors_file import floating_weights, read_safetensors
+from flax_encoder.families.tensors import from_hf_state_dict
 from flax_encoder.families.torch_zip import TorchZipError, read_torch_zip
 from flax_encoder.modules_json import ModulesError, not_a_file, read_json, transformer_folder
 
@@ -84,19 +81,9 @@ def _read_file(file: str) -> dict:
     if file.endswith(".safetensors"):
       return read_safetensors(file)
     try:
-      state = read_torch_zip(file)
+      return floating_weights(read_torch_zip(file), file)
     except TorchZipError as e:
       raise HFError(str(e)) from None
-    weights = {}
-    for name, value in state.items():
-      if value.dtype == ml_dtypes.bfloat16:
-        weights[name] = value.astype(np.float32)
-      elif np.issubdtype(value.dtype, np.floating):
-        weights[name] = value
-      elif not name.endswith(INDEX_BUFFERS):
-        raise HFError(f"{file}: {name!r} holds {value.dtype} values, expected floating-point "
-                      f"weights")
-    return weights
   except ModuleNotFoundError as e:
     if e.name not in EXTRAS:
       raise

@@ -9,7 +9,7 @@ import functools
 
 from flax_encoder.config import EncoderConfig
 from flax_encoder.families import bert, nomic_bert
-from flax_encoder.families.family import ACTIVATIONS, Chunks, Family, Fields, Refuse
+from flax_encoder.families.family import Chunks, Family, Fields, Refuse
 
 SWITCHES = (*nomic_bert.SWITCHES, "activation")
 EMBEDDINGS = {**nomic_bert.EMBEDDINGS, ("embedding_norm",): "embeddings.LayerNorm"}
@@ -34,10 +34,7 @@ def preset(vocab_size: int, **overrides) -> EncoderConfig:
 
 def read(fields: Fields, refuse: Refuse, model_type: str, sizes: dict) -> tuple[str, dict, dict]:
   """(activation, EncoderConfig fields, dropout rates) of a GteConfig's config.json."""
-  act = fields.choice("hidden_act", "gelu", ACTIVATIONS)
-  if act != "gelu":  # GteLMHead applies gelu itself; one activation serves both here
-    refuse("hidden_act", act, "'gelu' (GTE's masked-LM head applies GELU whatever the layers "
-                              "use)")
+  act = nomic_bert.gelu_only(fields, refuse)
   arch = dict(max_len=fields.integer("max_position_embeddings", 8192),
               rope_theta=nomic_bert.rope_theta(fields, refuse, sizes, 160000.0),
               type_vocab_size=fields.integer("type_vocab_size", 1, "an integer >= 0",

@@ -10,7 +10,7 @@ import functools
 
 from flax_encoder.config import EncoderConfig
 from flax_encoder.families import bert, nomic_bert, roberta
-from flax_encoder.families.family import ACTIVATIONS, Family, Fields, Refuse
+from flax_encoder.families.family import Family, Fields, Refuse
 
 SWITCHES = (*nomic_bert.SWITCHES, "activation")
 EMBEDDINGS = nomic_bert.EMBEDDINGS
@@ -37,10 +37,7 @@ def _layer(i: int) -> dict:
 def read(fields: Fields, refuse: Refuse, model_type: str, sizes: dict) -> tuple[str, dict, dict]:
   """(activation, EncoderConfig fields, dropout rates) of a JinaEmbeddingsV3Config's
   config.json."""
-  act = fields.choice("hidden_act", "gelu", ACTIVATIONS)
-  if act != "gelu":  # its masked-LM head applies gelu itself; one activation serves both here
-    refuse("hidden_act", act, "'gelu' (its masked-LM head applies GELU whatever the layers "
-                              "use)")
+  act = nomic_bert.gelu_only(fields, refuse)
   arch = dict(max_len=fields.integer("max_position_embeddings", 8194),
               rope_theta=nomic_bert.rope_theta(fields, refuse, sizes, 20000.0),
               type_vocab_size=fields.integer("type_vocab_size", 1),

@@ -77,6 +77,15 @@ def rope_theta(fields: Fields, refuse: Refuse, sizes: dict, default: float) -> f
   return Fields(rope, fields.file, "rope_parameters.").number("rope_theta", default)
 
 
+def gelu_only(fields: Fields, refuse: Refuse) -> str:
+  """hidden_act, which must be gelu where the masked-LM head applies GELU whatever it says
+  (GTE's, Jina v3's): one activation serves both here."""
+  act = fields.choice("hidden_act", "gelu", ACTIVATIONS)
+  if act != "gelu":
+    refuse("hidden_act", act, "'gelu' (its masked-LM head applies GELU whatever the layers use)")
+  return act
+
+
 def read(fields: Fields, refuse: Refuse, model_type: str, sizes: dict) -> tuple[str, dict, dict]:
   """(activation, EncoderConfig fields, dropout rates) of a NomicBertConfig's config.json."""
   act = fields.choice("hidden_act", "silu", ACTIVATIONS)

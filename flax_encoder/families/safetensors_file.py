@@ -26,6 +26,13 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
   except (safetensors.SafetensorError, OSError, RuntimeError) as e:
     raise ValueError(f"checkpoint {path!r} is not a readable safetensors file (truncated or "
                      f"corrupt?): {e}") from e
+  return floating_weights(state, path)
+
+
+def floating_weights(state: dict[str, np.ndarray], path: str) -> dict[str, np.ndarray]:
+  """The weights of the state dict read from `path`: float16 as it is, bfloat16 (and float8)
+  as float32, exactly; integer buffers named `INDEX_BUFFERS` left out; any other tensor that
+  is not floating-point a ValueError naming it."""
   weights = {}
   for name, value in state.items():
     if np.issubdtype(value.dtype, np.floating):

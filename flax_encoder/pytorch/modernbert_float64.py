@@ -7,6 +7,8 @@ import contextlib
 
 import torch
 
+from flax_encoder.pytorch.rotary_float64 import patched
+
 
 @contextlib.contextmanager
 def modernbert_in_float64():
@@ -35,14 +37,7 @@ def modernbert_in_float64():
     turned = torch.cat((turned, turned), dim=-1)
     return turned.cos().to(x.dtype), turned.sin().to(x.dtype)
 
-  patched = ((module, "eager_attention_forward", attention),
-             (module, "apply_rotary_pos_emb", rotary),
-             (module.ModernBertRotaryEmbedding, "forward", angles))
-  saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
-  try:
-    for owner, name, value in patched:
-      setattr(owner, name, value)
+  with patched((module, "eager_attention_forward", attention),
+               (module, "apply_rotary_pos_emb", rotary),
+               (module.ModernBertRotaryEmbedding, "forward", angles)):
     yield
-  finally:
-    for owner, name, value in saved:
-      setattr(owner, name, value)

@@ -1,6 +1,6 @@
-"""transformers' rotary encoders (NomicBERT, GTE, Jina v3, EuroBERT) computed in float64
-throughout, for the float64 parity report (flax_encoder.pytorch.hf_parity's FLOAT64) and the
-tests. Needs torch and transformers."""
+"""transformers' rotary encoders (NomicBERT, GTE, Jina v3, EuroBERT) and DeBERTa computed in
+float64 throughout, for the float64 parity report (flax_encoder.pytorch.hf_parity's FLOAT64) and
+the tests. Needs torch and transformers."""
 
 from __future__ import annotations
 
@@ -8,6 +8,19 @@ import contextlib
 import importlib
 
 import torch
+
+
+@contextlib.contextmanager
+def patched(*changes):
+  """Within it, each (owner, name, value) of `changes` has owner.name = value; as before after."""
+  saved = [(owner, name, getattr(owner, name)) for owner, name, _ in changes]
+  try:
+    for owner, name, value in changes:
+      setattr(owner, name, value)
+    yield
+  finally:
+    for owner, name, value in saved:
+      setattr(owner, name, value)
 
 
 @contextlib.contextmanager
@@ -27,12 +40,8 @@ def rotary_in_float64(model_type: str, rotary: str):
     turned = torch.cat((turned, turned), dim=-1)
     return turned.cos().to(x.dtype), turned.sin().to(x.dtype)
 
-  saved = owner.forward
-  try:
-    owner.forward = angles
+  with patched((owner, "forward", angles)):
     yield
-  finally:
-    owner.forward = saved
 
 
 @contextlib.contextmanager
@@ -54,17 +63,10 @@ def eurobert_in_float64():
     weights = torch.softmax(weights, dim=-1)
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
-  patched = ((module.EuroBertRMSNorm, "forward", rms_norm),
-             (module, "eager_attention_forward", attention))
-  saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
-  try:
-    for owner, name, value in patched:
-      setattr(owner, name, value)
-    with rotary_in_float64("eurobert", "EuroBertRotaryEmbedding"):
-      yield
-  finally:
-    for owner, name, value in saved:
-      setattr(owner, name, value)
+  with patched((module.EuroBertRMSNorm, "forward", rms_norm),
+               (module, "eager_attention_forward", attention)), rotary_in_float64(
+                   "eurobert", "EuroBertRotaryEmbedding"):
+    yield
 
 
 @contextlib.contextmanager
@@ -77,9 +79,5 @@ def deberta_in_float64():
     return torch.sqrt(torch.tensor(query_layer.size(-1), dtype=query_layer.dtype) *
                       scale_factor)
 
-  saved = module.scaled_size_sqrt
-  try:
-    module.scaled_size_sqrt = scale
+  with patched((module, "scaled_size_sqrt", scale)):
     yield
-  finally:
-    module.scaled_size_sqrt = saved
