@@ -766,14 +766,20 @@ class SentenceEncoder:
       for first, end in zip(row_starts[:-1], row_starts[1:]):
         mine = (packed.where[:, 0] >= first) & (packed.where[:, 0] < end)
         self.shapes.add((int(end - first), length))
-        output = _jitted_embed(self.model, self.params,
-                               *(jax.device_put(a[first:end], self._rows) for a in arrays),
-                               pool_from, self.max_segments[k])
+        output = self._encode(*(jax.device_put(a[first:end], self._rows) for a in arrays),
+                              pool_from, self.max_segments[k])
         calls.append((output, packed.where[mine] - [first, 0], start + texts[mine]))
     return calls
 
-  @staticmethod
-  def _collect(calls, out: np.ndarray) -> None:
+  def _encode(self, tokens: jax.Array, segment_ids: jax.Array, positions: jax.Array,
+              pool_from: int, segments: int) -> jax.Array:
+    """One call's packed rows -> its output, started on the devices (not waited for): `embed`,
+    jitted. A model type of its own (sparse, multi-vector) computes its own here."""
+    return _jitted_embed(self.model, self.params, tokens, segment_ids, positions, pool_from,
+                         segments)
+
+  def _collect(self, calls, out: np.ndarray) -> None:
+    """Each call's texts' outputs read back into `out`, by text."""
     for output, where, texts in calls:
       out[texts] = np.asarray(output)[where[:, 0], where[:, 1]]
 
