@@ -99,7 +99,7 @@ class Regressor:
   task = "regress"
 
   def __init__(self, run: FineTuned | str, batch_size: int = 64):
-    run = run_of(run, Regressor)
+    run = run_of(run, type(self))
     self.run, self.batch_size, self.fields = run, batch_size, run.meta["fields"]
     self.params = jax.device_put(run.params)
     self.buckets = default_buckets(run.model.config, run.meta["seq_len"])

@@ -19,7 +19,7 @@ import numpy as np
 
 from flax_encoder import families
 from flax_encoder.tokenizer import Template
-from train.data import examples
+from train.data import dataset, examples
 from train.errors import RunError
 from train.run.load import load_config, load_params, recorded_encoder_config
 from train.task import HFModel
@@ -88,7 +88,9 @@ def read_run(workdir: str, predictor) -> FineTuned:
   Predictor class of train.task.Definition) says."""
   config = load_config(workdir)
   name = config.task.get("name", "masked_lm")
-  meta = examples.load_examples(os.path.join(workdir, "data"))["meta"]
+  # the format of its prepared data: examples.FORMAT's, unless its predictor says another
+  meta = dataset.read_meta(os.path.join(workdir, "data"),
+                           getattr(predictor, "data_format", examples.FORMAT))
   model_for = lambda record: predictor.model_for(recorded_encoder_config(record), record,
                                                  config, meta)
 

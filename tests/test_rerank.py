@@ -1,0 +1,204 @@
+"""Reranker fine-tuning (train.tasks.rerank): its losses and ranking metrics against numpy's
+formulas, and a run from a tiny Hugging Face model that reranks held-out candidates better
+than the first stage and its start, resumes bit for bit, predicts pairs, and exports a
+directory sentence-transformers' CrossEncoder loads with the run's scores."""
+
+import json
+import os
+import shutil
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import rerank as rerank_config
+from tests import runs
+from train.tasks.rerank import RerankTask, _ranks, ranking_sums
+
+# a query's relevant documents are made of the characters it is made of
+CLASSES = ("0123456789", "abcdefghij", "+-*/=<>!?%")
+
+
+def test_ranks_and_metrics_of_hand_made_scores():
+  scores = jnp.array([[0.1, 0.9, 0.5, 0.5], [3.0, 2.0, 1.0, 0.0]])
+  present = jnp.array([[1, 1, 1, 1], [1, 1, 1, 0]], bool)
+  ranks = _ranks(scores, present)
+  # ties go to the earlier candidate; an absent one ranks after every present one
+  np.testing.assert_array_equal(ranks, [[4, 1, 2, 3], [1, 2, 3, 5]])
+  relevant = jnp.array([[1, 0, 0, 1], [0, 0, 1, 0]], bool)
+  sums = ranking_sums(ranks, relevant, jnp.array([2, 2]))
+  ideal = 1 + 1 / np.log2(3)
+  assert float(sums["mrr_at_10"]) == pytest.approx(1 / 3 + 1 / 3)
+  # query 0 finds its positives at 3 and 4; query 1 one of its two, at 3
+  assert float(sums["ndcg_at_10"]) == pytest.approx(
+      (1 / np.log2(4) + 1 / np.log2(5)) / ideal + (1 / np.log2(4)) / ideal)
+
+
+def test_the_losses_against_numpy():
+  logits = np.array([[2.0, 0.5, -1.0], [0.0, 1.0, 3.0]], np.float32)
+  labels = np.array([[1, 0, 0], [1, 0, 0]], np.float32)
+  present = np.ones_like(logits, bool)
+  log_z = np.log(np.exp(logits).sum(1))
+  listwise = RerankTask(None, "listwise")._losses(logits, labels, present)
+  np.testing.assert_allclose(listwise, log_z - logits[:, 0], rtol=1e-6)
+  p = 1 / (1 + np.exp(-logits))
+  bce = -(labels * np.log(p) + (1 - labels) * np.log(1 - p)).mean(1)
+  np.testing.assert_allclose(RerankTask(None, "bce")._losses(logits, labels, present), bce,
+                             rtol=1e-5)
+  # a candidate that is not there counts in neither
+  present[1, 2] = False
+  got = RerankTask(None, "listwise")._losses(logits, labels, present)
+  assert float(got[1]) == pytest.approx(np.log(np.exp(logits[1, :2]).sum()) - logits[1, 0])
+
+
+def _text(rng, chars, words=3):
+  return " ".join("".join(rng.choice(list(chars), rng.integers(1, 4))) for _ in range(words))
+
+
+@pytest.fixture(scope="module")
+def groups(tmp_path_factory):
+  """(train.jsonl, eval.jsonl): a query of one of CLASSES, its positive of the same, hard
+  negatives of the others; held out, 30 queries of 12 candidates in a first stage's order that
+  puts the positive 11th."""
+  directory, rng = tmp_path_factory.mktemp("rerank"), np.random.default_rng(0)
+  with open(directory / "train.jsonl", "w") as f:
+    for i in range(192):
+      mine = rng.integers(3)
+      line = {"query": _text(rng, CLASSES[mine]), "positive": _text(rng, CLASSES[mine])}
+      # three hard negatives but on every fourth line, which draws other lines' positives
+      others = [c for c in range(3) if c != mine]
+      if i % 4:
+        line["negative"] = [_text(rng, CLASSES[c]) for c in rng.choice(others, 3)]
+      f.write(json.dumps(line) + "\n")
+  with open(directory / "eval.jsonl", "w") as f:
+    for i in range(30):
+      mine = i % 3
+      documents = [_text(rng, CLASSES[c]) for c in rng.choice(
+          [c for c in range(3) if c != mine], 11)]
+      positive = _text(rng, CLASSES[mine])
+      documents.insert(10, positive)
+      f.write(json.dumps({"query": _text(rng, CLASSES[mine]), "positive": positive,
+                          "documents": documents}) + "\n")
+  return str(directory / "train.jsonl"), str(directory / "eval.jsonl")
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  from tests import hf_models
+  path = hf_models.write(tmp_path_factory.mktemp("bert"), "bert",
+                         head="sequence_classification", num_labels=1)
+  # a BERT tokenizer's class, as published BERT rerankers name it: transformers then gives the
+  # document's ids token type 1, as the run does (its generic class gives none)
+  file = os.path.join(path, "tokenizer_config.json")
+  with open(file) as f:
+    settings = json.load(f)
+  with open(file, "w") as f:
+    json.dump({**settings, "tokenizer_class": "BertTokenizer"}, f)
+  return path
+
+
+RUN = {"train.seq_len": 24, "train.batch_size": 8, "train.num_steps": 120,
+       "train.eval_every": 60, "train.checkpoint_every": 120, "train.log_every": 10,
+       "optim.learning_rate": 3e-3, "optim.warmup_steps": 4, "task.negatives": 3}
+
+
+def _config(groups, hf_dir, **fields):
+  config = rerank_config.get_config()
+  config.data.train, config.data.eval = groups
+  config.init.hf = hf_dir
+  for name, value in {**RUN, **fields}.items():
+    section, field = name.split(".")
+    config[section][field] = value
+  return config
+
+
+@pytest.fixture(scope="module")
+def tuned(groups, hf_dir, tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("tuned") / "run")
+  overrides = {"data.train": groups[0], "data.eval": groups[1], "init.hf": hf_dir, **RUN}
+  return workdir, runs.train(workdir, *[f"--config.{k}={v}" for k, v in overrides.items()],
+                             config=os.path.join(runs.ROOT, "configs", "rerank.py"))
+
+
+def test_fine_tuning_reranks_the_held_out_candidates_better_than_the_start(tuned):
+  workdir, result = tuned
+  assert result.returncode == 0, result.stderr
+  assert "192 training and 30 held-out" in result.stderr
+  records = runs.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  start, *_, final = [r for r in records if r["split"] == "eval"]
+  print(f"MRR@10 {start['mrr_at_10']:.3f} -> {final['mrr_at_10']:.3f} (first stage "
+        f"{final['first_stage_mrr_at_10']:.3f})")
+  # the first stage put each positive 11th: outside the top 10
+  assert start["first_stage_mrr_at_10"] == final["first_stage_mrr_at_10"] == 0
+  assert final["mrr_at_10"] > start["mrr_at_10"] + 0.2  # 12 candidates: random is 0.26
+  assert final["ndcg_at_10"] > start["ndcg_at_10"]
+  assert final["loss"] < start["loss"]
+  assert result.stdout.strip().startswith("step 120: eval MRR@10")
+
+
+def _pairs_and_scores(workdir, groups, tmp_path):
+  """The held-out (query, candidate) pairs, and the run's scores of them by train.predict."""
+  pairs = []
+  with open(groups[1]) as f:
+    for line in map(json.loads, f):
+      pairs += [(line["query"], d) for d in line["documents"][:4]]
+  lines = tmp_path / "pairs.jsonl"
+  lines.write_text("".join(json.dumps({"query": q, "document": d, "label": int(i % 4 == 2)})
+                           + "\n" for i, (q, d) in enumerate(pairs)))
+  out = tmp_path / "scores.jsonl"
+  from train.outputs.predict import predict
+  assert predict(workdir, str(lines), str(out)).count == len(pairs)
+  scored = [json.loads(l) for l in out.read_text().splitlines()]
+  return pairs, np.array([s["score"] for s in scored]), np.array([s["logit"] for s in scored])
+
+
+def test_the_export_is_a_cross_encoder_with_the_runs_scores(tuned, groups, tmp_path):
+  st = pytest.importorskip("sentence_transformers")
+  workdir, _ = tuned
+  pairs, scores, logits = _pairs_and_scores(workdir, groups, tmp_path)
+  np.testing.assert_allclose(scores, 1 / (1 + np.exp(-logits)), rtol=1e-6)
+  out = str(tmp_path / "reranker")
+  from train.outputs.export import main as export
+  assert export(["--workdir", workdir, "--layout", "hf", "--out", out]) == 0
+  want = st.CrossEncoder(out, device="cpu").predict(pairs)
+  np.testing.assert_allclose(scores, want, atol=1e-5)
+
+
+def test_a_rerank_run_resumes_exactly(groups, hf_dir, tmp_path, capfd):
+  from train import loop
+  from train.run.load import load_encoder
+  config = _config(groups, hf_dir, **{"train.num_steps": 8, "train.checkpoint_every": 4,
+                                      "train.eval_every": 4, "train.keep_checkpoints": 2,
+                                      "task.loss": "bce"})
+  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+  assert loop.run(config, straight) == 0
+  shutil.copytree(straight, resumed)
+  shutil.rmtree(os.path.join(resumed, "checkpoints", "8"))
+  capfd.readouterr()
+  assert loop.run(config, resumed) == 0
+  assert "resumed from the checkpoint at step 4" in capfd.readouterr().err
+  assert runs.losses(resumed) == runs.losses(straight)
+  evals = lambda workdir: {r["step"]: r["mrr_at_10"] for r in runs.read_metrics(
+      os.path.join(workdir, "metrics.jsonl")) if r["split"] == "eval"}
+  assert evals(resumed) == evals(straight)
+  chex.assert_trees_all_equal(load_encoder(resumed)[1], load_encoder(straight)[1])
+
+
+@pytest.mark.parametrize("line, said", [
+    ({"positive": "a"}, "'query': no such field"),
+    ({"query": "a", "positive": 3}, "'positive': got 3"),
+    ({"query": "a", "positive": "b", "negative": ["c", ""]}, "'negative'"),
+    ({"query": ["a", "b"], "positive": "b"}, "'query': a list, expected one string"),
+])
+def test_a_bad_line_is_one_line_naming_file_line_and_field(line, said, groups, hf_dir, tmp_path):
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text(json.dumps({"query": "x", "positive": "y"}) + "\n" + json.dumps(line) + "\n")
+  result = runs.train(str(tmp_path / "run"), f"--config.data.train={bad}",
+                      f"--config.data.eval={groups[1]}", f"--config.init.hf={hf_dir}",
+                      check=False, config=os.path.join(runs.ROOT, "configs", "rerank.py"))
+  assert result.returncode == 2
+  (message,) = result.stderr.strip().splitlines()
+  assert f"{bad}:2" in message and said in message
