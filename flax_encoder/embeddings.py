@@ -380,9 +380,18 @@ def read_pooling(folder: str, width: int | None = None) -> Pooling:
   return Pooling(tuple(modes), config.get("include_prompt", True))
 
 
-def read_dense(folder: str, width: int) -> tuple[Dense, dict]:
+# The features a Dense or Normalize module may run on (read_dense's and read_normalize's
+# `on`), and which vectors they are.
+_RUNS_ON = {"sentence_embedding": "SentenceEncoder runs it on the pooled vector",
+            "token_embeddings": "a multi-vector model runs it on each token's vector"}
+
+
+def read_dense(folder: str, width: int, on: str = "sentence_embedding") -> tuple[Dense, dict]:
   """A Dense module's config.json and weights (model.safetensors, or pytorch_model.bin as
-  `read_hf_weights` reads it), checked against the `width` before it."""
+  `read_hf_weights` reads it), checked against the `width` before it and to read and write
+  the feature `on` (module_input_name, module_output_name; where unset, `on`: the pooled
+  vector, or "token_embeddings", each token's, which a multi-vector model's Dense reads where
+  its file names none)."""
   file = os.path.join(folder, "config.json")
   config = _object(file)
   bad = lambda key, expected: EmbeddingError(
@@ -397,8 +406,8 @@ def read_dense(folder: str, width: int) -> tuple[Dense, dict]:
     if not isinstance(config.get(key, key == "bias"), bool):
       raise bad(key, "true or false")
   for key in ("module_input_name", "module_output_name"):
-    if config.get(key, "sentence_embedding") not in ("sentence_embedding", None):
-      raise bad(key, "'sentence_embedding' (SentenceEncoder runs Dense on the pooled vector)")
+    if config.get(key, on) not in (on, None):
+      raise bad(key, f"{on!r} ({_RUNS_ON[on]})")
   activation = config.get("activation_function", "torch.nn.modules.activation.Tanh")
   name = activation.rsplit(".", 1)[-1] if isinstance(activation, str) else None
   if not (isinstance(activation, str) and activation.startswith("torch.") and name in ACTIVATIONS):
@@ -427,14 +436,20 @@ def read_dense(folder: str, width: int) -> tuple[Dense, dict]:
   return step, params
 
 
-def read_normalize(folder: str) -> Normalize:
-  """A Normalize module (its folder may be absent: it has nothing to save)."""
+def read_normalize(folder: str, on: str = "sentence_embedding") -> Normalize:
+  """A Normalize module (its folder may be absent: it has nothing to save), checked to
+  normalize the feature `on`. sentence-transformers' Normalize reads "sentence_embedding"
+  where its file names none, and writes what it read where the file names no output."""
   file = os.path.join(folder, "config.json")
   config = _object(file, required=False) or {}
-  for key in ("module_input_name", "module_output_name"):
-    if config.get(key, "sentence_embedding") not in ("sentence_embedding", None):
-      raise EmbeddingError(f"{file}: {key}={config[key]!r}, expected 'sentence_embedding' "
-                           f"(SentenceEncoder normalizes the pooled vector)")
+  given = config.get("module_input_name")
+  names = {"module_input_name": "sentence_embedding" if given is None else given}
+  output = config.get("module_output_name")
+  names["module_output_name"] = names["module_input_name"] if output is None else output
+  for key, name in names.items():
+    if name != on:
+      raise EmbeddingError(f"{file}: {key}={config.get(key)!r}, expected {on!r} "
+                           f"({_RUNS_ON[on]})")
   return Normalize()
 
 
@@ -543,9 +558,11 @@ def save_modules(path: str, model: SentenceModel, params: dict, max_seq_length: 
          "similarity_fn_name": similarity})
 
 
-def _save_dense(folder: str, step: Dense, params: dict) -> None:
+def _save_dense(folder: str, step: Dense, params: dict, on: str = "sentence_embedding") -> None:
   config = {"in_features": step.in_features, "out_features": step.out_features,
             "bias": step.bias, "activation_function": _TORCH_ACTIVATIONS[step.activation]}
+  if on != "sentence_embedding":  # the feature it reads and writes (read_dense's `on`)
+    config["module_input_name"] = config["module_output_name"] = on
   state = {"linear.weight": np.asarray(params["kernel"], np.float32).T}
   if step.bias:
     state["linear.bias"] = np.asarray(params["bias"], np.float32)

@@ -18,7 +18,10 @@ from typing import Any
 # sentence-transformers 6 moved (6.2 writes sentence_transformers.base.modules.transformer).
 TRANSFORMERS = ("sentence_transformers.models.Transformer",
                 "sentence_transformers.base.models.Transformer",
-                "sentence_transformers.base.modules.transformer.Transformer")
+                "sentence_transformers.base.modules.transformer.Transformer",
+                # a sparse encoder's of sentence-transformers 5 (a Transformer of a masked LM)
+                "sentence_transformers.sparse_encoder.models.MLMTransformer",
+                "sentence_transformers.sparse_encoder.modules.mlm_transformer.MLMTransformer")
 
 # The Transformer module's settings file (max_seq_length, do_lower_case), by the name
 # sentence-transformers gave it per family.
