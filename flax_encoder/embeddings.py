@@ -788,6 +788,13 @@ class SentenceEncoder:
         calls.append((output, packed.where[mine] - [first, 0], start + texts[mine]))
     return calls
 
+  def save_modules(self, path: str) -> None:
+    """Writes beside the Hugging Face model directory in `path` (this encoder's Transformer
+    module) the files that make it this encoder's sentence-transformers folder
+    (`save_modules`)."""
+    save_modules(path, self.model, self.params, self.max_seq_length, self.similarity,
+                 self.prompts, self.default_prompt_name)
+
   def _encode(self, tokens: jax.Array, segment_ids: jax.Array, positions: jax.Array,
               pool_from: int, segments: int) -> jax.Array:
     """One call's packed rows -> its output, started on the devices (not waited for): `embed`,

@@ -682,6 +682,14 @@ class MultiVectorEncoder(SentenceEncoder):
       for (row, segment), text in zip(where, texts):
         out[text] = vectors[row][scored[row] & (segment_ids[row] == segment + 1)]
 
+  def save_modules(self, path: str) -> None:
+    """Writes beside the Hugging Face model directory in `path` (this encoder's Transformer
+    module) the files that make it this encoder's MultiVectorEncoder folder
+    (`save_multi_vector`)."""
+    prompts = {k: v for k, v in self.prompts.items() if v or k not in ("query", "document")}
+    save_multi_vector(path, self.model, self.params, prompts, self.default_prompt_name,
+                      self.similarity_fn_name, self.max_seq_length)
+
   # SentenceEncoder.__init__ sets `similarity` to the folder's similarity_fn_name; here it is
   # sentence-transformers' MultiVectorEncoder.similarity, and the name is `similarity_fn_name`
   # (as flax_encoder.sparse has it).

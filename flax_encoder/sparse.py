@@ -133,15 +133,24 @@ def splade(model: SpladeModel, params: dict, tokens: jax.Array, segment_ids: jax
   else:
     logits = MaskedLMHead(cfg).apply({"params": params["masked_lm"]}, hidden,
                                      params["encoder"]["embedding"]["embedding"])
+  return splade_pool(logits, segment_ids, segments, model.pooling, model.activation)
+
+
+def splade_pool(logits: jax.Array, segment_ids: jax.Array, segments: int, pooling: str = "max",
+                activation: str = "relu") -> jax.Array:
+  """Masked-LM logits [r, s, v] of packed rows -> each segment's SPLADE vector, float32
+  [r, segments, v]: log(1 + relu(logit)) (log1p_relu: log1p once more), its max or sum over
+  the segment's ids; zeros where a row has no segment j + 1."""
+  rows, length, _ = logits.shape
   x = jnp.log1p(jax.nn.relu(logits.astype(jnp.float32)))  # [r, s, v]
-  if model.activation == "log1p_relu":
+  if activation == "log1p_relu":
     x = jnp.log1p(x)
   slots = rows * segments  # segment j + 1 of row i is slot i * segments + j
   real = (segment_ids > 0) & (segment_ids <= segments)
   # padding goes to one slot past the rest, dropped after
   slot = jnp.where(real, jnp.arange(rows)[:, None] * segments + segment_ids - 1, slots)
   x, slot = x.reshape(rows * length, -1), slot.reshape(-1)
-  if model.pooling == "max":
+  if pooling == "max":
     # every value is >= 0: an absent segment's -inf becomes the 0 it reads as
     pooled = jnp.maximum(jax.ops.segment_max(x, slot, num_segments=slots + 1)[:slots], 0)
   else:
@@ -491,6 +500,13 @@ class SparseEncoder(SentenceEncoder):
     values) appended to `out`."""
     for output, where, texts in calls:
       out.append((texts, *_csr_rows(np.asarray(output)[where[:, 0], where[:, 1]])))
+
+  def save_modules(self, path: str) -> None:
+    """Writes beside the Hugging Face *ForMaskedLM directory in `path` the files that make it
+    this encoder's SparseEncoder folder (`save_splade`; not its Router)."""
+    prompts = {k: v for k, v in self.prompts.items() if v or k not in ("query", "document")}
+    save_splade(path, self.model.pooling, self.model.activation, self.max_seq_length, prompts,
+                self.default_prompt_name, self.similarity_fn_name)
 
   # SentenceEncoder.__init__ sets `similarity` to the folder's similarity_fn_name; here it is
   # sentence-transformers' SparseEncoder.similarity, and the name is `similarity_fn_name`.

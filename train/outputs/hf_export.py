@@ -89,7 +89,6 @@ def export_sentence_transformers(workdir: str, out: str) -> str:
   its hf_model at the top as the Transformer module, then the modules after it (its
   definition's `sentence_encoder`: pooling, Normalize), which SentenceTransformer(out) and
   flax_encoder.embeddings.SentenceEncoder.load(out) load."""
-  from flax_encoder.embeddings import save_modules
   config = load_config(workdir)
   task = config.task.get("name", "masked_lm")
   definition = tasks.definition(task)
@@ -105,8 +104,7 @@ def export_sentence_transformers(workdir: str, out: str) -> str:
                      f"(config.data.tokenizer={config.data.tokenizer!r}), not a Hugging Face "
                      f"tokenizer's, so there is no tokenizer.json to give it; start from one "
                      f"(config.init.hf)")
-    save_modules(tmp, encoder.model, encoder.params, encoder.max_seq_length,
-                 similarity=encoder.similarity)
+    encoder.save_modules(tmp)
     readable_as_umask_allows(tmp)
   start = _start(workdir, config)
   theirs = _max_seq_length(start, encoder.model.config.max_len)

@@ -15,11 +15,11 @@ from __future__ import annotations
 from train.errors import RunError
 from train.run import settings
 from train.task import Definition
-from train.tasks import classify, contrastive, masked_lm, regress, rerank, tag
+from train.tasks import classify, contrastive, masked_lm, regress, rerank, sparse, tag
 
 DEFINITIONS: dict[str, Definition] = {
     module.DEFINITION.name: module.DEFINITION
-    for module in (masked_lm, classify, regress, tag, contrastive, rerank)}
+    for module in (masked_lm, classify, regress, tag, contrastive, rerank, sparse)}
 
 
 def definition(name) -> Definition:

@@ -127,7 +127,9 @@ def _from_hf(config, workdir: str) -> Start:
                    "pooler": heads.get("pooler") if from_pooler else None,
                    # transformers' classifiers that apply a prediction head read the
                    # masked-LM head's dense and norm as theirs (ModernBERT's)
-                   "head": heads.get("prediction_head")})
+                   "head": heads.get("prediction_head"),
+                   # its masked-LM head, where it has one (a sparse encoder's vectors)
+                   "masked_lm": heads.get("masked_lm")})
 
 
 def start_files(directory: str) -> dict[str, list[str]]:

@@ -1,0 +1,298 @@
+r"""Contrastive fine-tuning of sparse (SPLADE) embeddings: a text's vector is its masked-LM
+logits, log(1 + relu(·)), max-pooled (or summed) over its ids: one weight per vocabulary
+entry, most of them 0.
+
+  python -m train --config=configs/sparse.py --workdir runs/splade \
+      --config.data.train=pairs.jsonl --config.data.eval=held_out.jsonl \
+      --config.init.hf=SPLADE_OR_MLM_DIR   # a SparseEncoder folder, or any *ForMaskedLM
+  python -m train.export --workdir runs/splade --layout sentence-transformers --out splade/
+
+The pairs are configs/embed.py's ({"anchor", "positive"[, "negative"]}), prepared and packed as
+train.tasks.contrastive prepares and packs them. The loss is sentence-transformers' SpladeLoss
+around SparseMultipleNegativesRankingLoss: the cross-entropy of anchor i over its dot products
+with the batch's positives (and hard negatives) times config.task.scale, plus the FLOPS
+regulariser of the batch's documents (positives and negatives) and of its queries (anchors),
+each weighted (config.task.document_regularizer, config.task.query_regularizer): the squared
+mean weight of each vocabulary entry over the batch, summed, which pushes entries to 0 in every
+text at once. Evaluation ranks every held-out anchor against every held-out positive by dot
+product (MRR@10, nDCG@10, recall@1 and @10) and reports the vectors' active dimensions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flax_encoder import families
+from flax_encoder import modules_json
+from flax_encoder.sparse import ACTIVATIONS, POOLING_STRATEGIES, SpladeModel, splade_pool
+from flax_encoder.tokenizer import Template
+from train.errors import RunError
+from train.run.load import load_params, recorded_encoder_config
+from train.task import Definition, Field, HFModel, Plots, Resume, Setup, choice, number
+from train.tasks import contrastive, finetune, packed_pairs, tokenizing
+from train.tasks.contrastive import TEXTS, ContrastiveTask, cached, ranking_metrics
+from train.tasks.masked_lm import MaskedLM
+
+TOP = contrastive.TOP
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseRankingLoss:
+  """SparseMultipleNegativesRankingLoss over dot products times `scale`, and the FLOPS
+  regulariser of the documents and queries, weighted."""
+
+  scale: float = 1.0
+  document_regularizer: float = 3e-5
+  query_regularizer: float = 5e-5
+
+  def __call__(self, anchors, positives, negatives=None, has_negative=None) -> jax.Array:
+    """The loss summed over the B anchors of [B, v] vectors (the regularisers B times, so
+    that the mean over anchors carries them once); `negatives` [B, v] add their columns where
+    `has_negative` [B] (default all) is true."""
+    scores = self.scale * anchors @ positives.T  # [anchor, positive]
+    candidates, documents = scores, positives
+    present = jnp.ones(len(positives), bool)
+    if negatives is not None:
+      has = (jnp.ones(len(negatives), bool) if has_negative is None
+             else jnp.asarray(has_negative, bool))
+      hard = jnp.where(has[None, :], self.scale * anchors @ negatives.T, -jnp.inf)
+      candidates = jnp.concatenate([scores, hard], axis=1)
+      documents = jnp.concatenate([positives, negatives])
+      present = jnp.concatenate([present, has])
+    targets = jnp.sum(jnp.where(jnp.eye(len(anchors), dtype=bool), scores, 0.0), axis=1)
+    ranking = jnp.sum(jax.nn.logsumexp(candidates, axis=1) - targets)
+    return ranking + len(anchors) * (self.document_regularizer * flops(documents, present) +
+                                     self.query_regularizer * flops(anchors))
+
+
+def flops(vectors: jax.Array, present: jax.Array | None = None) -> jax.Array:
+  """The FLOPS regulariser of [n, v] vectors (the `present` ones): the squared mean of each
+  dimension over them, summed (Paria et al. 2020)."""
+  if present is None:
+    return jnp.sum(jnp.mean(vectors, axis=0) ** 2)
+  weights = present.astype(vectors.dtype)[:, None]
+  return jnp.sum((jnp.sum(vectors * weights, 0) / jnp.maximum(jnp.sum(weights), 1)) ** 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseTask(ContrastiveTask):
+  """ContrastiveTask's batches and held-out rows, each text's vector SPLADE's (`model` is the
+  masked LM, params {'encoder', 'masked_lm'}); ranked by dot product."""
+
+  pooling: str = "max"
+  activation: str = "relu"
+
+  def embed(self, params, rows: tuple, dropout_rng: jax.Array | None = None):
+    """Packed (tokens, segment_ids, positions) -> [rows, segments, v] SPLADE vectors."""
+    tokens, segment_ids, positions = rows
+    kwargs = {} if dropout_rng is None else {"deterministic": False,
+                                             "rngs": {"dropout": dropout_rng}}
+    logits = self.model.apply({"params": params}, tokens, segment_ids=segment_ids,
+                              positions=positions, **kwargs)
+    return splade_pool(logits, segment_ids, contrastive.segments_per_row(tokens.shape[1]),
+                       self.pooling, self.activation)
+
+  def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
+    rows = (batch["tokens"], batch["segment_ids"], batch["positions"])
+    embed = cached(self.embed, self.chunks) if self.chunks else self.embed
+    pooled = embed(params, rows, dropout_rng)  # [rows, segments, v]
+    flat = pooled.reshape(-1, pooled.shape[-1])
+    texts = [flat[batch[f"{name}_slot"]] for name in TEXTS if f"{name}_slot" in batch]
+    return self.loss(*texts, batch.get("has_negative"))
+
+  def eval_metrics(self, sums: dict) -> dict:
+    """The ranking metrics of every held-out anchor against every held-out positive by dot
+    product, the loss over them all (without the regularisers), the active dimensions of the
+    anchors' and positives' vectors, and MRR@10 of a random ranking."""
+    anchors, positives = (np.asarray(sums[k], np.float64) for k in ("anchors", "positives"))
+    scores = self.loss.scale * anchors @ positives.T
+    peak = scores.max(axis=1, keepdims=True)
+    log_z = peak[:, 0] + np.log(np.sum(np.exp(scores - peak), axis=1))
+    n = len(scores)
+    return {"loss": float(np.mean(log_z - np.diagonal(scores))), **ranking_metrics(scores),
+            "active_dims_anchor": float(np.mean(np.count_nonzero(anchors, axis=1))),
+            "active_dims_positive": float(np.mean(np.count_nonzero(positives, axis=1))),
+            "random_mrr_at_10": float(sum(1 / r for r in range(1, min(TOP, n) + 1)) / n)}
+
+
+# ---------------------------------------------------------------------------------------------
+# What the loop needs.
+
+
+def _untied(family: str | None) -> bool:
+  return family is not None and families.get(family).untied_decoder
+
+
+def setup(config, workdir: str, resume: Resume) -> Setup:
+  """Sparse contrastive fine-tuning on config.data.train, ranked on config.data.eval."""
+  paths = {"train": config.data.train, "eval": config.data.eval}
+  prepared = contrastive._prepare(config, workdir, resume, paths)
+  cfg, loaded, start = prepared.encoder, prepared.loaded, prepared.start
+  head = start.hf.get("masked_lm") if start.hf else None
+  if head is None:
+    raise RunError(f"config.init.hf: {config.init.hf or 'unset'}, expected a Hugging Face "
+                   f"*ForMaskedLM directory or a SparseEncoder folder: SPLADE's vectors are "
+                   f"its masked-LM head's")
+  count = min(config.data.eval_pairs, loaded["meta"]["examples"]["eval"])
+  held_out = packed_pairs.pack_held_out(
+      {name: loaded["eval"][name][:count] for name in ("anchor", "positive")}, prepared.pad_id,
+      config.train.seq_len)
+  family = start.family
+  model = MaskedLM(cfg, bert_head=True, decoder_head=_untied(family), check_traced_ids=False)
+  task_config = config.task
+  texts = sum(name in loaded["train"] for name in TEXTS) * config.train.batch_size
+  chunks = texts // task_config.mini_batch if task_config.cached else None
+  loss = SparseRankingLoss(float(task_config.scale), float(task_config.document_regularizer),
+                           float(task_config.query_regularizer))
+  task = SparseTask(model, loss, count, chunks, task_config.pooling, task_config.activation)
+  lengths = packed_pairs.text_lengths(loaded["train"], prepared.pad_id)
+  negatives = "with hard negatives" if "negative" in loaded["train"] else "no hard negatives"
+  finetune.say_prepared(prepared, f"pairs ({negatives}), sparse vectors of {cfg.vocab_size} "
+                        f"dimensions", config.train.seq_len)
+  dtype = np.dtype(cfg.param_dtype)
+  return Setup(task=task, encoder=cfg, train=loaded["train"], eval=held_out,
+               eval_fill={"tokens": prepared.pad_id, "segment_ids": 0, "positions": 0,
+                          "target": -1},
+               record={"encoder": cfg.record(), "dataset": loaded["identity"],
+                       "source": os.path.join(workdir, "data"), "start": start.source,
+                       "family": family, "pooling": task_config.pooling,
+                       "activation": task_config.activation},
+               start_params={"encoder": start.params,
+                             "masked_lm": jax.tree.map(lambda x: x.astype(dtype), head)},
+               packer=functools.partial(packed_pairs.PairPacker, lengths, config.train.seq_len,
+                                        prepared.pad_id, config.train.batch_size,
+                                        multiple=chunks or 1))
+
+
+def defaults(config) -> None:
+  """contrastive's defaults; the pooling and activation of a SparseEncoder folder as
+  config.init.hf where unset (else max and relu, sentence-transformers' for a masked LM)."""
+  pooling = _start_pooling(config)
+  said = []
+  for name, value in (("pooling", pooling.get("pooling_strategy", "max")),
+                      ("activation", pooling.get("activation_function", "relu"))):
+    if config.task[name] is None:
+      config.task[name] = value
+      if pooling:
+        said.append(f"config.task.{name}: {value!r}, {config.init.hf}'s SpladePooling")
+  if said and jax.process_index() == 0:
+    print("; ".join(said), file=sys.stderr)
+  contrastive.defaults(config)
+
+
+def _start_pooling(config) -> dict:
+  """The SpladePooling settings of config.init.hf where it is a SparseEncoder folder ({}
+  otherwise, or where it cannot be read: loading it says what is wrong)."""
+  start = config.init.get("hf")
+  try:
+    modules = modules_json.read_modules(start) if start else None
+    for module in modules or []:
+      if module.get("type", "").endswith("SpladePooling"):
+        return modules_json.read_json(os.path.join(start, module["path"], "config.json"),
+                                      kind=dict) or {}
+  except (ValueError, OSError):
+    pass
+  return {}
+
+
+def check(config) -> None:
+  """contrastive's checks, less its pooling's; the start's SpladePooling where it has one."""
+  finetune.check(config)
+  train, task = config.train, config.task
+  if train.batch_size < 2:
+    raise RunError(f"config.train.batch_size: {train.batch_size}, expected at least 2: the "
+                   f"other pairs of a batch are each anchor's negatives")
+  if train.grad_accum_steps != 1:
+    raise RunError(f"config.train.grad_accum_steps: {train.grad_accum_steps}, expected 1; set "
+                   f"config.task.cached=True (GradCache) for a large batch in little memory")
+  if task.cached and train.batch_size % task.mini_batch:
+    raise RunError(f"config.task.mini_batch: {task.mini_batch}, expected a divisor of "
+                   f"config.train.batch_size ({train.batch_size}) with config.task.cached")
+  pooling = _start_pooling(config)
+  for name, key in (("pooling", "pooling_strategy"), ("activation", "activation_function")):
+    if key in pooling and pooling[key] != task[name]:
+      raise RunError(f"config.task.{name}: {task[name]!r}, but config.init.hf "
+                     f"{config.init.hf} has {pooling[key]!r} (its SpladePooling); set "
+                     f"config.task.{name}={pooling[key]} to fine-tune the vectors it gives")
+
+
+def summary(metrics: dict) -> str:
+  return (f"eval MRR@10 {metrics['mrr_at_10']:.3f} (random ranking "
+          f"{metrics['random_mrr_at_10']:.3f}), nDCG@10 {metrics['ndcg_at_10']:.3f}, "
+          f"active dimensions {metrics['active_dims_anchor']:.0f} (anchors) "
+          f"{metrics['active_dims_positive']:.0f} (positives), eval loss {metrics['loss']:.3f}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The run read back: train.export --layout hf or sentence-transformers.
+
+
+def read_trained(workdir: str, **settings) -> tuple:
+  """(the encoder's config, run as `settings` say; the parameters {'encoder', 'masked_lm'};
+  the checkpoint's record) of the newest verified checkpoint of the sparse run `workdir`."""
+  def init_for(record):
+    model = MaskedLM(recorded_encoder_config(record), bert_head=True,
+                     decoder_head=_untied(record.get("family")))
+    return lambda: model.init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
+
+  params, record = load_params(workdir, init_for)
+  return recorded_encoder_config(record, **settings), params, record
+
+
+def sparse_encoder(workdir: str, dtype: str = "float32"):
+  """The run as a flax_encoder.sparse.SparseEncoder computed in `dtype`: its masked LM, its
+  pooling; its tokenizer and template, texts cut to its seq_len."""
+  from flax_encoder.sparse import SparseEncoder
+  cfg, params, record = read_trained(workdir, dtype=dtype)
+  meta = contrastive.read_meta(os.path.join(workdir, "data"))
+  model = SpladeModel(cfg, record["pooling"], record["activation"],
+                      _untied(record.get("family")))
+  return SparseEncoder(model, params, tokenizing.run_tokenizer(workdir, meta), meta["seq_len"],
+                       template=Template.from_dict(meta["template"]) if meta.get("template")
+                       else Template())
+
+
+def hf_model(workdir: str, config) -> HFModel:
+  """The run as transformers' *ForMaskedLM: its encoder and masked-LM head."""
+  cfg, params, record = read_trained(workdir)
+  tokenizer = tokenizing.run_tokenizer(workdir, contrastive.read_meta(
+      os.path.join(workdir, "data")))
+  own = tokenizer.spec.kind == "huggingface" and tokenizer.offset == 0
+  variables = {"params": params["encoder"], "heads": {"masked_lm": params["masked_lm"]}}
+  return HFModel(cfg, record.get("family"), lambda family: (
+      families.to_hf_state_dict(variables, cfg, family.name, prefix=family.prefix),
+      {"architectures": [f"{family.stem}ForMaskedLM"]}), tokenizer.spec.path if own else None)
+
+
+DEFINITION = Definition(
+    name="sparse",
+    fields={**{k: v for k, v in contrastive.DEFINITION.fields.items()
+               if k not in ("task.pooling", "task.normalize", "task.symmetric",
+                            "task.matryoshka_dims")},
+            "task.pooling": Field(choice(POOLING_STRATEGIES)),
+            "task.activation": Field(choice(ACTIVATIONS)),
+            "task.document_regularizer": Field(number(0, low_open=False)),
+            "task.query_regularizer": Field(number(0, low_open=False))},
+    setup=setup,
+    plots=Plots(loss_title="Sparse contrastive loss (in-batch negatives, FLOPS)",
+                loss_unit="nats / anchor", train_loss="train (with the regularisers)",
+                eval_loss="eval (all held-out positives)",
+                metrics={"mrr_at_10": "MRR@10", "ndcg_at_10": "nDCG@10",
+                         "recall_at_1": "recall@1", "recall_at_10": "recall@10"},
+                baseline=("random_mrr_at_10", "baseline: MRR@10 of a random ranking"),
+                accuracy_title="Held-out retrieval: each anchor among all positives"),
+    summary=summary,
+    hf_model=hf_model,
+    sentence_encoder=sparse_encoder,
+    check=check,
+    defaults=defaults,
+    tokenizer=lambda config, workdir: tokenizing.run_tokenizer(
+        workdir, contrastive.read_meta(os.path.join(workdir, "data"))),
+)
