@@ -100,8 +100,8 @@ def hf_dir(tmp_path_factory):
   return path
 
 
-RUN = {"train.seq_len": 24, "train.batch_size": 8, "train.num_steps": 120,
-       "train.eval_every": 60, "train.checkpoint_every": 120, "train.log_every": 10,
+RUN = {"train.seq_len": 24, "train.batch_size": 8, "train.num_steps": 240,
+       "train.eval_every": 120, "train.checkpoint_every": 240, "train.log_every": 10,
        "optim.learning_rate": 3e-3, "optim.warmup_steps": 4, "task.negatives": 3}
 
 
@@ -136,7 +136,7 @@ def test_fine_tuning_reranks_the_held_out_candidates_better_than_the_start(tuned
   assert final["mrr_at_10"] > start["mrr_at_10"] + 0.2  # 12 candidates: random is 0.26
   assert final["ndcg_at_10"] > start["ndcg_at_10"]
   assert final["loss"] < start["loss"]
-  assert result.stdout.strip().startswith("step 120: eval MRR@10")
+  assert result.stdout.strip().startswith("step 240: eval MRR@10")
 
 
 def _pairs_and_scores(workdir, groups, tmp_path):
@@ -202,3 +202,20 @@ def test_a_bad_line_is_one_line_naming_file_line_and_field(line, said, groups, h
   assert result.returncode == 2
   (message,) = result.stderr.strip().splitlines()
   assert f"{bad}:2" in message and said in message
+
+
+def test_a_reranker_start_goes_on_from_its_own_classifier(groups, hf_dir):
+  from safetensors.numpy import load_file
+
+  from flax_encoder import families
+  from train.tasks import rerank
+  cfg, _ = families.load_hf(hf_dir)
+  state = load_file(os.path.join(hf_dir, "model.safetensors"))
+  params = rerank._with_start_classifier({"encoder": {}}, _config(groups, hf_dir), cfg,
+                                         "pooler")
+  np.testing.assert_array_equal(params["classifier"]["kernel"], state["classifier.weight"].T)
+  np.testing.assert_array_equal(params["pooler"]["dense"]["bias"],
+                                state["bert.pooler.dense.bias"])
+  # pooled otherwise than the checkpoint's classifier: a new one
+  assert rerank._with_start_classifier({"encoder": {}}, _config(groups, hf_dir), cfg,
+                                       "mean") == {"encoder": {}}

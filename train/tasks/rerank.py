@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_encoder import families
 from flax_encoder.classifier import SequenceClassifier
 from flax_encoder.tokenizer import example_ids
 from train.data import dataset, examples, sources
@@ -321,7 +323,39 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                        "source": os.path.join(workdir, "data"),
                        "start": prepared.start.source, "pooling": model.pooling,
                        "family": prepared.start.family},
-               start_params=start_params(prepared.start, cfg, config, 1, model.pooling))
+               start_params=_with_start_classifier(
+                   start_params(prepared.start, cfg, config, 1, model.pooling), config, cfg,
+                   model.pooling))
+
+
+def _with_start_classifier(params: dict | None, config, cfg, pooling: str) -> dict | None:
+  """`params` with the classifier of config.init.hf where it is a reranker (a
+  *ForSequenceClassification of one label, as flax_encoder.cross_encoder reads it) pooled as
+  the run pools: fine-tuning goes on from its scores rather than from a new classifier."""
+  start = config.init.get("hf")
+  if not start or params is None:
+    return params
+  try:
+    architectures = families.read_hf_config(start).get("architectures") or []
+  except ValueError:
+    return params  # the start was read already: what is wrong with it was said
+  if not any(str(a).endswith("ForSequenceClassification") for a in architectures):
+    return params
+  from flax_encoder.cross_encoder import Reranker
+  try:
+    reranker = Reranker.load(start)
+  except ValueError as e:
+    raise RunError(f"config.init.hf: {e}") from None
+  said = f"config.init.hf: {start} is a classifier of {reranker.num_labels} labels"
+  if reranker.num_labels != 1 or reranker.model.pooling != pooling:
+    if jax.process_index() == 0:
+      print(f"{said} pooled by {reranker.model.pooling!r}: the reranker's score starts from a "
+            f"new classifier (pooled by {pooling!r})", file=sys.stderr)
+    return params
+  dtype = np.dtype(cfg.param_dtype)
+  head = {k: jax.tree.map(lambda x: np.asarray(x).astype(dtype), v)
+          for k, v in reranker.params.items() if k != "encoder"}
+  return {**params, **head}
 
 
 def _as_list(value) -> list:
