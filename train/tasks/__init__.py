@@ -5,6 +5,8 @@
   regress    fine-tuning: a number for each text or pair of texts (train.tasks.regress)
   tag        fine-tuning: a tag for each word of a text (train.tasks.tag)
   contrastive fine-tuning: sentence embeddings from pairs of texts (train.tasks.contrastive)
+  rerank     fine-tuning: a cross-encoder's relevance score of (query, document) pairs
+  sparse     fine-tuning: SPLADE's sparse vectors from pairs of texts (train.tasks.sparse)
 
 Each task's module defines its `DEFINITION` (`train.task.Definition`); a new task adds its
 module here, and the program learns of it from that alone.
@@ -15,11 +17,12 @@ from __future__ import annotations
 from train.errors import RunError
 from train.run import settings
 from train.task import Definition
-from train.tasks import classify, contrastive, masked_lm, regress, rerank, sparse, tag
+from train.tasks import (classify, contrastive, masked_lm, multi_vector, regress, rerank, sparse,
+                         tag)
 
 DEFINITIONS: dict[str, Definition] = {
     module.DEFINITION.name: module.DEFINITION
-    for module in (masked_lm, classify, regress, tag, contrastive, rerank, sparse)}
+    for module in (masked_lm, classify, regress, tag, contrastive, rerank, sparse, multi_vector)}
 
 
 def definition(name) -> Definition:
