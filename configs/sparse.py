@@ -32,4 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
   # (anchors): larger, sparser vectors (sentence-transformers' SpladeLoss examples: 3e-5, 5e-5).
   config.task.document_regularizer = 3e-5
   config.task.query_regularizer = 5e-5
+  # A start without a masked-LM head (a sentence-transformers embedding model, say) gets a new
+  # one: dense, LayerNorm and bias drawn afresh, the decoder its word embeddings.
+  config.init.fresh_head = False
   return config

@@ -139,3 +139,18 @@ def test_a_start_without_a_masked_lm_head_is_refused_in_one_line(topic_pairs, tm
   assert result.returncode == 2
   (message,) = result.stderr.strip().splitlines()[-1:]
   assert "config.init.hf" in message and "masked-LM head" in message
+
+
+def test_a_fresh_head_starts_on_an_encoder_without_one(topic_pairs, tmp_path):
+  from tests import hf_models
+  base = hf_models.write(tmp_path / "base", "bert", head="base")
+  workdir = str(tmp_path / "run")
+  result = runs.train(workdir, f"--config.data.train={topic_pairs[0]}",
+                      f"--config.data.eval={topic_pairs[1]}", f"--config.init.hf={base}",
+                      "--config.init.fresh_head=True", "--config.train.num_steps=2",
+                      "--config.train.seq_len=16", "--config.train.batch_size=8",
+                      config=os.path.join(runs.ROOT, "configs", "sparse.py"))
+  assert "has no masked-LM head: a new one starts" in result.stderr
+  from train.tasks.sparse import read_trained
+  _, params, _ = read_trained(workdir)
+  assert set(params) == {"encoder", "masked_lm"}

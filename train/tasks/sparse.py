@@ -35,7 +35,8 @@ from flax_encoder.sparse import ACTIVATIONS, POOLING_STRATEGIES, SpladeModel, sp
 from flax_encoder.tokenizer import Template
 from train.errors import RunError
 from train.run.load import load_params, recorded_encoder_config
-from train.task import Definition, Field, HFModel, Plots, Resume, Setup, choice, number
+from train.task import (Definition, Field, HFModel, Plots, Resume, Setup, boolean, choice,
+                        number)
 from train.tasks import contrastive, finetune, packed_pairs, tokenizing
 from train.tasks.contrastive import TEXTS, ContrastiveTask, cached, ranking_metrics
 from train.tasks.masked_lm import MaskedLM
@@ -136,10 +137,14 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   prepared = contrastive._prepare(config, workdir, resume, paths)
   cfg, loaded, start = prepared.encoder, prepared.loaded, prepared.start
   head = start.hf.get("masked_lm") if start.hf else None
-  if head is None:
+  if start.hf is None or (head is None and not config.init.fresh_head):
     raise RunError(f"config.init.hf: {config.init.hf or 'unset'}, expected a Hugging Face "
                    f"*ForMaskedLM directory or a SparseEncoder folder: SPLADE's vectors are "
-                   f"its masked-LM head's")
+                   f"its masked-LM head's (config.init.fresh_head=True starts a new one on "
+                   f"an encoder without)")
+  if head is None and jax.process_index() == 0:
+    print(f"{config.init.hf} has no masked-LM head: a new one starts (dense, LayerNorm and "
+          f"output bias drawn afresh; its decoder the word embeddings)", file=sys.stderr)
   count = min(config.data.eval_pairs, loaded["meta"]["examples"]["eval"])
   held_out = packed_pairs.pack_held_out(
       {name: loaded["eval"][name][:count] for name in ("anchor", "positive")}, prepared.pad_id,
@@ -164,8 +169,8 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                        "source": os.path.join(workdir, "data"), "start": start.source,
                        "family": family, "pooling": task_config.pooling,
                        "activation": task_config.activation},
-               start_params={"encoder": start.params,
-                             "masked_lm": jax.tree.map(lambda x: x.astype(dtype), head)},
+               start_params={"encoder": start.params, **({} if head is None else {
+                   "masked_lm": jax.tree.map(lambda x: x.astype(dtype), head)})},
                packer=functools.partial(packed_pairs.PairPacker, lengths, config.train.seq_len,
                                         prepared.pad_id, config.train.batch_size,
                                         multiple=chunks or 1))
@@ -279,7 +284,8 @@ DEFINITION = Definition(
             "task.pooling": Field(choice(POOLING_STRATEGIES)),
             "task.activation": Field(choice(ACTIVATIONS)),
             "task.document_regularizer": Field(number(0, low_open=False)),
-            "task.query_regularizer": Field(number(0, low_open=False))},
+            "task.query_regularizer": Field(number(0, low_open=False)),
+            "init.fresh_head": Field(boolean)},
     setup=setup,
     plots=Plots(loss_title="Sparse contrastive loss (in-batch negatives, FLOPS)",
                 loss_unit="nats / anchor", train_loss="train (with the regularisers)",
