@@ -17,9 +17,9 @@ and several are left as logits, as CrossEncoder defaults.
 
 A pair is laid out as its tokenizer lays out two texts ([CLS] q [SEP] d [SEP], RoBERTa's
 <s> q </s></s> d </s>), a prompt (config_sentence_transformers.json's) before the query, and
-cut to max_length ids as transformers cuts it with truncation="longest_first" (`kept`). Its
-token types are those transformers' tokenizer gives the model (`gives_token_types`). Each pair
-is a segment of a packed row (`flax_encoder.embeddings.SentenceEncoder`'s packing and calls),
+cut to max_length ids as transformers cuts it with truncation="longest_first"
+(`flax_encoder.tokenizer.kept`). Its token types are those transformers' tokenizer gives the
+model (`gives_token_types`). Each pair is a segment of a packed row (`flax_encoder.embeddings.SentenceEncoder`'s packing and calls),
 scored by the family's *ForSequenceClassification head on its own segment
 (`flax_encoder.classifier.SequenceClassifier`): a pair's score is the one it has alone.
 
@@ -58,7 +58,7 @@ from flax_encoder.families.family import Fields
 from flax_encoder.families.tensors import to_numpy
 from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
 from flax_encoder.modules_json import TRANSFORMER_CONFIGS, TRANSFORMERS, ModulesError
-from flax_encoder.tokenizer import Template, Tokenizer, TokenizerFailure, example_ids
+from flax_encoder.tokenizer import Template, Tokenizer, TokenizerFailure, encode_examples
 
 # CrossEncoder's activation_fn (a torch.nn class, by its last name) -> the function on the
 # logits [..., l]. torch's Softmax() with no dim takes the last of a 2-d input: the labels.
@@ -130,24 +130,6 @@ def score(model: RerankerModel, params: dict, tokens: jax.Array, segment_ids: ja
   segments = segments or segments_per_row(tokens.shape[1])
   logits = model.classifier(segments).apply({"params": params}, tokens, segment_ids)
   return ACTIVATIONS[model.activation](logits) if activation else logits
-
-
-def kept(first: int, second: int, room: int, first_longer=lambda: False) -> tuple[int, int]:
-  """The ids kept of a pair's texts of `first` and `second` ids where `room` ids are left
-  between its special ids, as the tokenizers library cuts them (truncation="longest_first",
-  its LongestFirst): the shorter text whole and the longer cut to the rest where the shorter
-  takes at most half, else each half, the odd id to the text that is longer whole (to the
-  second where they are as long). `first_longer()`: whether the first text is the longer, asked
-  only where both are longer than `room` (their ids counted up to room + 1) and room is odd."""
-  if first + second <= room:
-    return first, second
-  swap = first > second or (first == second > room and room % 2 == 1 and first_longer())
-  short, long = (second, first) if swap else (first, second)
-  if 2 * short <= room:
-    short, long = short, room - short
-  else:
-    short, long = room // 2, room - room // 2
-  return (long, short) if swap else (short, long)
 
 
 def gives_token_types(module: str, hf: dict) -> bool | None:
@@ -421,19 +403,12 @@ class Reranker(SentenceEncoder):
 
   def tokenize(self, pairs: Sequence[tuple[str, str]], prompt: str = "") -> list[np.ndarray]:
     """Each pair's ids, the prompt before its query, laid out by the tokenizer's pair template
-    ([CLS] q [SEP] d [SEP]) and cut to max_seq_length as transformers cuts them (`kept`)."""
-    t = self.template
-    room = self.max_seq_length - len(t.start) - len(t.between) - len(t.end)
+    ([CLS] q [SEP] d [SEP]) and cut to max_seq_length as transformers cuts them
+    (`flax_encoder.tokenizer.kept`)."""
     queries = [prompt + q for q, _ in pairs]
     documents = [d for _, d in pairs]
-    # room + 1 ids of each: enough to tell whether, and how, a pair is cut
-    firsts = self._tokenizers(lambda: self.tokenizer.encode_leading(queries, room + 1))
-    seconds = self._tokenizers(lambda: self.tokenizer.encode_leading(documents, room + 1))
-    ids = []
-    for query, document, first, second in zip(queries, documents, firsts, seconds):
-      n1, n2 = kept(len(first), len(second), room,
-                    lambda: self._first_longer(query, document, room + 1))
-      ids.append(example_ids(first[:n1], second[:n2], self.max_seq_length, 0, t)[0])
+    ids = self._tokenizers(lambda: encode_examples(self.tokenizer, queries, documents,
+                                                   self.max_seq_length, 0, self.template))
     vocab = self.model.config.vocab_size
     if ids and max(int(i.max(initial=0)) for i in ids) >= vocab:
       raise RerankerError(f"the tokenizer gives ids past the model's vocabulary "
@@ -453,15 +428,6 @@ class Reranker(SentenceEncoder):
       return super()._tokenizers(run)
     except EmbeddingError as e:  # a panic inside `tokenizers`, naming the tokenizer's file
       raise RerankerError(str(e)) from None
-
-  def _first_longer(self, first: str, second: str, count: int) -> bool:
-    """Whether `first` has more ids than `second`, each tokenized in ever longer beginnings
-    until the shorter ends (never more of a text than the shorter's ids and as many again)."""
-    while True:
-      count *= 2
-      a, b = self._tokenizers(lambda: self.tokenizer.encode_leading([first, second], count))
-      if len(a) < count or len(b) < count:
-        return len(a) > len(b)
 
   def predict(self, pairs: Sequence[tuple[str, str]], apply_activation: bool = True,
               batch_tokens: int | None = None, prompt: str | None = None,

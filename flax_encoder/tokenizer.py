@@ -284,11 +284,50 @@ def visible(text: str, seq_len: int) -> str:
   return text[:seq_len * CHARS_PER_ID]
 
 
+def kept(first: int, second: int, room: int, first_longer=lambda: False) -> tuple[int, int]:
+  """The ids kept of a pair's texts of `first` and `second` ids where `room` ids are left
+  between its special ids, as the tokenizers library cuts them (truncation="longest_first",
+  its LongestFirst): the shorter text whole and the longer cut to the rest where the shorter
+  takes at most half, else each half, the odd id to the text that is longer whole (to the
+  second where they are as long). `first_longer()`: whether the first text is the longer, asked
+  only where both are longer than `room` (their ids counted up to room + 1) and room is odd."""
+  if first + second <= room:
+    return first, second
+  swap = first > second or (first == second > room and room % 2 == 1 and first_longer())
+  short, long = (second, first) if swap else (first, second)
+  if 2 * short <= room:
+    short, long = short, room - short
+  else:
+    short, long = room // 2, room - room // 2
+  return (long, short) if swap else (short, long)
+
+
+# How far past an example's ids `first_is_longer` tokenizes two texts, at most: a bound on the
+# work a pair of huge texts makes (transformers tokenizes them whole).
+LONGER_LOOK = 8
+
+
+def first_is_longer(tokenizer: Tokenizer, first: str, second: str, count: int) -> bool:
+  """Whether `first` has more ids than `second`, each tokenized in ever longer beginnings from
+  `count` ids until the shorter ends: where two long texts of a pair are cut, the odd id goes
+  to the longer. Past LONGER_LOOK * count ids of each they count as as long (the odd id to the
+  second), which differs from transformers only for two texts that long, of other lengths."""
+  limit = LONGER_LOOK * count
+  while count < limit:
+    count *= 2
+    a, b = tokenizer.encode_leading([first, second], count)
+    if len(a) < count or len(b) < count:
+      return len(a) > len(b)
+  return False
+
+
 def example_ids(first: np.ndarray, second: np.ndarray | None, seq_len: int,
-                separator_id: int, template: Template | None = None) -> tuple[np.ndarray, bool]:
+                separator_id: int, template: Template | None = None,
+                first_longer=lambda: False) -> tuple[np.ndarray, bool]:
   """One example's ids, at most `seq_len`: the text's, or the text's, the separator and the
-  pair's, the longer of the two cut first; and whether anything was cut. A `template` puts
-  its special ids around them instead of the separator between."""
+  pair's, cut as transformers cuts a pair (`kept`; `first_longer` as it takes it); and whether
+  anything was cut. A `template` puts its special ids around them instead of the separator
+  between."""
   template = template or Template(between=(separator_id,))
   ids = lambda values: np.asarray(values, first.dtype)
   start, between, end = ids(template.start), ids(template.between), ids(template.end)
@@ -296,13 +335,9 @@ def example_ids(first: np.ndarray, second: np.ndarray | None, seq_len: int,
     room = seq_len - len(start) - len(end)
     return np.concatenate([start, first[:room], end]), len(first) > room
   room = seq_len - len(start) - len(between) - len(end)
-  truncated = len(first) + len(second) > room
-  while len(first) + len(second) > room:
-    if len(first) >= len(second):
-      first = first[:-1]
-    else:
-      second = second[:-1]
-  return np.concatenate([start, first, between, ids(second), end]), truncated
+  n1, n2 = kept(len(first), len(second), room, first_longer)
+  truncated = n1 < len(first) or n2 < len(second)
+  return np.concatenate([start, first[:n1], between, ids(second[:n2]), end]), truncated
 
 
 def encode_examples(tokenizer: Tokenizer, texts: list[str], pairs: list[str | None] | None,
@@ -314,8 +349,9 @@ def encode_examples(tokenizer: Tokenizer, texts: list[str], pairs: list[str | No
   # One id more than an example holds, so that `example_ids` knows what it truncates.
   firsts = tokenizer.encode_leading(texts, seq_len + 1)
   seconds = tokenizer.encode_leading([p or "" for p in pairs], seq_len + 1)
-  return [example_ids(a, b if p is not None else None, seq_len, separator_id, template)[0]
-          for a, b, p in zip(firsts, seconds, pairs)]
+  return [example_ids(a, b if p is not None else None, seq_len, separator_id, template,
+                      lambda t=t, p=p: first_is_longer(tokenizer, t, p, seq_len + 1))[0]
+          for a, b, t, p in zip(firsts, seconds, texts, pairs)]
 
 
 def encode_words(tokenizer: Tokenizer, examples: list[list[str]], seq_len: int,

@@ -14,7 +14,8 @@ import pytest
 
 from flax_encoder import cross_encoder
 from flax_encoder.classifier import pair_token_types
-from flax_encoder.cross_encoder import Reranker, RerankerError, kept, save_cross_encoder_modules
+from flax_encoder.cross_encoder import Reranker, RerankerError, save_cross_encoder_modules
+from flax_encoder.tokenizer import kept
 
 MAX = 24  # ids a pair is cut to (BERT: 21 between its 3 special ids, an odd room)
 WORDS = ("the quick brown fox jumps over lazy dog 0 1 2 3 4 5 6 7 8 9 0123 4567 89 a b c d e f g "
