@@ -187,6 +187,7 @@ def is_workdir(path: str) -> bool:
 
 def _run_encoder(workdir: str, dtype: str):
   """The SentenceEncoder of the training run `workdir`: its task's `sentence_encoder`."""
+  from flax_encoder.embeddings import SentenceEncoder
   from train import tasks
   from train.run.load import load_config
   try:
@@ -199,10 +200,16 @@ def _run_encoder(workdir: str, dtype: str):
                    f"contrastive run (configs/embed.py) or a sentence-transformers folder")
   check_run_tokenizer(workdir)
   try:
-    return definition.sentence_encoder(workdir, dtype)
+    encoder = definition.sentence_encoder(workdir, dtype)
   except OSError as e:  # a file of the run gone or unreadable since it was written
     raise RunError(f"--model {workdir}: {e.filename or workdir}: cannot read it "
                    f"({e.strerror or e})") from None
+  if type(encoder) is not SentenceEncoder:  # a sparse or multi-vector model's
+    raise RunError(f"--model {workdir}: a {task} run, whose vectors are not one dense vector a "
+                   f"text; expected a contrastive run (configs/embed.py); export it (python -m "
+                   f"train.export --layout sentence-transformers) for sentence-transformers' "
+                   f"{type(encoder).__name__}")
+  return encoder
 
 
 def check_run_tokenizer(workdir: str) -> None:

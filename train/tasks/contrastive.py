@@ -122,15 +122,15 @@ class RankingLoss:
       if has_negative is not None:  # a line without one adds no column
         hard = jnp.where(jnp.asarray(has_negative, bool)[None, :], hard, -jnp.inf)
       candidates = jnp.concatenate([scores, hard], axis=1)
-    targets = _diagonal(scores)  # anchor i's score of positive i
-    forward = _cross_entropy_sum(candidates, targets)
+    targets = diagonal(scores)  # anchor i's score of positive i
+    forward = cross_entropy_sum(candidates, targets)
     if not self.symmetric:
       return forward
     # sentence-transformers' symmetric loss: a positive is ranked among the anchors alone.
-    return (forward + _cross_entropy_sum(scores.T, targets)) / 2
+    return (forward + cross_entropy_sum(scores.T, targets)) / 2
 
 
-def _diagonal(scores) -> jax.Array:
+def diagonal(scores) -> jax.Array:
   """scores[i, i] of a square [B, B] matrix: each row summed with all but that entry masked
   to 0, the same values as jnp.diagonal. jnp.diagonal lowers to a gather inside a conditional
   (its platform-dependent lowering), and on a mesh the conditional holds the gather's
@@ -140,7 +140,7 @@ def _diagonal(scores) -> jax.Array:
   return jnp.sum(jnp.where(jnp.eye(scores.shape[0], dtype=bool), scores, 0.0), axis=1)
 
 
-def _cross_entropy_sum(scores, target_scores) -> jax.Array:
+def cross_entropy_sum(scores, target_scores) -> jax.Array:
   """The cross-entropy of each row of `scores` against its `target_scores` entry, summed."""
   return jnp.sum(jax.nn.logsumexp(scores, axis=1) - target_scores)
 
@@ -409,7 +409,7 @@ def load_pairs(directory: str) -> dict:
   return loaded
 
 
-def _prepare(config, workdir: str, resume: Resume, paths: dict) -> finetune.Prepared:
+def prepared_pairs(config, workdir: str, resume: Resume, paths: dict) -> finetune.Prepared:
   """The pairs of `paths` in WORKDIR/data, prepared unless they are there already for the same
   request, and the encoder's config."""
   fields = {name: config.data[f"{name}_field"] for name in TEXTS}
@@ -439,7 +439,7 @@ def matryoshka_dims(value: str) -> tuple[int, ...] | None:
 def setup(config, workdir: str, resume: Resume) -> Setup:
   """Contrastive fine-tuning on config.data.train, ranked on config.data.eval."""
   paths = {"train": config.data.train, "eval": config.data.eval}
-  prepared = _prepare(config, workdir, resume, paths)
+  prepared = prepared_pairs(config, workdir, resume, paths)
   cfg, loaded = prepared.encoder, prepared.loaded
   dims = matryoshka_dims(config.task.matryoshka_dims)
   if any(d > cfg.d_model for d in dims):
@@ -518,8 +518,14 @@ def start_max_seq_length(config) -> int | None:
 
 def check(config) -> None:
   """The cross-field checks of a contrastive config (RunError naming the field)."""
-  finetune.check(config)
   _check_start_modules(config)
+  check_batch(config)
+
+
+def check_batch(config) -> None:
+  """finetune's checks, and those of a batch of in-batch negatives (RunError naming the
+  field): the contrastive, sparse and multi-vector tasks'."""
+  finetune.check(config)
   train, task = config.train, config.task
   if train.batch_size < 2:
     raise RunError(f"config.train.batch_size: {train.batch_size}, expected at least 2: the "

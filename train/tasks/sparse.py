@@ -38,7 +38,8 @@ from train.run.load import load_params, recorded_encoder_config
 from train.task import (Definition, Field, HFModel, Plots, Resume, Setup, boolean, choice,
                         number)
 from train.tasks import contrastive, finetune, packed_pairs, tokenizing
-from train.tasks.contrastive import TEXTS, ContrastiveTask, cached, ranking_metrics
+from train.tasks.contrastive import (TEXTS, ContrastiveTask, cached, cross_entropy_sum, diagonal,
+                                     ranking_metrics)
 from train.tasks.masked_lm import MaskedLM
 
 TOP = contrastive.TOP
@@ -67,8 +68,7 @@ class SparseRankingLoss:
       candidates = jnp.concatenate([scores, hard], axis=1)
       documents = jnp.concatenate([positives, negatives])
       present = jnp.concatenate([present, has])
-    targets = jnp.sum(jnp.where(jnp.eye(len(anchors), dtype=bool), scores, 0.0), axis=1)
-    ranking = jnp.sum(jax.nn.logsumexp(candidates, axis=1) - targets)
+    ranking = cross_entropy_sum(candidates, diagonal(scores))
     return ranking + len(anchors) * (self.document_regularizer * flops(documents, present) +
                                      self.query_regularizer * flops(anchors))
 
@@ -134,7 +134,7 @@ def _untied(family: str | None) -> bool:
 def setup(config, workdir: str, resume: Resume) -> Setup:
   """Sparse contrastive fine-tuning on config.data.train, ranked on config.data.eval."""
   paths = {"train": config.data.train, "eval": config.data.eval}
-  prepared = contrastive._prepare(config, workdir, resume, paths)
+  prepared = contrastive.prepared_pairs(config, workdir, resume, paths)
   cfg, loaded, start = prepared.encoder, prepared.loaded, prepared.start
   head = start.hf.get("masked_lm") if start.hf else None
   if start.hf is None or (head is None and not config.init.fresh_head):
@@ -208,18 +208,9 @@ def _start_pooling(config) -> dict:
 
 
 def check(config) -> None:
-  """contrastive's checks, less its pooling's; the start's SpladePooling where it has one."""
-  finetune.check(config)
-  train, task = config.train, config.task
-  if train.batch_size < 2:
-    raise RunError(f"config.train.batch_size: {train.batch_size}, expected at least 2: the "
-                   f"other pairs of a batch are each anchor's negatives")
-  if train.grad_accum_steps != 1:
-    raise RunError(f"config.train.grad_accum_steps: {train.grad_accum_steps}, expected 1; set "
-                   f"config.task.cached=True (GradCache) for a large batch in little memory")
-  if task.cached and train.batch_size % task.mini_batch:
-    raise RunError(f"config.task.mini_batch: {task.mini_batch}, expected a divisor of "
-                   f"config.train.batch_size ({train.batch_size}) with config.task.cached")
+  """contrastive's checks of a batch; the start's SpladePooling where it has one."""
+  contrastive.check_batch(config)
+  task = config.task
   pooling = _start_pooling(config)
   for name, key in (("pooling", "pooling_strategy"), ("activation", "activation_function")):
     if key in pooling and pooling[key] != task[name]:
