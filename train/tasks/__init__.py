@@ -7,6 +7,7 @@
   contrastive fine-tuning: sentence embeddings from pairs of texts (train.tasks.contrastive)
   rerank     fine-tuning: a cross-encoder's relevance score of (query, document) pairs
   sparse     fine-tuning: SPLADE's sparse vectors from pairs of texts (train.tasks.sparse)
+  multi_vector fine-tuning: ColBERT's token vectors from pairs (train.tasks.multi_vector)
 
 Each task's module defines its `DEFINITION` (`train.task.Definition`); a new task adds its
 module here, and the program learns of it from that alone.
