@@ -11,6 +11,15 @@ its modes, several concatenated in the order it lists them), then Dense and Norm
 A prompt is put before each text and tokenized with it; with the pooling's include_prompt off,
 the prompt's ids (less the special id after it) are left out of the pooling.
 
+A folder of one Router (an asymmetric model: a query route and a document route, each a
+Transformer, Pooling, Dense and Normalize modules, sharing a Transformer or not; then maybe
+modules.json's Dense and Normalize after any route) runs the route its task picks, as
+sentence-transformers picks it (`flax_encoder.router`), each route a SentenceEncoder of its own:
+
+    queries = encoder.encode_query(texts)      # the "query" prompt (if any), the query route
+    documents = encoder.encode_document(texts)
+    vectors = encoder(texts, task="query")     # encoder(texts): the Router's default route
+
 sentence-transformers sorts the texts by length and pads each batch to its longest. Here each
 text is its own segment of a packed row (`flax_encoder.packing`: it attends only to itself, its
 positions count from its first id), many to a row, pooled on its own: a text's vector is the
@@ -51,6 +60,7 @@ from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
 from flax_encoder import modules_json
 from flax_encoder.modules_json import (TRANSFORMER_CONFIGS, TRANSFORMERS, ModulesError,
                                        transformer_folder)
+from flax_encoder.router import ROUTERS, Router, read_router
 from flax_encoder.tokenizer import Template, Tokenizer, TokenizerFailure, encode_examples
 
 # modules.json's type of each module this reads -> its kind. sentence-transformers names a
@@ -64,6 +74,7 @@ MODULE_KINDS = {
     "sentence_transformers.base.modules.dense.Dense": "Dense",
     "sentence_transformers.models.Normalize": "Normalize",
     "sentence_transformers.base.modules.normalize.Normalize": "Normalize",
+    **dict.fromkeys(ROUTERS, "Router"),
 }
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 # Pooling's config.json before sentence-transformers 6: a flag per mode, concatenated in this
@@ -326,8 +337,19 @@ def _object(file: str, required: bool = True) -> dict | None:
   return modules_json.read_json(file, EmbeddingError, dict, required)
 
 
+def _module_kind(module_type, file: str, which: str) -> str:
+  """The kind of a module of type `module_type` (MODULE_KINDS), `which` naming it in `file`."""
+  kind = MODULE_KINDS.get(module_type) if isinstance(module_type, str) else None
+  if kind is None:
+    raise EmbeddingError(f"{file}: {which} is of type {module_type!r}, which SentenceEncoder "
+                         f"does not compute; it computes "
+                         f"{', '.join(sorted(set(MODULE_KINDS.values())))}")
+  return kind
+
+
 def read_modules(path: str) -> list[tuple[str, str]]:
-  """(kind, folder) of each module of modules.json after the Transformer."""
+  """(kind, folder) of each module of modules.json after the Transformer (a folder without a
+  Router: `read_routes` reads one)."""
   file = os.path.join(path, "modules.json")
   try:
     modules = modules_json.read_modules(path)
@@ -335,11 +357,11 @@ def read_modules(path: str) -> list[tuple[str, str]]:
     raise EmbeddingError(str(e)) from None
   kinds = []
   for i, module in enumerate(modules):
-    kind = MODULE_KINDS.get(module.get("type"))
-    if kind is None:
-      raise EmbeddingError(f"{file}: module {i} is of type {module.get('type')!r}, which "
-                           f"SentenceEncoder does not compute; it computes "
-                           f"{', '.join(sorted(set(MODULE_KINDS.values())))}")
+    kind = _module_kind(module.get("type"), file, f"module {i}")
+    if kind == "Router":
+      raise EmbeddingError(f"{file}: module {i} is a Router (modules picked by the task: "
+                           f"SentenceEncoder.load computes it, training and export do not), "
+                           f"expected a Transformer then a Pooling")
     if (kind == "Transformer") != (i == 0):
       raise EmbeddingError(f"{file}: module {i} is a {kind}, expected the Transformer first "
                            f"and only there")
@@ -350,6 +372,27 @@ def read_modules(path: str) -> list[tuple[str, str]]:
   if any(kind == "Pooling" for kind, _ in kinds[2:]):
     raise EmbeddingError(f"{file}: more than one Pooling module")
   return kinds[1:]
+
+
+def read_routes(path: str, modules: Sequence[dict]) -> Router:
+  """The Router of the folder `path`, whose modules.json's `modules` are the Router then
+  modules run after any route: each route's (Transformer module's folder, (kind, folder) of
+  each module after it: the route's own, then those after the Router)."""
+  file = os.path.join(path, "modules.json")
+  after = [(_module_kind(m.get("type"), file, f"module {i}"), os.path.join(path, m["path"]))
+           for i, m in enumerate(modules[1:], 1)]
+  router = read_router(os.path.normpath(os.path.join(path, modules[0]["path"])), EmbeddingError)
+  routes = {}
+  for route, route_modules in router.routes.items():
+    kinds = [(_module_kind(m.type, router.file, f"module {m.name!r} (route {route!r})"),
+              m.folder) for m in route_modules] + after
+    names = [kind for kind, _ in kinds]
+    if names[:2] != ["Transformer", "Pooling"] or not set(names[2:]) <= {"Dense", "Normalize"}:
+      then = " (its own, then modules.json's after the Router)" if after else ""
+      raise EmbeddingError(f"{router.file}: route {route!r} runs {names}{then}, expected a "
+                           f"Transformer, a Pooling, then Dense and Normalize modules")
+    routes[route] = (kinds[0][1], kinds[1:])
+  return router.with_routes(routes)
 
 
 def read_pooling(folder: str, width: int | None = None) -> Pooling:
@@ -478,13 +521,9 @@ def read_max_seq_length(module: str, max_len: int) -> int:
   sentence_*_config.json max_seq_length, else its tokenizer's model_max_length (where
   sentence-transformers 6 saves it), at most the encoder's `max_len` (the positions it has),
   as sentence-transformers caps the tokenizer's."""
-  key, value = "max_seq_length", None
-  for name in TRANSFORMER_CONFIGS:
-    file = os.path.join(module, name)
-    config = _object(file, required=False)
-    if config is not None:
-      value = config.get(key)
-      break
+  key = "max_seq_length"
+  file, config = _transformer_config(module)
+  value = config.get(key)
   if value is None:  # the tokenizer's, read where its tokenizer is (tokenizer_from_directory)
     key, file = "model_max_length", os.path.join(module, "tokenizer_config.json")
     value = (_object(file, required=False) or {}).get(key)
@@ -495,6 +534,31 @@ def read_max_seq_length(module: str, max_len: int) -> int:
       math.isfinite(value) and value >= 3):
     raise EmbeddingError(f"{file}: {key}={value!r}, expected an integer >= 3")
   return int(min(value, max_len))
+
+
+def _transformer_config(module: str) -> tuple[str, dict]:
+  """(file, its object) of the Transformer module's (folder `module`'s) settings: the first
+  sentence_*_config.json there is ({} where there is none)."""
+  for name in TRANSFORMER_CONFIGS:
+    file = os.path.join(module, name)
+    config = _object(file, required=False)
+    if config is not None:
+      return file, config
+  return os.path.join(module, TRANSFORMER_CONFIGS[0]), {}
+
+
+# The Transformer module's settings that tokenize a task's texts otherwise (a multi-vector
+# model's), which SentenceEncoder does not apply -> the task.
+_TASK_SETTINGS = {"query_length": "query", "document_length": "document",
+                  "query_expansion": "query"}
+
+
+def read_task_settings(module: str) -> dict[str, str]:
+  """{task: 'FILE: key=value'} of the Transformer module's (folder `module`'s) settings that
+  sentence-transformers applies to that task's texts alone (_TASK_SETTINGS), where set."""
+  file, config = _transformer_config(module)
+  return {task: f"{file}: {key}={config[key]!r}" for key, task in _TASK_SETTINGS.items()
+          if config.get(key) is not None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -577,7 +641,11 @@ def _save_dense(folder: str, step: Dense, params: dict, on: str = "sentence_embe
 
 class SentenceEncoder:
   """A sentence-transformers folder's texts -> vectors function (`load`); called on texts it
-  returns `SentenceTransformer(folder).encode(texts)`'s float32 [n, dim]."""
+  returns `SentenceTransformer(folder).encode(texts)`'s float32 [n, dim].
+
+  A Router folder's is its default route's encoder (model, params, tokenizer, `apply`: that
+  route's) whose calls run the route their task picks: `router.routes` holds a SentenceEncoder
+  a route, each recording its own `shapes`."""
 
   def __init__(self, model: SentenceModel, params: dict, tokenizer: Tokenizer,
                max_seq_length: int, prompts: dict[str, str] | None = None,
@@ -604,6 +672,10 @@ class SentenceEncoder:
     # max_segments=1: a text a row, padded (what packing saves, measured)
     self.max_segments = tuple(max_segments or segments_per_row(n) for n in self.row_lengths)
     self.shapes: set[tuple[int, int]] = set()  # the (rows, length) shapes called so far
+    self.router: Router | None = None  # a Router folder's routes (`load`)
+    # {task: its setting} of what the Transformer module tokenizes otherwise for a task
+    # (read_task_settings), refused where that task is asked for
+    self.task_settings: dict[str, str] = {}
 
   @classmethod
   def load(cls, path: str | os.PathLike, dtype="float32", attention_impl: str | None = None,
@@ -611,9 +683,17 @@ class SentenceEncoder:
     """The sentence-transformers folder `path` (or a Hugging Face model directory, mean
     pooled as sentence-transformers makes one of it), computed in `dtype` (vectors are float32
     either way) by `attention_impl` (load_hf's default where None). `options`: row_lengths,
-    max_segments, devices (SentenceEncoder's). Raises EmbeddingError in one line naming the
-    file."""
+    max_segments, devices (SentenceEncoder's). A folder of a Router: its default route's
+    encoder, calls routed by their task (`router`). Raises EmbeddingError in one line naming
+    the file."""
     path = os.fspath(path)
+    settings = {"dtype": dtype} | ({"attention_impl": attention_impl} if attention_impl else {})
+    try:
+      entries = modules_json.read_modules(path)
+    except ModulesError as e:
+      raise EmbeddingError(str(e)) from None
+    if entries and entries[0].get("type") in ROUTERS:
+      return cls._load_router(path, entries, settings, options)
     try:
       module = transformer_folder(path)
     except ModulesError as e:
@@ -623,14 +703,47 @@ class SentenceEncoder:
                            f"sentence-transformers folder or a Hugging Face model directory")
     # a Hugging Face model directory: mean pooled, as sentence-transformers makes one of it
     modules = read_modules(path) if module is not None else []
-    module = module or path
-    settings = {"dtype": dtype} | ({"attention_impl": attention_impl} if attention_impl else {})
-    try:
-      hf = read_hf(path, **settings)
-      tokenizer = tokenizer_from_directory(path)
-    except (HFError, TokenizerError) as e:
-      raise EmbeddingError(str(e)) from None
-    config, params = hf.config, {"encoder": hf.variables["params"]}
+    return cls._read(path, module or path, modules, settings, read_settings(path), **options)
+
+  @classmethod
+  def _load_router(cls, path: str, entries: list[dict], settings: dict,
+                   options: dict) -> SentenceEncoder:
+    """The encoder of the Router folder `path` (modules.json's `entries`): a SentenceEncoder a
+    route, those of one Transformer folder sharing its weights; the folder's prompts (each
+    route's tokenizer and pooling say what a prompt's ids are) are the routing encoder's."""
+    router = read_routes(path, entries)
+    prompts, default, similarity = read_settings(path)
+    encoders, transformers = {}, {}
+    for route, (module, modules) in router.routes.items():
+      key = os.path.realpath(module)
+      encoders[route] = cls._read(module, module, modules, settings, ({}, None, similarity),
+                                  transformers.get(key), **options)
+      route_encoder = encoders[route]
+      transformers.setdefault(key, (route_encoder.model.config,
+                                    route_encoder.params["encoder"], route_encoder.tokenizer))
+    encoder = copy.copy(encoders[router.default_route or next(iter(encoders))])
+    encoder.shapes = set()
+    encoder.router = router.with_routes(encoders)
+    encoder.prompts, encoder.default_prompt_name = prompts, default
+    return encoder
+
+  @classmethod
+  def _read(cls, source: str, module: str, modules: Sequence[tuple[str, str]], settings: dict,
+            folder_settings: tuple[dict[str, str], str | None, str],
+            transformer: tuple[EncoderConfig, dict, Tokenizer] | None = None,
+            **options) -> SentenceEncoder:
+    """The encoder of the Transformer that `source` reads as (its module's folder `module`)
+    and the (kind, folder) `modules` after it; `folder_settings`: read_settings'. Given
+    `transformer` (config, encoder params, tokenizer), its weights are not read again."""
+    if transformer is None:
+      try:
+        hf = read_hf(source, **settings)
+        tokenizer = tokenizer_from_directory(source)
+      except (HFError, TokenizerError) as e:
+        raise EmbeddingError(str(e)) from None
+      transformer = hf.config, hf.variables["params"], tokenizer
+    config, encoder_params, tokenizer = transformer
+    params = {"encoder": encoder_params}
     pooling, steps, width = Pooling(), [], config.d_model
     for kind, folder in modules:
       if kind == "Pooling":
@@ -642,14 +755,14 @@ class SentenceEncoder:
         width = step.out_features
       else:
         steps.append(read_normalize(folder))
-    prompts, default, similarity = read_settings(path)
     # a panic inside `tokenizers` comes of a tokenizer.json's own parts (a Split's regex):
     # those built from vocabulary files are this library's
     tokenizer_file = os.path.join(module, "tokenizer.json")
-    return cls(SentenceModel(config, pooling, tuple(steps)), params, tokenizer,
-               read_max_seq_length(module, config.max_len), prompts, default,
-               similarity, **options,
-               tokenizer_file=tokenizer_file if os.path.isfile(tokenizer_file) else module)
+    encoder = cls(SentenceModel(config, pooling, tuple(steps)), params, tokenizer,
+                  read_max_seq_length(module, config.max_len), *folder_settings, **options,
+                  tokenizer_file=tokenizer_file if os.path.isfile(tokenizer_file) else module)
+    encoder.task_settings = read_task_settings(module)
+    return encoder
 
   def _place(self, params: dict, devices: Sequence[jax.Device]) -> None:
     """The rows of a call split over `devices` (one mesh axis), the weights copied to each."""
@@ -664,6 +777,10 @@ class SentenceEncoder:
     encoder = copy.copy(self)
     encoder.shapes = set()
     encoder._place(self.params, devices)
+    if self.router is not None:  # a sparse Router's static routes run on the host
+      encoder.router = self.router.with_routes({
+          name: route.on_devices(devices) if isinstance(route, SentenceEncoder) else route
+          for name, route in self.router.routes.items()})
     return encoder
 
   @property
@@ -735,12 +852,24 @@ class SentenceEncoder:
     return default_batch_tokens(self.model.config, self.devices[0], self.row_lengths[-1])
 
   def __call__(self, texts: Sequence[str] | str, prompt: str | None = None,
-               prompt_name: str | None = None, batch_tokens: int | None = None) -> np.ndarray:
+               prompt_name: str | None = None, batch_tokens: int | None = None,
+               task: str | None = None) -> np.ndarray:
     """float32 [len(texts), dim] (a text alone: [dim]): each text's vector, the prompt
-    (`prompt_text`) before it. A call encodes `batch_tokens` ids on each device at most
-    (default: `default_batch_tokens()`), in rows of `row_lengths`."""
+    (`prompt_text`) before it. `task` ("query", "document"; None: encode's) picks a Router's
+    route; without a Router it changes nothing, as in sentence-transformers. A call encodes
+    `batch_tokens` ids on each device at most (default: `default_batch_tokens()`), in rows of
+    `row_lengths`."""
     if isinstance(texts, str):
-      return self([texts], prompt, prompt_name, batch_tokens)[0]
+      return self([texts], prompt, prompt_name, batch_tokens, task)[0]
+    if task is not None and not isinstance(task, str):
+      raise EmbeddingError(f"task={task!r}, expected a str such as 'query' or 'document'")
+    if self.router is not None:
+      route = self.router.routes[self.router.resolve(task)]
+      return route(texts, self.prompt_text(prompt, prompt_name), None, batch_tokens, task)
+    if task in self.task_settings:
+      raise EmbeddingError(f"task={task!r}: {self.task_settings[task]}, which "
+                           f"sentence-transformers applies to that task's texts and "
+                           f"SentenceEncoder does not")
     if batch_tokens is None:
       batch_tokens = self.default_batch_tokens()
     texts = list(texts)
@@ -761,6 +890,27 @@ class SentenceEncoder:
     for chunk in pending:
       self._collect(chunk, out)
     return out
+
+  def encode_query(self, texts: Sequence[str] | str, prompt: str | None = None,
+                   prompt_name: str | None = None, batch_tokens: int | None = None
+                   ) -> np.ndarray:
+    """Queries' vectors, as sentence-transformers' encode_query: the folder's "query" prompt
+    unless another is given (none where it has none, never the default prompt), task "query"
+    (a Router's query route)."""
+    if prompt is None and prompt_name is None:
+      prompt = self.prompts.get("query", "")
+    return self(texts, prompt, prompt_name, batch_tokens, task="query")
+
+  def encode_document(self, texts: Sequence[str] | str, prompt: str | None = None,
+                      prompt_name: str | None = None, batch_tokens: int | None = None
+                      ) -> np.ndarray:
+    """Documents' vectors, as sentence-transformers' encode_document: the folder's "document"
+    prompt unless another is given (none where it has none), task "document". (Its fall-backs
+    "passage" and "corpus" are never reached: sentence-transformers 6 gives every model a
+    "document" prompt, '' by default.)"""
+    if prompt is None and prompt_name is None:
+      prompt = self.prompts.get("document", "")
+    return self(texts, prompt, prompt_name, batch_tokens, task="document")
 
   def _dispatch(self, ids: list[np.ndarray], start: int, batch_tokens: int,
                 pool_from: int) -> list[tuple[jax.Array, np.ndarray, np.ndarray]]:
@@ -792,6 +942,9 @@ class SentenceEncoder:
     """Writes beside the Hugging Face model directory in `path` (this encoder's Transformer
     module) the files that make it this encoder's sentence-transformers folder
     (`save_modules`)."""
+    if self.router is not None:
+      raise EmbeddingError(f"{path}: a Router's encoder, whose routes save_modules does not "
+                           f"write; expected an encoder of one route (router.routes)")
     save_modules(path, self.model, self.params, self.max_seq_length, self.similarity,
                  self.prompts, self.default_prompt_name)
 

@@ -31,12 +31,11 @@ Shapes: r = rows, s = ids of a row, k = segments of a row, v = the vocabulary, n
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +49,7 @@ from flax_encoder.families import HFError, read_hf, read_hf_weights
 from flax_encoder.heads import DecoderHead, MaskedLMHead
 from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
 from flax_encoder.modules_json import TRANSFORMER_CONFIGS, TRANSFORMERS, ModulesError
+from flax_encoder.router import ROUTERS, Router, read_router
 from flax_encoder.tokenizer import Tokenizer, TokenizerFailure
 
 POOLING_STRATEGIES = ("max", "sum")
@@ -67,9 +67,7 @@ MODULE_KINDS = {
     "sentence_transformers.sparse_encoder.models.SparseStaticEmbedding": "SparseStaticEmbedding",
     "sentence_transformers.sparse_encoder.modules.sparse_static_embedding."
     "SparseStaticEmbedding": "SparseStaticEmbedding",
-    "sentence_transformers.models.Router": "Router",
-    "sentence_transformers.models.Asym": "Router",
-    "sentence_transformers.base.modules.router.Router": "Router",
+    **dict.fromkeys(ROUTERS, "Router"),
 }
 # What a folder, or a route of its Router, may hold.
 SPLADE_MODULES = (("Transformer", "SpladePooling"), ("MLMTransformer", "SpladePooling"))
@@ -292,7 +290,7 @@ def similarity(a: SparseVectors | np.ndarray, b: SparseVectors | np.ndarray,
 
 
 # ---------------------------------------------------------------------------------------------
-# SparseStaticEmbedding and the Router
+# SparseStaticEmbedding (a Router's static route: flax_encoder.router)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -325,29 +323,6 @@ class StaticEmbedding:
     return SparseVectors._assemble(len(ids), dim, [(np.arange(len(ids)), counts,
                                                     cols[nonzero].astype(np.int32),
                                                     values[nonzero])])
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Router:
-  """A Router's routes (None: the Transformer and SpladePooling; else a StaticEmbedding) and
-  how a task picks one, as sentence-transformers' Router picks it for texts."""
-  routes: Mapping[str, StaticEmbedding | None]
-  default_route: str | None = None
-  mappings: Mapping[tuple, str] = dataclasses.field(default_factory=dict)
-
-  def resolve(self, task: str | None) -> str:
-    """The route of `task` (None: encode's; "query", "document"), for text."""
-    for key in ((task, "text"), (task, None), (None, "text"), (None, None)):
-      if key in self.mappings:
-        return self.mappings[key]
-    if task and task in self.routes:
-      return task
-    if "text" in self.routes:
-      return "text"
-    if task is None and self.default_route is not None:
-      return self.default_route
-    raise SparseError(f"task={task!r}: the Router has no route for it; its routes are "
-                      f"{sorted(self.routes)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -636,37 +611,22 @@ def _read_sparse_settings(path: str) -> tuple[str, int | None]:
 
 
 def _read_router(folder: str) -> tuple[Router, tuple]:
-  """The Router in `folder` (router_config.json, else config.json, as sentence-transformers
-  reads it): its routes, and the (kinds, folders) of its one Transformer and SpladePooling."""
-  file = os.path.join(folder, "router_config.json")
-  config = _object(file, required=False)
-  if config is None:
-    file = os.path.join(folder, "config.json")
-    config = _object(file)
-  types, structure = config.get("types"), config.get("structure")
-  parameters = config.get("parameters") or {}
-  if not isinstance(types, dict) or not isinstance(structure, dict) or not structure or not (
-      all(isinstance(ids, list) and ids and all(i in types for i in ids)
-          for ids in structure.values())) or not isinstance(parameters, dict):
-    raise SparseError(f"{file}: expected 'types' (module -> type), 'structure' (route -> "
-                      f"its modules, each in types) and 'parameters'")
-  root = os.path.realpath(folder)
-  for module in types:
-    if not isinstance(module, str) or os.path.commonpath(
-        [root, os.path.realpath(os.path.join(folder, module))]) != root or module in ("", "."):
-      raise SparseError(f"{file}: module {module!r} leads out of {folder}, expected a folder "
-                        f"of it")
+  """The Router in `folder` (`flax_encoder.router.read_router`): its routes (None: the
+  Transformer and SpladePooling; else a StaticEmbedding), and the (kinds, folders) of its one
+  Transformer and SpladePooling."""
+  router = read_router(folder, SparseError)
+  file = router.file
   routes: dict[str, StaticEmbedding | None] = {}
   splade = None
-  for route, ids in structure.items():
-    kinds = tuple(_kind(types[i], file, f"module {i!r}") for i in ids)
+  for route, modules in router.routes.items():
+    kinds = tuple(_kind(m.type, file, f"module {m.name!r}") for m in modules)
     if kinds in STATIC_MODULES:
-      routes[route] = _read_static(os.path.join(folder, ids[0]))
+      routes[route] = _read_static(modules[0].folder)
     elif kinds in SPLADE_MODULES:
-      if splade is not None and splade[1] != ids:
+      if splade is not None and splade[1] != modules:
         raise SparseError(f"{file}: routes {splade[0]!r} and {route!r} each run a "
                           f"Transformer of their own, expected one")
-      splade = (route, ids, kinds)
+      splade = (route, modules, kinds)
       routes[route] = None
     else:
       raise SparseError(f"{file}: route {route!r} holds {list(kinds)}, expected "
@@ -675,26 +635,8 @@ def _read_router(folder: str) -> tuple[Router, tuple]:
   if splade is None:
     raise SparseError(f"{file}: no route runs a Transformer (fill-mask) then SpladePooling, "
                       f"expected one")
-  default = parameters.get("default_route")
-  if default is not None and default not in structure:
-    raise SparseError(f"{file}: default_route={default!r}, expected one of its routes "
-                      f"{sorted(structure)}")
-  if default is None and parameters.get("allow_empty_key", True):
-    default = next(iter(structure))
-  mappings = {}
-  for key, route in (parameters.get("route_mappings") or {}).items():
-    try:
-      task, modality = ast.literal_eval(key)
-    except (ValueError, SyntaxError, TypeError):
-      raise SparseError(f"{file}: route_mappings key {key!r}, expected '(task, modality)'"
-                        ) from None
-    if route not in structure:
-      raise SparseError(f"{file}: route_mappings maps {key!r} to {route!r}, expected one of "
-                        f"its routes {sorted(structure)}")
-    mappings[(task, modality)] = route
-  _, ids, kinds = splade
-  return (Router(routes, default, mappings),
-          (kinds, tuple(os.path.join(folder, i) for i in ids)))
+  _, modules, kinds = splade
+  return router.with_routes(routes), (kinds, tuple(m.folder for m in modules))
 
 
 def _read_static(folder: str) -> StaticEmbedding:
