@@ -117,3 +117,17 @@ def test_the_big_batch_benchmark_sets_the_announced_memory_against_the_memory_he
   assert 0 < result["compiled_rss_gb"] <= result["peak_rss_gb"]
   assert 0 < result["training_peak_rss_gb"] <= result["peak_rss_gb"]
   assert 0 < result["host_resident_gb"] <= result["peak_rss_gb"]
+
+
+def test_the_retrieval_benchmark_ranks_each_query_against_every_document():
+  from benchmarks.retrieval import metrics
+  scores = np.eye(12)
+  scores[1, [5, 7]] = 2  # two above the relevant one: rank 3
+  scores[2] = 5
+  scores[2, 2] = 1  # every other above: rank 12, outside the top 10
+  scores[3, 4] = 1  # a tie ranks above the relevant one: rank 2
+  got = metrics(scores)
+  ranks = [1, 3, None, 2] + [1] * 8
+  assert got["mrr_at_10"] == pytest.approx(np.mean([1 / r if r else 0 for r in ranks]))
+  assert got["ndcg_at_10"] == pytest.approx(
+      np.mean([1 / np.log2(r + 1) if r else 0 for r in ranks]))
