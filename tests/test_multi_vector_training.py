@@ -232,6 +232,7 @@ def test_fine_tuning_ranks_the_held_out_pairs_better_than_the_start(tuned):
   assert record["skip_ids"]  # the punctuation's ids in the tokenizer
 
 
+@pytest.mark.slow  # two runs of the program
 def test_a_multi_vector_run_resumes_exactly(tuned, topic_pairs, hf_dir, tmp_path, capfd):
   # The run from its checkpoint at step 20, as a run stopped there resumes, against the run
   # that went on: the same losses, held-out ranking and parameters, bit for bit.

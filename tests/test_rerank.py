@@ -167,6 +167,7 @@ def test_the_export_is_a_cross_encoder_with_the_runs_scores(tuned, groups, tmp_p
   np.testing.assert_allclose(scores, want, atol=1e-5)
 
 
+@pytest.mark.slow  # two runs of the program
 def test_a_rerank_run_resumes_exactly(groups, hf_dir, tmp_path, capfd):
   from train import loop
   from train.run.load import load_encoder

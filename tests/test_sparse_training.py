@@ -108,6 +108,7 @@ def test_the_export_is_a_sparse_encoder_with_the_runs_vectors(tuned, tmp_path):
   assert (ours != 0).sum() > 0
 
 
+@pytest.mark.slow  # two runs of the program
 def test_a_sparse_run_resumes_exactly(topic_pairs, mlm_dir, tmp_path, capfd):
   from train import loop
   from train.run.load import load_encoder
