@@ -152,7 +152,10 @@ def test_what_the_folders_say_is_read(loaded, hf_dirs):
   for name, (family, pooling, activation) in SPLADE.items():
     ours, theirs = loaded[name]
     assert (ours.model.pooling, ours.model.activation) == (pooling, activation), name
-    assert ours.dim == theirs.get_embedding_dimension() == ours.model.config.vocab_size
+    # sentence-transformers knows SpladePooling's width once it has encoded (until then it
+    # says the hidden size): its vectors' width
+    width = theirs.encode(["a"], convert_to_tensor=True).shape[-1]
+    assert ours.dim == width == ours.model.config.vocab_size, name
     assert ours.max_seq_length == MAX_SEQ == theirs.max_seq_length, name
     assert ours.model.untied_decoder == (family == "eurobert")
     assert ours.similarity_fn_name == "dot" and ours.max_active_dims is None
