@@ -131,9 +131,18 @@ def test_a_sparse_run_resumes_exactly(topic_pairs, mlm_dir, tmp_path, capfd):
   chex.assert_trees_all_equal(load_encoder(resumed)[1], load_encoder(straight)[1])
 
 
-def test_a_start_without_a_masked_lm_head_is_refused_in_one_line(topic_pairs, tmp_path):
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+  """A tiny BERT without a masked-LM head."""
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
   from tests import hf_models
-  base = hf_models.write(tmp_path / "base", "bert", head="base")
+  return hf_models.write(tmp_path_factory.mktemp("base"), "bert", head="base")
+
+
+def test_a_start_without_a_masked_lm_head_is_refused_in_one_line(topic_pairs, base_dir,
+                                                                tmp_path):
+  base = base_dir
   result = runs.train(str(tmp_path / "run"), f"--config.data.train={topic_pairs[0]}",
                       f"--config.data.eval={topic_pairs[1]}", f"--config.init.hf={base}",
                       check=False, config=os.path.join(runs.ROOT, "configs", "sparse.py"))
@@ -142,9 +151,8 @@ def test_a_start_without_a_masked_lm_head_is_refused_in_one_line(topic_pairs, tm
   assert "config.init.hf" in message and "masked-LM head" in message
 
 
-def test_a_fresh_head_starts_on_an_encoder_without_one(topic_pairs, tmp_path):
-  from tests import hf_models
-  base = hf_models.write(tmp_path / "base", "bert", head="base")
+def test_a_fresh_head_starts_on_an_encoder_without_one(topic_pairs, base_dir, tmp_path):
+  base = base_dir
   workdir = str(tmp_path / "run")
   result = runs.train(workdir, f"--config.data.train={topic_pairs[0]}",
                       f"--config.data.eval={topic_pairs[1]}", f"--config.init.hf={base}",
