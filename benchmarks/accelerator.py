@@ -33,6 +33,10 @@ DIR/log.txt are written again as each part ends:
   contrastive  the training step of configs/embed.py (contrastive, packed pairs, AdamW) at
                BERT-base size, bfloat16 compute, 256 made-up pairs at seq_len 128, GradCache
                off and on: pairs/s, MFU against the measured matmul and the datasheet peak
+  retrieval    Reranker, SparseEncoder and MultiVectorEncoder (bfloat16, packed) at BERT-base
+               size on 2,048 pydoc paragraphs, against sentence-transformers' CrossEncoder,
+               SparseEncoder and MultiVectorEncoder (float16, batch 32) where it is installed:
+               texts/s (pairs/s for the reranker)
   attention    reference, xla and cudnn attention: max error against float32, forward and
                backward time, at 512 and 2048 tokens with padding
   long         one sliding-window layer of ModernBERT-base's shape at 8,192 tokens, bfloat16
@@ -72,6 +76,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = (("environment", None, 90), ("suite", None, 360), ("parity", None, 150),
         ("train_step", None, 330), ("bert", None, 420),
         ("embed", "minilm", 180), ("embed", "base", 240), ("contrastive", None, 300),
+        ("retrieval", None, 240),
         ("attention", None, 180),
         ("long", None, 150),
         ("big", "none", 120), ("big", "full", 120), ("big", "save_dots", 120),
@@ -376,6 +381,15 @@ def contrastive(tiny: bool, variant=None) -> dict:
   if tiny:
     accelerator_embed.quick_cpu_compiles()
   return accelerator_embed.contrastive(tiny, _best_attention())
+
+
+def retrieval(tiny: bool, variant=None) -> dict:
+  """Rerankers, SPLADE and ColBERT models at BERT-base size against sentence-transformers'."""
+  os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.45")
+  from benchmarks import accelerator_embed
+  if tiny:
+    accelerator_embed.quick_cpu_compiles()
+  return accelerator_embed.retrieval(tiny, _best_attention())
 
 
 def attention(tiny: bool, variant=None) -> dict:

@@ -296,3 +296,108 @@ def contrastive(tiny: bool, attention: str, reps: int | None = None) -> dict:
            + ", ".join(f"{r['impl']} {r['flops_per_s'] / 1e12:.1f} TFLOP/s" for r in peak)
            + (f"; datasheet dense bf16 peak {nominal / 1e12:.0f} TFLOP/s" if nominal else "")]
   return {"rows": rows, "notes": notes}
+
+
+# ---------------------------------------------------------------------------------------------
+# Rerankers, SPLADE and ColBERT
+
+RETRIEVAL_TEXTS = 2048  # the pydoc paragraphs (1,139) repeated; tiny runs take 96 of them
+
+
+def retrieval_folders(directory: str, texts: list[str], sizes: dict) -> dict:
+  """{type: a folder of it} in `directory`, without sentence-transformers: a random
+  transformers BERT of `sizes` (seed 0) with a WordPiece tokenizer trained on `texts`, as a
+  reranker (a *ForSequenceClassification of one label), a SPLADE model (its *ForMaskedLM and
+  save_splade's files) and a ColBERT model (its bare model, a 128-wide projection drawn here
+  and save_multi_vector's files)."""
+  import torch
+  import transformers
+
+  from benchmarks.embeddings import SEQ_LEN
+  from benchmarks.hf_walkthrough import wordpiece
+  from flax_encoder.embeddings import Dense, Normalize
+  from flax_encoder.families import config_from_hf
+  from flax_encoder.multi_vector import MultiVectorModel, save_multi_vector
+  from flax_encoder.sparse import save_splade
+  config = transformers.BertConfig(**sizes)
+  tok, special = wordpiece(texts, 8000)
+  length = min(SEQ_LEN, sizes["max_position_embeddings"])
+  folders = {}
+  for kind, model_class in (("rerank", transformers.BertForSequenceClassification),
+                            ("sparse", transformers.BertForMaskedLM),
+                            ("multi_vector", transformers.BertModel)):
+    torch.manual_seed(0)
+    folder = folders[kind] = os.path.join(directory, kind)
+    model_class(transformers.BertConfig(**sizes, num_labels=1)).save_pretrained(folder)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **special,
+                                         model_max_length=length).save_pretrained(folder)
+  save_splade(folders["sparse"], max_seq_length=length)
+  steps = (Dense(config.hidden_size, 128, bias=False, activation="Identity"), Normalize())
+  kernel = np.random.default_rng(0).normal(0, config.hidden_size ** -0.5,
+                                           (config.hidden_size, 128)).astype(np.float32)
+  save_multi_vector(folders["multi_vector"],
+                    MultiVectorModel(config_from_hf(config.to_dict()), steps),
+                    {"dense_0": {"kernel": kernel}}, max_seq_length=length)
+  return folders
+
+
+def retrieval(tiny: bool, attention: str, reps: int | None = None) -> dict:
+  """Texts/s (pairs/s for the reranker) of Reranker, SparseEncoder and MultiVectorEncoder
+  (bfloat16, packed) at BERT-base size, and of sentence-transformers' CrossEncoder,
+  SparseEncoder and MultiVectorEncoder (float16 on a GPU, batch 32) where it is installed."""
+  os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: nothing is fetched
+  os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+  import transformers
+
+  from benchmarks.bench import interleaved
+  from benchmarks.finetune_packed import paragraphs
+  from flax_encoder.cross_encoder import Reranker
+  from flax_encoder.multi_vector import MultiVectorEncoder
+  from flax_encoder.sparse import SparseEncoder
+  transformers.utils.logging.disable_progress_bar()
+  transformers.utils.logging.set_verbosity_error()
+  device, why = sentence_transformers_device()
+  corpus = paragraphs()[0]
+  texts = _texts(True) if tiny else [corpus[i % len(corpus)] for i in range(RETRIEVAL_TEXTS)]
+  pairs = list(zip(texts[1:] + texts[:1], texts))  # (a paragraph as the query, another)
+  sizes = EMBED_MODELS["base"][2 if tiny else 1]
+  rows, notes = [], [why] if why else []
+  settings = dict(dtype="bfloat16", attention_impl=attention)
+  with tempfile.TemporaryDirectory() as directory:
+    folders = retrieval_folders(directory, corpus, sizes)
+    ours = {"rerank": Reranker.load(folders["rerank"], **settings),
+            "sparse": SparseEncoder.load(folders["sparse"], **settings),
+            "multi_vector": MultiVectorEncoder.load(folders["multi_vector"], **settings)}
+    runners = {"rerank": lambda: ours["rerank"].predict(pairs),
+               "sparse": lambda: ours["sparse"].encode_document(texts),
+               "multi_vector": lambda: ours["multi_vector"].encode_document(texts)}
+    if device:
+      import sentence_transformers as st
+      import torch
+      kwargs = dict(device=device, model_kwargs={
+          "dtype": torch.float16 if device == "cuda" else torch.float32})
+      if device == "cpu":  # tiny runs: OpenMP's teams stall beside XLA's threads on a small CPU
+        torch.set_num_threads(1)
+      theirs = {"rerank": st.CrossEncoder(folders["rerank"], **kwargs),
+                "sparse": st.SparseEncoder(folders["sparse"], **kwargs),
+                "multi_vector": st.MultiVectorEncoder(folders["multi_vector"], **kwargs)}
+      runners.update({
+          "rerank, sentence-transformers": lambda: theirs["rerank"].predict(
+              pairs, batch_size=32, show_progress_bar=False),
+          "sparse, sentence-transformers": lambda: theirs["sparse"].encode_document(
+              texts, batch_size=32, show_progress_bar=False),
+          "multi_vector, sentence-transformers": lambda: theirs["multi_vector"].encode_document(
+              texts, batch_size=32, show_progress_bar=False)})
+    seconds = interleaved(runners, reps=reps or (2 if tiny else 3), warmup=1)
+  for name, s in seconds.items():
+    kind = name.split(",")[0]
+    row = {"model": kind, "impl": "sentence-transformers" if "," in name else "ours",
+           "texts": len(texts), "texts/s": round(len(texts) / s, 1)}
+    if "," in name:
+      row["ours vs sentence-transformers"] = f"{s / seconds[kind]:.2f}x"
+    rows.append(row)
+  notes.append(f"random BERT of {sizes['num_hidden_layers']} layers, {sizes['hidden_size']} "
+               f"wide; ours bfloat16, attention {attention}, packed; the reranker scores "
+               f"(paragraph, next paragraph) pairs, the others encode the paragraphs as "
+               f"documents; each called once untimed, then interleaved, medians")
+  return {"rows": rows, "notes": notes}

@@ -35,7 +35,8 @@ def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   results = json.loads((out / "results.json").read_text())
   parts = {(e["part"], e["variant"]): e for e in results["parts"]}
   assert [p for p, _ in parts] == ["environment", "suite", "parity", "train_step", "bert",
-                                   "embed", "contrastive", "attention", "long", "big",
+                                   "embed", "contrastive", "retrieval", "attention", "long",
+                                   "big",
                                    "train_run", "profile"]
   assert all(e["status"] == "ok" for e in parts.values()), parts
   assert "skipped" in parts[("suite", None)]["notes"][0]
@@ -63,6 +64,12 @@ def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   steps = parts[("contrastive", None)]["rows"]
   assert [r["step"] for r in steps] == ["plain", "GradCache, 4 texts a chunk"]
   assert all(r["pairs/s"] > 0 and r["first-step loss"] > 0 for r in steps)
+  # Each type: ours, then sentence-transformers' (on the CPU here), on the same folder.
+  retrieval = parts[("retrieval", None)]["rows"]
+  assert [(r["model"], r["impl"]) for r in retrieval] == [
+      (kind, impl) for impl in ("ours", "sentence-transformers")
+      for kind in ("rerank", "sparse", "multi_vector")]
+  assert all(r["texts/s"] > 0 for r in retrieval)
   impls = {r["impl"] for r in parts[("attention", None)]["rows"]}
   assert impls == {"reference", "xla"}  # cudnn needs an NVIDIA GPU
   assert all(float(r["max abs err vs float32"]) < 0.05
@@ -74,5 +81,5 @@ def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   assert parts[("train_run", None)]["rows"][0]["steps"] == 40
   assert parts[("profile", None)]["rows"]
   markdown = (out / "results.md").read_text()
-  assert markdown.count("\n## ") == 12 and "| stage |" in markdown
+  assert markdown.count("\n## ") == 13 and "| stage |" in markdown
   assert os.path.getsize(out / "log.txt") > 0
