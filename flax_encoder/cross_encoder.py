@@ -19,9 +19,10 @@ A pair is laid out as its tokenizer lays out two texts ([CLS] q [SEP] d [SEP], R
 <s> q </s></s> d </s>), a prompt (config_sentence_transformers.json's) before the query, and
 cut to max_length ids as transformers cuts it with truncation="longest_first"
 (`flax_encoder.tokenizer.kept`). Its token types are those transformers' tokenizer gives the
-model (`gives_token_types`). Each pair is a segment of a packed row (`flax_encoder.embeddings.SentenceEncoder`'s packing and calls),
-scored by the family's *ForSequenceClassification head on its own segment
-(`flax_encoder.classifier.SequenceClassifier`): a pair's score is the one it has alone.
+model (`gives_token_types`). Each pair is a segment of a packed row
+(`flax_encoder.embeddings.SentenceEncoder`'s packing and calls), scored by the family's
+*ForSequenceClassification head on its own segment (`flax_encoder.classifier.SequenceClassifier`):
+a pair's score is the one it has alone.
 
 In a jitted function of one's own, `score` (or `reranker.apply`) maps packed rows to scores:
 
@@ -50,9 +51,9 @@ import numpy as np
 from flax_encoder import families, modules_json
 from flax_encoder.classifier import SequenceClassifier
 from flax_encoder.config import EncoderConfig
-from flax_encoder.embeddings import (ACTIVATIONS as DENSE_ACTIVATIONS, CHUNK_TEXTS,
-                                     EmbeddingError, SentenceEncoder, read_max_seq_length,
-                                     read_settings, segments_per_row)
+from flax_encoder.embeddings import (ACTIVATIONS as DENSE_ACTIVATIONS, EmbeddingError,
+                                     SentenceEncoder, read_max_seq_length, read_settings,
+                                     segments_per_row)
 from flax_encoder.families import HFError
 from flax_encoder.families.family import Fields
 from flax_encoder.families.tensors import to_numpy
@@ -437,23 +438,13 @@ class Reranker(SentenceEncoder):
     prompt (`prompt_text`) before its query. A call scores `batch_tokens` ids on each device
     at most (default: `default_batch_tokens()`), in rows of `row_lengths`."""
     pairs = _checked_pairs(pairs)
-    if batch_tokens is None:
-      batch_tokens = self.default_batch_tokens()
-    if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
-      raise RerankerError(f"batch_tokens={batch_tokens!r}, expected an integer >= 1")
+    batch_tokens = self._batch_tokens(batch_tokens, RerankerError)
     try:
       prompt = self.prompt_text(prompt, prompt_name)
     except EmbeddingError as e:
       raise RerankerError(str(e)) from None
     out = np.zeros((len(pairs), self.num_labels), np.float32)
-    pending = []  # chunks dispatched, not yet read back: the device runs while we tokenize
-    for start in range(0, len(pairs), CHUNK_TEXTS):
-      ids = self.tokenize(pairs[start:start + CHUNK_TEXTS], prompt)
-      pending.append(self._dispatch(ids, start, batch_tokens, 0))
-      if len(pending) > 1:
-        self._collect(pending.pop(0), out)
-    for chunk in pending:
-      self._collect(chunk, out)
+    self._encode_chunks(pairs, lambda chunk: self.tokenize(chunk, prompt), batch_tokens, 0, out)
     if apply_activation:
       out = np.asarray(ACTIVATIONS[self.model.activation](out), np.float32)
     return out[:, 0] if self.num_labels == 1 else out

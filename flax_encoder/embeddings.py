@@ -870,26 +870,41 @@ class SentenceEncoder:
       raise EmbeddingError(f"task={task!r}: {self.task_settings[task]}, which "
                            f"sentence-transformers applies to that task's texts and "
                            f"SentenceEncoder does not")
-    if batch_tokens is None:
-      batch_tokens = self.default_batch_tokens()
     texts = list(texts)
     for i, text in enumerate(texts):
       if not isinstance(text, str):
         raise EmbeddingError(f"texts[{i}]: a {type(text).__name__}, expected a str")
-    if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
-      raise EmbeddingError(f"batch_tokens={batch_tokens!r}, expected an integer >= 1")
+    batch_tokens = self._batch_tokens(batch_tokens)
     prompt = self.prompt_text(prompt, prompt_name)
     pool_from = 0 if self.model.pooling.include_prompt else self.prompt_length(prompt)
     out = np.zeros((len(texts), self.dim), np.float32)
-    pending = []  # chunks dispatched, not yet read back: the device runs while we tokenize
-    for start in range(0, len(texts), CHUNK_TEXTS):
-      ids = self.tokenize(texts[start:start + CHUNK_TEXTS], prompt)
-      pending.append(self._dispatch(ids, start, batch_tokens, pool_from))
+    self._encode_chunks(texts, lambda chunk: self.tokenize(chunk, prompt), batch_tokens,
+                        pool_from, out)
+    return out
+
+  def _batch_tokens(self, batch_tokens: int | None, error: type[ValueError] = EmbeddingError
+                    ) -> int:
+    """`batch_tokens` as a call takes it: `default_batch_tokens()` where None; `error` (the
+    caller's type) in one line where it is no integer >= 1."""
+    if batch_tokens is None:
+      return self.default_batch_tokens()
+    if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
+      raise error(f"batch_tokens={batch_tokens!r}, expected an integer >= 1")
+    return batch_tokens
+
+  def _encode_chunks(self, items: Sequence, tokenize, batch_tokens: int, pool_from: int,
+                     out) -> None:
+    """Encodes `items` (texts, pairs) CHUNK_TEXTS at a time, each chunk's ids
+    `tokenize(chunk)`, its outputs read back into `out` (`_collect`) while the device runs the
+    chunk after it: the next chunk is tokenized as the one before is encoded."""
+    pending = []  # chunks dispatched, not yet read back
+    for start in range(0, len(items), CHUNK_TEXTS):
+      pending.append(self._dispatch(tokenize(items[start:start + CHUNK_TEXTS]), start,
+                                    batch_tokens, pool_from))
       if len(pending) > 1:
         self._collect(pending.pop(0), out)
     for chunk in pending:
       self._collect(chunk, out)
-    return out
 
   def encode_query(self, texts: Sequence[str] | str, prompt: str | None = None,
                    prompt_name: str | None = None, batch_tokens: int | None = None

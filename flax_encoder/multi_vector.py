@@ -48,7 +48,7 @@ import numpy as np
 
 from flax_encoder import modules_json
 from flax_encoder.config import EncoderConfig
-from flax_encoder.embeddings import (CHUNK_TEXTS, MODULE_KINDS, Dense, EmbeddingError,
+from flax_encoder.embeddings import (MODULE_KINDS, Dense, EmbeddingError,
                                      Normalize, SentenceEncoder, _save_dense, dense, normalize,
                                      read_dense, read_max_seq_length, read_normalize)
 from flax_encoder.encoder import Encoder
@@ -633,27 +633,18 @@ class MultiVectorEncoder(SentenceEncoder):
       return self.encode([texts], task, prompt, prompt_name, batch_tokens)[0]
     with _refusals():
       task = self._task(task)
-      if batch_tokens is None:
-        batch_tokens = self.default_batch_tokens()
       texts = list(texts)
       for i, text in enumerate(texts):
         if not isinstance(text, str):
           raise MultiVectorError(f"texts[{i}]: a {type(text).__name__}, expected a str")
-      if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
-        raise MultiVectorError(f"batch_tokens={batch_tokens!r}, expected an integer >= 1")
+      batch_tokens = self._batch_tokens(batch_tokens, MultiVectorError)
       prompt = self.prompt_text(prompt, prompt_name)
       # the task's calls: its cut, its TaskCall (read by _encode); rows and shapes are shared
       side = copy.copy(self)
       side.max_seq_length, side._call = self.lengths[task], self.task_calls[task]
       out: list[np.ndarray] = [None] * len(texts)
-      pending = []  # chunks dispatched, not yet read back: the device runs while we tokenize
-      for start in range(0, len(texts), CHUNK_TEXTS):
-        ids = self._expanded(side.tokenize(texts[start:start + CHUNK_TEXTS], prompt), task)
-        pending.append(side._dispatch(ids, start, batch_tokens, 0))
-        if len(pending) > 1:
-          self._collect(pending.pop(0), out)
-      for chunk in pending:
-        self._collect(chunk, out)
+      side._encode_chunks(texts, lambda chunk: self._expanded(side.tokenize(chunk, prompt), task),
+                          batch_tokens, 0, out)
     return out
 
   def _task(self, task):

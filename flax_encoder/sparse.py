@@ -424,10 +424,7 @@ class SparseEncoder(SentenceEncoder):
     for i, text in enumerate(texts):
       if not isinstance(text, str):
         raise SparseError(f"texts[{i}]: a {type(text).__name__}, expected a str")
-    if batch_tokens is None:
-      batch_tokens = self.default_batch_tokens()
-    if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
-      raise SparseError(f"batch_tokens={batch_tokens!r}, expected an integer >= 1")
+    batch_tokens = self._batch_tokens(batch_tokens, SparseError)
     keep = top_k if top_k is not None else self.max_active_dims
     keep = None if keep is None else _positive(keep, "top_k")
     if task is not None and not isinstance(task, str):
@@ -438,14 +435,8 @@ class SparseEncoder(SentenceEncoder):
       vectors = route.encode(texts, prompt)
     else:
       chunks: list = []
-      pending = []  # chunks dispatched, not yet read back: the device runs while we tokenize
-      for start in range(0, len(texts), embeddings.CHUNK_TEXTS):
-        ids = self.tokenize(texts[start:start + embeddings.CHUNK_TEXTS], prompt)
-        pending.append(self._dispatch(ids, start, batch_tokens, 0))
-        if len(pending) > 1:
-          self._collect(pending.pop(0), chunks)
-      for chunk in pending:
-        self._collect(chunk, chunks)
+      self._encode_chunks(texts, lambda chunk: self.tokenize(chunk, prompt), batch_tokens, 0,
+                          chunks)
       vectors = SparseVectors._assemble(len(texts), self.dim, chunks)
     return vectors if keep is None else vectors.keep_largest(keep)
 
