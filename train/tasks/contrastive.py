@@ -229,7 +229,32 @@ def _unit_np(x: np.ndarray) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class ContrastiveTask:
+class PairsTask:
+  """What the tasks of packed pairs share (this one's, train.tasks.sparse's and
+  train.tasks.multi_vector's): the model that embeds packed rows, with dropout where
+  training, and a loss per anchor."""
+
+  model: nn.Module
+
+  def init(self, rng: jax.Array, seq_len: int):
+    return self.model.init(rng, jnp.ones((1, seq_len), jnp.int32))["params"]
+
+  def batch(self, rows: dict, key: jax.Array) -> dict:
+    return rows  # nothing drawn
+
+  def embed(self, params, rows: tuple, dropout_rng: jax.Array | None = None):
+    """The model of `rows`: (tokens,) or packed (tokens, segment_ids, positions)."""
+    if dropout_rng is None:
+      return self.model.apply({"params": params}, *rows)
+    return self.model.apply({"params": params}, *rows, deterministic=False,
+                            rngs={"dropout": dropout_rng})
+
+  def loss_count(self, batch: dict) -> jax.Array:
+    return jnp.asarray(batch["anchor_slot"].shape[0], jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class ContrastiveTask(PairsTask):
   """Contrastive training as `train.run.step` runs it (`train.task.Task`). A training batch
   is packed (train.tasks.packed_pairs): 'tokens', 'segment_ids' and 'positions' [rows, seq]
   hold the texts, and 'anchor_slot', 'positive_slot' [batch] say where each pair's texts are
@@ -242,22 +267,6 @@ class ContrastiveTask:
   loss: RankingLoss
   eval_pairs: int
   chunks: int | None = None  # GradCache's: the rows embedded in this many chunks; None: at once
-
-  def init(self, rng: jax.Array, seq_len: int):
-    return self.model.init(rng, jnp.ones((1, seq_len), jnp.int32))["params"]
-
-  def batch(self, rows: dict, key: jax.Array) -> dict:
-    return rows  # nothing drawn
-
-  def embed(self, params, rows: tuple, dropout_rng: jax.Array | None = None):
-    """SentenceEmbedder of `rows`: (tokens,) or packed (tokens, segment_ids, positions)."""
-    if dropout_rng is None:
-      return self.model.apply({"params": params}, *rows)
-    return self.model.apply({"params": params}, *rows, deterministic=False,
-                            rngs={"dropout": dropout_rng})
-
-  def loss_count(self, batch: dict) -> jax.Array:
-    return jnp.asarray(batch["anchor_slot"].shape[0], jnp.float32)
 
   def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
     rows = (batch["tokens"], batch["segment_ids"], batch["positions"])
@@ -605,12 +614,18 @@ def sentence_encoder(workdir: str, dtype: str = "float32"):
                          else Template())
 
 
-def hf_model(workdir: str, config) -> HFModel:
+def run_tokenizer(config, workdir: str):
+  """The tokenizer of a run of pairs (train.task.Definition.tokenizer), as it prepared them."""
+  return tokenizing.run_tokenizer(workdir, read_meta(os.path.join(workdir, "data")))
+
+
+def hf_model(workdir: str, config, read=None) -> HFModel:
   """The run's encoder as transformers' bare model (AutoModel: what sentence-transformers'
   Transformer module loads), with the pooler of the checkpoint it started from, which it did
-  not train (sentence-transformers' fine-tuning leaves it as it is too)."""
-  cfg, params, record = read_trained(workdir)
-  tokenizer = tokenizing.run_tokenizer(workdir, read_meta(os.path.join(workdir, "data")))
+  not train (sentence-transformers' fine-tuning leaves it as it is too). `read`: the task's
+  `read_trained` (this one's where None)."""
+  cfg, params, record = (read or read_trained)(workdir)
+  tokenizer = run_tokenizer(config, workdir)
   own = tokenizer.spec.kind == "huggingface" and tokenizer.offset == 0
   # the pooler as the run took it when it started, whatever became of its directory since
   variables = {"params": params["encoder"], "heads": start_pooler(
@@ -625,34 +640,41 @@ def _dims_field(value):
       "a string of distinct positive integers separated by commas ('384,256,128'), or ''")
 
 
+# The config fields of every task of pairs: their files, how many are ranked, the scale of the
+# scores and GradCache.
+PAIR_FIELDS = {
+    **{k: v for k, v in finetune.FIELDS.items() if k != "task.packed"},
+    "data.anchor_field": Field(string),
+    "data.positive_field": Field(string),
+    "data.negative_field": Field(string),
+    "data.eval_pairs": Field(integer(2), FREE),  # evaluation only
+    "task.scale": Field(number(0)),
+    # the same gradient (dropout aside) in less memory, as grad_accum_steps
+    "task.cached": Field(boolean, FREE),
+    "task.mini_batch": Field(integer(1), FREE)}
+# What every task of pairs plots beside its loss: the held-out ranking.
+RANKING_PLOTS = dict(
+    eval_loss="eval (all held-out positives)",
+    metrics={"mrr_at_10": "MRR@10", "ndcg_at_10": "nDCG@10", "recall_at_1": "recall@1",
+             "recall_at_10": "recall@10"},
+    baseline=("random_mrr_at_10", "baseline: MRR@10 of a random ranking"))
+
+
 DEFINITION = Definition(
     name="contrastive",
-    fields={**{k: v for k, v in finetune.FIELDS.items() if k != "task.packed"},
-            "data.anchor_field": Field(string),
-            "data.positive_field": Field(string),
-            "data.negative_field": Field(string),
-            "data.eval_pairs": Field(integer(2), FREE),  # evaluation only
+    fields={**PAIR_FIELDS,
             "task.pooling": Field(choice(POOLINGS)),
             "task.normalize": Field(boolean),
-            "task.scale": Field(number(0)),
             "task.symmetric": Field(boolean),
-            "task.matryoshka_dims": Field(_dims_field),
-            # the same gradient (dropout aside) in less memory, as grad_accum_steps
-            "task.cached": Field(boolean, FREE),
-            "task.mini_batch": Field(integer(1), FREE)},
+            "task.matryoshka_dims": Field(_dims_field)},
     setup=setup,
     plots=Plots(loss_title="Contrastive loss (in-batch negatives)", loss_unit="nats / anchor",
-                train_loss="train (the batch's candidates)",
-                eval_loss="eval (all held-out positives)",
-                metrics={"mrr_at_10": "MRR@10", "ndcg_at_10": "nDCG@10",
-                         "recall_at_1": "recall@1", "recall_at_10": "recall@10"},
-                baseline=("random_mrr_at_10", "baseline: MRR@10 of a random ranking"),
+                train_loss="train (the batch's candidates)", **RANKING_PLOTS,
                 accuracy_title="Held-out retrieval: each anchor among all positives"),
     summary=summary,
     hf_model=hf_model,
     sentence_encoder=sentence_encoder,
     check=check,
     defaults=defaults,
-    tokenizer=lambda config, workdir: tokenizing.run_tokenizer(
-        workdir, read_meta(os.path.join(workdir, "data"))),
+    tokenizer=run_tokenizer,
 )

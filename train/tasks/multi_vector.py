@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder import EncoderConfig, families
+from flax_encoder import EncoderConfig
 from flax_encoder.embeddings import Dense, Normalize, segments_per_row
 from flax_encoder.encoder import Encoder
 from flax_encoder.multi_vector import (EMPTY_DOCUMENT_SCORE, SCORE_ELEMENTS, MultiVectorEncoder,
@@ -58,11 +58,11 @@ from flax_encoder.multi_vector import (EMPTY_DOCUMENT_SCORE, SCORE_ELEMENTS, Mul
 from flax_encoder.tokenizer import Template
 from train.errors import RunError
 from train.run.load import load_params, recorded_encoder_config
-from train.task import FIXES_STATE, FREE, Definition, Field, HFModel, Plots, Resume, Setup
-from train.task import boolean, integer, number, optional, string as nonempty_string
+from train.task import (FIXES_STATE, Definition, Field, Plots, Resume, Setup, boolean, integer,
+                        optional)
 from train.tasks import contrastive, finetune, packed_pairs, tokenizing
 from train.tasks.contrastive import cached, cross_entropy_sum, diagonal, ranking_metrics, unit
-from train.tasks.start import start_params, start_pooler
+from train.tasks.start import start_params
 
 DIM = 128  # the projection's width from a start without one (sentence-transformers' default)
 SKIPLIST = tuple(string.punctuation)  # ColBERT's skiplist_words (PyLate's, Stanford's)
@@ -168,7 +168,7 @@ def packed_maxsim(vectors: jax.Array, tokens: jax.Array, segment_ids: jax.Array,
 
 
 @dataclasses.dataclass(frozen=True)
-class MultiVectorTask:
+class MultiVectorTask(contrastive.PairsTask):
   """Multi-vector training as `train.run.step` runs it (`train.task.Task`). The batches are
   contrastive's (`contrastive.ContrastiveTask`): packed pairs with their slots for training;
   the held-out pairs packed once with each segment's 'target' for evaluation."""
@@ -178,22 +178,6 @@ class MultiVectorTask:
   eval_pairs: int
   skip_ids: tuple[int, ...] = ()  # a document's ids it does not score
   chunks: int | None = None  # GradCache's: the rows embedded in this many chunks; None: at once
-
-  def init(self, rng: jax.Array, seq_len: int):
-    return self.model.init(rng, jnp.ones((1, seq_len), jnp.int32))["params"]
-
-  def batch(self, rows: dict, key: jax.Array) -> dict:
-    return rows  # nothing drawn
-
-  def embed(self, params, rows: tuple, dropout_rng: jax.Array | None = None):
-    """TokenEmbedder of packed `rows` (tokens, segment_ids, positions) -> [r, l, dim]."""
-    if dropout_rng is None:
-      return self.model.apply({"params": params}, *rows)
-    return self.model.apply({"params": params}, *rows, deterministic=False,
-                            rngs={"dropout": dropout_rng})
-
-  def loss_count(self, batch: dict) -> jax.Array:
-    return jnp.asarray(batch["anchor_slot"].shape[0], jnp.float32)
 
   def scores(self, params, batch: dict, dropout_rng: jax.Array | None = None) -> jax.Array:
     """float32 [B, B or 2B]: MaxSim of each anchor against each positive, then each hard
@@ -431,46 +415,20 @@ def multi_vector_encoder(workdir: str, dtype: str = "float32") -> MultiVectorEnc
                             else Template())
 
 
-def hf_model(workdir: str, config) -> HFModel:
-  """The run's encoder as transformers' bare model (what a MultiVectorEncoder's Transformer
-  module loads), with the pooler of the checkpoint it started from, untrained."""
-  cfg, params, record = read_trained(workdir)
-  tokenizer = tokenizing.run_tokenizer(workdir, contrastive.read_meta(
-      os.path.join(workdir, "data")))
-  own = tokenizer.spec.kind == "huggingface" and tokenizer.offset == 0
-  variables = {"params": params["encoder"], "heads": start_pooler(
-      workdir, record.get("start") if config.init.get("hf") else None)}
-  return HFModel(cfg, record.get("family"), lambda family: (
-      families.to_hf_state_dict(variables, cfg, family.name),
-      {"architectures": [f"{family.stem}Model"]}), tokenizer.spec.path if own else None)
-
-
 DEFINITION = Definition(
     name="multi_vector",
-    fields={**{k: v for k, v in finetune.FIELDS.items() if k != "task.packed"},
-            "data.anchor_field": Field(nonempty_string),
-            "data.positive_field": Field(nonempty_string),
-            "data.negative_field": Field(nonempty_string),
-            "data.eval_pairs": Field(integer(2), FREE),  # evaluation only
+    fields={**contrastive.PAIR_FIELDS,
             "task.dim": Field(optional(integer(1)), FIXES_STATE),
-            "task.skiplist": Field(optional(boolean)),
-            "task.scale": Field(number(0)),
-            # the same gradient (dropout aside) in less memory, as grad_accum_steps
-            "task.cached": Field(boolean, FREE),
-            "task.mini_batch": Field(integer(1), FREE)},
+            "task.skiplist": Field(optional(boolean))},
     setup=setup,
     plots=Plots(loss_title="Multi-vector loss (MaxSim, in-batch negatives)",
                 loss_unit="nats / query", train_loss="train (the batch's candidates)",
-                eval_loss="eval (all held-out positives)",
-                metrics={"mrr_at_10": "MRR@10", "ndcg_at_10": "nDCG@10",
-                         "recall_at_1": "recall@1", "recall_at_10": "recall@10"},
-                baseline=("random_mrr_at_10", "baseline: MRR@10 of a random ranking"),
-                accuracy_title="Held-out retrieval: each query among all positives"),
+                **contrastive.RANKING_PLOTS, accuracy_title="Held-out retrieval: each query among all positives"),
     summary=contrastive.summary,
-    hf_model=hf_model,
+    # its encoder alone, as the dense task's: what a MultiVectorEncoder's Transformer loads
+    hf_model=functools.partial(contrastive.hf_model, read=read_trained),
     sentence_encoder=multi_vector_encoder,
     check=contrastive.check_batch,
     defaults=contrastive.defaults,
-    tokenizer=lambda config, workdir: tokenizing.run_tokenizer(
-        workdir, contrastive.read_meta(os.path.join(workdir, "data"))),
+    tokenizer=contrastive.run_tokenizer,
 )

@@ -258,8 +258,7 @@ def sparse_encoder(workdir: str, dtype: str = "float32"):
 def hf_model(workdir: str, config) -> HFModel:
   """The run as transformers' *ForMaskedLM: its encoder and masked-LM head."""
   cfg, params, record = read_trained(workdir)
-  tokenizer = tokenizing.run_tokenizer(workdir, contrastive.read_meta(
-      os.path.join(workdir, "data")))
+  tokenizer = contrastive.run_tokenizer(config, workdir)
   own = tokenizer.spec.kind == "huggingface" and tokenizer.offset == 0
   variables = {"params": params["encoder"], "heads": {"masked_lm": params["masked_lm"]}}
   return HFModel(cfg, record.get("family"), lambda family: (
@@ -269,9 +268,7 @@ def hf_model(workdir: str, config) -> HFModel:
 
 DEFINITION = Definition(
     name="sparse",
-    fields={**{k: v for k, v in contrastive.DEFINITION.fields.items()
-               if k not in ("task.pooling", "task.normalize", "task.symmetric",
-                            "task.matryoshka_dims")},
+    fields={**contrastive.PAIR_FIELDS,
             "task.pooling": Field(choice(POOLING_STRATEGIES)),
             "task.activation": Field(choice(ACTIVATIONS)),
             "task.document_regularizer": Field(number(0, low_open=False)),
@@ -280,16 +277,11 @@ DEFINITION = Definition(
     setup=setup,
     plots=Plots(loss_title="Sparse contrastive loss (in-batch negatives, FLOPS)",
                 loss_unit="nats / anchor", train_loss="train (with the regularisers)",
-                eval_loss="eval (all held-out positives)",
-                metrics={"mrr_at_10": "MRR@10", "ndcg_at_10": "nDCG@10",
-                         "recall_at_1": "recall@1", "recall_at_10": "recall@10"},
-                baseline=("random_mrr_at_10", "baseline: MRR@10 of a random ranking"),
-                accuracy_title="Held-out retrieval: each anchor among all positives"),
+                **contrastive.RANKING_PLOTS, accuracy_title="Held-out retrieval: each anchor among all positives"),
     summary=summary,
     hf_model=hf_model,
     sentence_encoder=sparse_encoder,
     check=check,
     defaults=defaults,
-    tokenizer=lambda config, workdir: tokenizing.run_tokenizer(
-        workdir, contrastive.read_meta(os.path.join(workdir, "data"))),
+    tokenizer=contrastive.run_tokenizer,
 )
