@@ -129,6 +129,22 @@ def once_per_session(tmp_path_factory, name: str, build) -> tuple[str, object]:
   return str(directory), json.loads(record.read_text())
 
 
+def straight_and_resumed(config, tmp_path, capfd, stopped: int = 4, last: int = 8
+                         ) -> tuple[str, str]:
+  """(a run of `config` to its last step, the same run resumed from its checkpoint at step
+  `stopped`, as a run stopped there resumes): two workdirs under `tmp_path`, the second a copy
+  of the first less its checkpoint at `last`, run again in this process."""
+  from train import loop
+  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+  assert loop.run(config, straight) == 0
+  shutil.copytree(straight, resumed)
+  shutil.rmtree(os.path.join(resumed, "checkpoints", str(last)))
+  capfd.readouterr()
+  assert loop.run(config, resumed) == 0
+  assert f"resumed from the checkpoint at step {stopped}" in capfd.readouterr().err
+  return straight, resumed
+
+
 def losses(workdir) -> dict:
   """{step: training loss} of the run in `workdir`."""
   records = read_metrics(os.path.join(workdir, "metrics.jsonl"))

@@ -378,19 +378,11 @@ def test_the_run_exports_its_encoder_alone_as_the_bare_model_with_its_start_pool
 def test_a_contrastive_run_resumes_exactly(topic_pairs, hf_dir, tmp_path, capfd):
   # The run from its checkpoint at step 4, as a run stopped there resumes, against the run
   # that went on: the same losses, held-out ranking and parameters, bit for bit.
-  import shutil
-  from train import loop
   from train.run.load import load_encoder
   config = _config(topic_pairs, hf_dir, **{
       "train.num_steps": 8, "train.checkpoint_every": 4, "train.eval_every": 4,
       "train.keep_checkpoints": 2, "task.cached": True, "task.mini_batch": 8})
-  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-  assert loop.run(config, straight) == 0
-  shutil.copytree(straight, resumed)
-  shutil.rmtree(os.path.join(resumed, "checkpoints", "8"))
-  capfd.readouterr()
-  assert loop.run(config, resumed) == 0
-  assert "resumed from the checkpoint at step 4" in capfd.readouterr().err
+  straight, resumed = runs.straight_and_resumed(config, tmp_path, capfd)
   assert runs.losses(resumed) == runs.losses(straight)
   evals = lambda workdir: {r["step"]: r["mrr_at_10"] for r in runs.read_metrics(
       os.path.join(workdir, "metrics.jsonl")) if r["split"] == "eval"}

@@ -5,7 +5,6 @@ directory sentence-transformers' CrossEncoder loads with the run's scores."""
 
 import json
 import os
-import shutil
 
 import chex
 import jax.numpy as jnp
@@ -169,18 +168,11 @@ def test_the_export_is_a_cross_encoder_with_the_runs_scores(tuned, groups, tmp_p
 
 @pytest.mark.slow  # two runs of the program
 def test_a_rerank_run_resumes_exactly(groups, hf_dir, tmp_path, capfd):
-  from train import loop
   from train.run.load import load_encoder
   config = _config(groups, hf_dir, **{"train.num_steps": 8, "train.checkpoint_every": 4,
                                       "train.eval_every": 4, "train.keep_checkpoints": 2,
                                       "task.loss": "bce"})
-  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-  assert loop.run(config, straight) == 0
-  shutil.copytree(straight, resumed)
-  shutil.rmtree(os.path.join(resumed, "checkpoints", "8"))
-  capfd.readouterr()
-  assert loop.run(config, resumed) == 0
-  assert "resumed from the checkpoint at step 4" in capfd.readouterr().err
+  straight, resumed = runs.straight_and_resumed(config, tmp_path, capfd)
   assert runs.losses(resumed) == runs.losses(straight)
   evals = lambda workdir: {r["step"]: r["mrr_at_10"] for r in runs.read_metrics(
       os.path.join(workdir, "metrics.jsonl")) if r["split"] == "eval"}

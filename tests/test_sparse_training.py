@@ -5,7 +5,6 @@ loads with the run's vectors."""
 
 import json
 import os
-import shutil
 
 import chex
 import numpy as np
@@ -110,7 +109,6 @@ def test_the_export_is_a_sparse_encoder_with_the_runs_vectors(tuned, tmp_path):
 
 @pytest.mark.slow  # two runs of the program
 def test_a_sparse_run_resumes_exactly(topic_pairs, mlm_dir, tmp_path, capfd):
-  from train import loop
   from train.run.load import load_encoder
   config = sparse_config.get_config()
   config.data.train, config.data.eval = topic_pairs
@@ -120,13 +118,7 @@ def test_a_sparse_run_resumes_exactly(topic_pairs, mlm_dir, tmp_path, capfd):
                       "task.mini_batch": 8}.items():
     section, field = name.split(".")
     config[section][field] = value
-  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-  assert loop.run(config, straight) == 0
-  shutil.copytree(straight, resumed)
-  shutil.rmtree(os.path.join(resumed, "checkpoints", "8"))
-  capfd.readouterr()
-  assert loop.run(config, resumed) == 0
-  assert "resumed from the checkpoint at step 4" in capfd.readouterr().err
+  straight, resumed = runs.straight_and_resumed(config, tmp_path, capfd)
   assert runs.losses(resumed) == runs.losses(straight)
   chex.assert_trees_all_equal(load_encoder(resumed)[1], load_encoder(straight)[1])
 

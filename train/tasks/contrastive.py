@@ -32,6 +32,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -445,6 +446,43 @@ def matryoshka_dims(value: str) -> tuple[int, ...] | None:
   return tuple(int(p) for p in parts)
 
 
+class HeldOut(NamedTuple):
+  """The held-out pairs a task of pairs ranks: how many, their rows packed once
+  (packed_pairs.pack_held_out), what pads their last batch, and what the run says of them."""
+  count: int
+  rows: dict
+  fill: dict
+  ranked: str
+
+
+def held_out_pairs(config, prepared: finetune.Prepared) -> HeldOut:
+  """The first config.data.eval_pairs held-out pairs of `prepared`, packed to be ranked."""
+  loaded = prepared.loaded
+  given = loaded["meta"]["examples"]["eval"]
+  count = min(config.data.eval_pairs, given)
+  rows = packed_pairs.pack_held_out(
+      {name: loaded["eval"][name][:count] for name in ("anchor", "positive")}, prepared.pad_id,
+      config.train.seq_len)
+  return HeldOut(count, rows, {"tokens": prepared.pad_id, "segment_ids": 0, "positions": 0,
+                               "target": -1},
+                 f", the first {count} of them ranked" if count < given else "")
+
+
+def gradcache_chunks(config, loaded: dict) -> int | None:
+  """The chunks GradCache embeds a batch in (config.task.cached; None: at once), each of
+  config.task.mini_batch texts on average."""
+  texts = sum(name in loaded["train"] for name in TEXTS) * config.train.batch_size
+  return texts // config.task.mini_batch if config.task.cached else None
+
+
+def pair_packer(config, prepared: finetune.Prepared, chunks: int | None):
+  """Shards -> the packer of the training batches (Setup.packer), rows a multiple of
+  GradCache's `chunks`."""
+  lengths = packed_pairs.text_lengths(prepared.loaded["train"], prepared.pad_id)
+  return functools.partial(packed_pairs.PairPacker, lengths, config.train.seq_len,
+                           prepared.pad_id, config.train.batch_size, multiple=chunks or 1)
+
+
 def setup(config, workdir: str, resume: Resume) -> Setup:
   """Contrastive fine-tuning on config.data.train, ranked on config.data.eval."""
   paths = {"train": config.data.train, "eval": config.data.eval}
@@ -454,24 +492,17 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   if any(d > cfg.d_model for d in dims):
     raise RunError(f"config.task.matryoshka_dims: {config.task.matryoshka_dims!r}, expected "
                    f"sizes of at most the encoder's d_model ({cfg.d_model})")
-  count = min(config.data.eval_pairs, loaded["meta"]["examples"]["eval"])
-  held_out = packed_pairs.pack_held_out(
-      {name: loaded["eval"][name][:count] for name in ("anchor", "positive")}, prepared.pad_id,
-      config.train.seq_len)
+  held_out = held_out_pairs(config, prepared)
+  count = held_out.count
   model = SentenceEmbedder(cfg, config.task.pooling, check_traced_ids=False)  # tokenized here
-  texts = sum(name in loaded["train"] for name in TEXTS) * config.train.batch_size
-  # GradCache's chunks hold mini_batch texts each, on average
-  chunks = texts // config.task.mini_batch if config.task.cached else None
+  chunks = gradcache_chunks(config, loaded)
   task = ContrastiveTask(model, RankingLoss(float(config.task.scale), config.task.symmetric,
                                             dims), count, chunks)
-  lengths = packed_pairs.text_lengths(loaded["train"], prepared.pad_id)
   negatives = "with hard negatives" if "negative" in loaded["train"] else "no hard negatives"
-  ranked = (f", the first {count} of them ranked" if count < loaded["meta"]["examples"]["eval"]
-            else "")
-  finetune.say_prepared(prepared, f"pairs ({negatives})", config.train.seq_len, ranked)
-  return Setup(task=task, encoder=cfg, train=loaded["train"], eval=held_out,
-               eval_fill={"tokens": prepared.pad_id, "segment_ids": 0, "positions": 0,
-                          "target": -1},
+  finetune.say_prepared(prepared, f"pairs ({negatives})", config.train.seq_len,
+                        held_out.ranked)
+  return Setup(task=task, encoder=cfg, train=loaded["train"], eval=held_out.rows,
+               eval_fill=held_out.fill,
                record={"encoder": cfg.record(), "dataset": loaded["identity"],
                        "source": os.path.join(workdir, "data"),
                        "start": prepared.start.source, "family": prepared.start.family,
@@ -480,9 +511,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                        "matryoshka_dims": list(dims), "similarity": "cosine",
                        "scale": float(config.task.scale)},
                start_params=start_params(prepared.start, cfg, config, 0),
-               packer=functools.partial(packed_pairs.PairPacker, lengths, config.train.seq_len,
-                                        prepared.pad_id, config.train.batch_size,
-                                        multiple=chunks or 1))
+               packer=pair_packer(config, prepared, chunks))
 
 
 SEQ_LEN = 128  # config.train.seq_len where neither it nor a start says

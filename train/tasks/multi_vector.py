@@ -60,7 +60,7 @@ from train.errors import RunError
 from train.run.load import load_params, recorded_encoder_config
 from train.task import (FIXES_STATE, Definition, Field, Plots, Resume, Setup, boolean, integer,
                         optional)
-from train.tasks import contrastive, finetune, packed_pairs, tokenizing
+from train.tasks import contrastive, finetune, tokenizing
 from train.tasks.contrastive import cached, cross_entropy_sum, diagonal, ranking_metrics, unit
 from train.tasks.start import start_params
 
@@ -348,29 +348,21 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   if skiplist is None:
     skiplist = bool(folder and folder.model.mask.skiplist_words)
   skip_ids = _skip_ids(workdir, prepared.meta) if skiplist else ()
-  count = min(config.data.eval_pairs, loaded["meta"]["examples"]["eval"])
-  held_out = packed_pairs.pack_held_out(
-      {name: loaded["eval"][name][:count] for name in ("anchor", "positive")}, prepared.pad_id,
-      config.train.seq_len)
+  held_out = contrastive.held_out_pairs(config, prepared)
   model = TokenEmbedder(cfg, dim, check_traced_ids=False)  # tokenized here
-  texts = sum(name in loaded["train"] for name in contrastive.TEXTS) * config.train.batch_size
-  # GradCache's chunks hold mini_batch texts each, on average
-  chunks = texts // config.task.mini_batch if config.task.cached else None
-  task = MultiVectorTask(model, float(config.task.scale), count, skip_ids, chunks)
+  chunks = contrastive.gradcache_chunks(config, loaded)
+  task = MultiVectorTask(model, float(config.task.scale), held_out.count, skip_ids,
+                         chunks)
   params = start_params(prepared.start, cfg, config, 0)
   if folder is not None:
     params["dense"] = {"kernel": np.asarray(folder.params["dense_0"]["kernel"],
                                             np.dtype(cfg.param_dtype))}
-  lengths = packed_pairs.text_lengths(loaded["train"], prepared.pad_id)
   negatives = "with hard negatives" if "negative" in loaded["train"] else "no hard negatives"
-  ranked = (f", the first {count} of them ranked" if count < loaded["meta"]["examples"]["eval"]
-            else "")
   finetune.say_prepared(prepared, f"pairs ({negatives}), token vectors of {dim}"
                         + (" (documents skip punctuation)" if skiplist else ""),
-                        config.train.seq_len, ranked)
-  return Setup(task=task, encoder=cfg, train=loaded["train"], eval=held_out,
-               eval_fill={"tokens": prepared.pad_id, "segment_ids": 0, "positions": 0,
-                          "target": -1},
+                        config.train.seq_len, held_out.ranked)
+  return Setup(task=task, encoder=cfg, train=loaded["train"], eval=held_out.rows,
+               eval_fill=held_out.fill,
                record={"encoder": cfg.record(), "dataset": loaded["identity"],
                        "source": os.path.join(workdir, "data"),
                        "start": prepared.start.source, "family": prepared.start.family,
@@ -378,9 +370,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                        "dim": dim, "skiplist": bool(skiplist), "skip_ids": list(skip_ids),
                        "similarity": "maxsim", "scale": float(config.task.scale)},
                start_params=params,
-               packer=functools.partial(packed_pairs.PairPacker, lengths, config.train.seq_len,
-                                        prepared.pad_id, config.train.batch_size,
-                                        multiple=chunks or 1))
+               packer=contrastive.pair_packer(config, prepared, chunks))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,7 +413,8 @@ DEFINITION = Definition(
     setup=setup,
     plots=Plots(loss_title="Multi-vector loss (MaxSim, in-batch negatives)",
                 loss_unit="nats / query", train_loss="train (the batch's candidates)",
-                **contrastive.RANKING_PLOTS, accuracy_title="Held-out retrieval: each query among all positives"),
+                **contrastive.RANKING_PLOTS,
+                accuracy_title="Held-out retrieval: each query among all positives"),
     summary=contrastive.summary,
     # its encoder alone, as the dense task's: what a MultiVectorEncoder's Transformer loads
     hf_model=functools.partial(contrastive.hf_model, read=read_trained),

@@ -21,7 +21,6 @@ product (MRR@10, nDCG@10, recall@1 and @10) and reports the vectors' active dime
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import sys
 
@@ -37,9 +36,8 @@ from train.errors import RunError
 from train.run.load import load_params, recorded_encoder_config
 from train.task import (Definition, Field, HFModel, Plots, Resume, Setup, boolean, choice,
                         number)
-from train.tasks import contrastive, finetune, packed_pairs, tokenizing
-from train.tasks.contrastive import (TEXTS, ContrastiveTask, cached, cross_entropy_sum, diagonal,
-                                     ranking_metrics)
+from train.tasks import contrastive, finetune, tokenizing
+from train.tasks.contrastive import ContrastiveTask, cross_entropy_sum, diagonal, ranking_metrics
 from train.tasks.masked_lm import MaskedLM
 
 TOP = contrastive.TOP
@@ -100,14 +98,6 @@ class SparseTask(ContrastiveTask):
     return splade_pool(logits, segment_ids, contrastive.segments_per_row(tokens.shape[1]),
                        self.pooling, self.activation)
 
-  def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
-    rows = (batch["tokens"], batch["segment_ids"], batch["positions"])
-    embed = cached(self.embed, self.chunks) if self.chunks else self.embed
-    pooled = embed(params, rows, dropout_rng)  # [rows, segments, v]
-    flat = pooled.reshape(-1, pooled.shape[-1])
-    texts = [flat[batch[f"{name}_slot"]] for name in TEXTS if f"{name}_slot" in batch]
-    return self.loss(*texts, batch.get("has_negative"))
-
   def eval_metrics(self, sums: dict) -> dict:
     """The ranking metrics of every held-out anchor against every held-out positive by dot
     product, the loss over them all (without the regularisers), the active dimensions of the
@@ -145,35 +135,28 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   if head is None and jax.process_index() == 0:
     print(f"{config.init.hf} has no masked-LM head: a new one starts (dense, LayerNorm and "
           f"output bias drawn afresh; its decoder the word embeddings)", file=sys.stderr)
-  count = min(config.data.eval_pairs, loaded["meta"]["examples"]["eval"])
-  held_out = packed_pairs.pack_held_out(
-      {name: loaded["eval"][name][:count] for name in ("anchor", "positive")}, prepared.pad_id,
-      config.train.seq_len)
+  held_out = contrastive.held_out_pairs(config, prepared)
   family = start.family
   model = MaskedLM(cfg, bert_head=True, decoder_head=_untied(family), check_traced_ids=False)
   task_config = config.task
-  texts = sum(name in loaded["train"] for name in TEXTS) * config.train.batch_size
-  chunks = texts // task_config.mini_batch if task_config.cached else None
+  chunks = contrastive.gradcache_chunks(config, loaded)
   loss = SparseRankingLoss(float(task_config.scale), float(task_config.document_regularizer),
                            float(task_config.query_regularizer))
-  task = SparseTask(model, loss, count, chunks, task_config.pooling, task_config.activation)
-  lengths = packed_pairs.text_lengths(loaded["train"], prepared.pad_id)
+  task = SparseTask(model, loss, held_out.count, chunks, task_config.pooling,
+                    task_config.activation)
   negatives = "with hard negatives" if "negative" in loaded["train"] else "no hard negatives"
   finetune.say_prepared(prepared, f"pairs ({negatives}), sparse vectors of {cfg.vocab_size} "
                         f"dimensions", config.train.seq_len)
   dtype = np.dtype(cfg.param_dtype)
-  return Setup(task=task, encoder=cfg, train=loaded["train"], eval=held_out,
-               eval_fill={"tokens": prepared.pad_id, "segment_ids": 0, "positions": 0,
-                          "target": -1},
+  return Setup(task=task, encoder=cfg, train=loaded["train"], eval=held_out.rows,
+               eval_fill=held_out.fill,
                record={"encoder": cfg.record(), "dataset": loaded["identity"],
                        "source": os.path.join(workdir, "data"), "start": start.source,
                        "family": family, "pooling": task_config.pooling,
                        "activation": task_config.activation},
                start_params={"encoder": start.params, **({} if head is None else {
                    "masked_lm": jax.tree.map(lambda x: x.astype(dtype), head)})},
-               packer=functools.partial(packed_pairs.PairPacker, lengths, config.train.seq_len,
-                                        prepared.pad_id, config.train.batch_size,
-                                        multiple=chunks or 1))
+               packer=contrastive.pair_packer(config, prepared, chunks))
 
 
 def defaults(config) -> None:
@@ -277,7 +260,8 @@ DEFINITION = Definition(
     setup=setup,
     plots=Plots(loss_title="Sparse contrastive loss (in-batch negatives, FLOPS)",
                 loss_unit="nats / anchor", train_loss="train (with the regularisers)",
-                **contrastive.RANKING_PLOTS, accuracy_title="Held-out retrieval: each anchor among all positives"),
+                **contrastive.RANKING_PLOTS,
+                accuracy_title="Held-out retrieval: each anchor among all positives"),
     summary=summary,
     hf_model=hf_model,
     sentence_encoder=sparse_encoder,
