@@ -39,7 +39,6 @@ Shapes: r = rows, s = ids of a row, k = segments of a row, l = labels.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Sequence
 
@@ -532,8 +531,7 @@ def save_cross_encoder_modules(path: str | os.PathLike, max_length: int,
   torch_name = _TORCH_ACTIVATIONS[activation]
 
   def write(name: str, value) -> None:
-    with open(os.path.join(path, name), "w", encoding="utf-8") as f:
-      json.dump(value, f, indent=2)
+    modules_json.write_json(os.path.join(path, name), value)
 
   write("modules.json", [{"idx": 0, "name": "0", "path": "", "type": _TRANSFORMER_TYPE}])
   write("sentence_bert_config.json", {

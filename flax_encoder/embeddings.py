@@ -516,6 +516,20 @@ def read_settings(path: str) -> tuple[dict[str, str], str | None, str]:
   return dict(prompts), default, similarity
 
 
+def checked_prompts(prompts: dict[str, str] | None, default_prompt_name: str | None,
+                    error: type[ValueError] = EmbeddingError) -> dict[str, str]:
+  """`prompts` (None: none) as a writer of a folder takes them: names to texts, and
+  `default_prompt_name` one of them or None; `error` (the caller's type) in one line
+  otherwise."""
+  prompts = dict(prompts or {})
+  if not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+    raise error(f"prompts={prompts!r}, expected names to texts")
+  if default_prompt_name is not None and default_prompt_name not in prompts:
+    raise error(f"default_prompt_name={default_prompt_name!r}, expected one of the prompts' "
+                f"names {sorted(prompts)} or None")
+  return prompts
+
+
 def read_max_seq_length(module: str, max_len: int) -> int:
   """The ids a text is cut to: the Transformer module's (folder `module`'s)
   sentence_*_config.json max_seq_length, else its tokenizer's model_max_length (where
@@ -588,11 +602,7 @@ def save_modules(path: str, model: SentenceModel, params: dict, max_seq_length: 
   sentence-transformers 2 to 6 read (Pooling's mode flags where they give the modes' order).
   `do_lower_case`: sentence-transformers lower-cases texts before the tokenizer reads them
   (say so where the tokenizer.json beside it does not lower-case them itself)."""
-  def write(file: str, value) -> None:
-    os.makedirs(os.path.dirname(file), exist_ok=True)
-    with open(file, "w", encoding="utf-8") as f:
-      json.dump(value, f, indent=2)
-
+  write = modules_json.write_json
   modules = [("Transformer", "")]
   width = model.config.d_model
   pooling = {"word_embedding_dimension": width}

@@ -77,6 +77,14 @@ def read_json(file: str, error: type[ValueError] = ModulesError, kind: type | No
   return value
 
 
+def write_json(file: str, value: Any) -> None:
+  """`value` as the indented JSON file `file` (its directory made where missing), as
+  sentence-transformers writes a folder's files."""
+  os.makedirs(os.path.dirname(file) or ".", exist_ok=True)
+  with open(file, "w", encoding="utf-8") as f:
+    json.dump(value, f, indent=2)
+
+
 def read_modules(path: str | os.PathLike) -> list[dict] | None:
   """The entries of the sentence-transformers folder `path`'s modules.json (objects with a
   path, each a folder inside `path`), checked as far as every reader needs; None where

@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import json
 import os
 from collections.abc import Sequence
 
@@ -48,9 +47,9 @@ import numpy as np
 
 from flax_encoder import modules_json
 from flax_encoder.config import EncoderConfig
-from flax_encoder.embeddings import (MODULE_KINDS, Dense, EmbeddingError,
-                                     Normalize, SentenceEncoder, _save_dense, dense, normalize,
-                                     read_dense, read_max_seq_length, read_normalize)
+from flax_encoder.embeddings import (MODULE_KINDS, Dense, EmbeddingError, Normalize,
+                                     SentenceEncoder, _save_dense, checked_prompts, dense,
+                                     normalize, read_dense, read_max_seq_length, read_normalize)
 from flax_encoder.encoder import Encoder
 from flax_encoder.families import HFError, read_hf
 from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
@@ -787,12 +786,7 @@ def save_multi_vector(path: str | os.PathLike, model: MultiVectorModel, params: 
   path = os.fspath(path)
   if similarity not in SIMILARITIES:
     raise MultiVectorError(f"similarity={similarity!r}, expected one of {SIMILARITIES}")
-  prompts = dict(prompts or {})
-  if not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
-    raise MultiVectorError(f"prompts={prompts!r}, expected a dict of names to texts")
-  if default_prompt_name is not None and default_prompt_name not in prompts:
-    raise MultiVectorError(f"default_prompt_name={default_prompt_name!r}, expected one of the "
-                           f"prompts' names {sorted(prompts)} or None")
+  prompts = checked_prompts(prompts, default_prompt_name, MultiVectorError)
   if max_seq_length is not None:
     _length(max_seq_length, "max_seq_length")
   if not os.path.isfile(os.path.join(path, "config.json")):
@@ -802,11 +796,7 @@ def save_multi_vector(path: str | os.PathLike, model: MultiVectorModel, params: 
     if isinstance(step, Dense) and f"dense_{i}" not in params:
       raise MultiVectorError(f"params: no 'dense_{i}', expected the weights of model.steps[{i}]")
 
-  def write(file: str, value) -> None:
-    os.makedirs(os.path.dirname(file), exist_ok=True)
-    with open(file, "w", encoding="utf-8") as f:
-      json.dump(value, f, indent=2)
-
+  write = modules_json.write_json
   steps = [type(step).__name__ for step in model.steps]
   at = len(steps) - 1 if steps and steps[-1] == "Normalize" else len(steps)
   kinds = ["Transformer"] + steps[:at] + ["MultiVectorMask"] + steps[at:]

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 from collections.abc import Sequence
 
@@ -682,12 +681,7 @@ def save_splade(path: str | os.PathLike, pooling: str = "max", activation: str =
   if max_seq_length is not None and (isinstance(max_seq_length, bool) or not isinstance(
       max_seq_length, int) or max_seq_length < 3):
     raise SparseError(f"max_seq_length={max_seq_length!r}, expected an integer >= 3 or None")
-  prompts = dict(prompts or {})
-  if not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
-    raise SparseError(f"prompts={prompts!r}, expected names to texts")
-  if default_prompt_name is not None and default_prompt_name not in prompts:
-    raise SparseError(f"default_prompt_name={default_prompt_name!r}, expected one of the "
-                      f"prompts' names {sorted(prompts)} or None")
+  prompts = embeddings.checked_prompts(prompts, default_prompt_name, SparseError)
   try:
     hf = families.read_hf_config(path)
     vocab_size = families.config_from_hf(hf, file=os.path.join(path, "config.json")).vocab_size
@@ -696,10 +690,7 @@ def save_splade(path: str | os.PathLike, pooling: str = "max", activation: str =
   _check_masked_lm_architecture(path)
 
   def write(name: str, value) -> None:
-    file = os.path.join(path, name)
-    os.makedirs(os.path.dirname(file), exist_ok=True)
-    with open(file, "w", encoding="utf-8") as f:
-      json.dump(value, f, indent=2)
+    modules_json.write_json(os.path.join(path, name), value)
 
   write("modules.json", [
       {"idx": 0, "name": "0", "path": "", "type": _WRITTEN_TYPES[0]},
