@@ -61,7 +61,10 @@ def test_jemalloc_is_preloaded_where_installed_unless_glibc_is_asked_for(tmp_pat
   assert host.jemalloc_environment({"PATH": "/bin"}) is None  # none installed
   library.write_bytes(b"")
   env = host.jemalloc_environment({"PATH": "/bin", "LD_PRELOAD": "libother.so"})
-  assert env == {"PATH": "/bin", "LD_PRELOAD": f"{library} libother.so"}
+  assert env == {"PATH": "/bin", "LD_PRELOAD": f"{library} libother.so",
+                 "MALLOC_CONF": host.JEMALLOC_CONF}
+  given = host.jemalloc_environment({"MALLOC_CONF": "narenas:1"})  # the user's come last
+  assert given["MALLOC_CONF"] == f"{host.JEMALLOC_CONF},narenas:1"
   assert host.jemalloc_environment({host.MALLOC_ENV: "glibc"}) is None
   assert host.jemalloc_environment({"LD_PRELOAD": str(library)}) is None  # preloaded already
 
