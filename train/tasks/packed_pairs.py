@@ -24,7 +24,7 @@ import numpy as np
 from flax_encoder.embeddings import PackedRows, assign_rows, fill_rows, segments_per_row
 
 TEXTS = ("anchor", "positive", "negative")
-SHRINK = 0.8  # each row count of `row_counts` is at most this fraction of the next
+SHRINK = 0.9  # each row count of `row_counts` is at most this fraction of the next
 _CHUNK_ROWS = 1 << 16  # prepared rows measured at a time
 
 
