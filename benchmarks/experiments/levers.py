@@ -5,11 +5,14 @@ design choice rests on one. Not part of the reported benchmark (benchmarks/bench
   python -m benchmarks.experiments.levers qkv        # three 512x512 projections vs one 512x1536
   python -m benchmarks.experiments.levers attention  # one attention at 8x512, fwd+bwd, vs PyTorch
   python -m benchmarks.experiments.levers dropout    # the training step with each dropout
+                                                     # (with 4 devices: the words each draws)
   python -m benchmarks.experiments.levers busy       # the training step at 8x512: cores busy
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 import statistics
 import sys
 import time
@@ -117,15 +120,58 @@ def dropout() -> None:
     return jax.lax.select(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
   cases = (("flax_encoder.Dropout", 0.1, None), ("flax.linen.Dropout's", 0.1, linen_dropout),
-           ("no dropout", 0.0, None))
+           ("XLA's RngBitGenerator", 0.1, "rbg"), ("no dropout", 0.0, None))
   for name, rate, interceptor in cases:
     _, train, _, _ = jax_side(paper_base(dropout=rate), 8, 512)
     if interceptor is None:
       ms = median_seconds(train, reps=5) * 1e3
+    elif interceptor == "rbg":
+      with _rbg_bits():  # active while the step is traced
+        ms = median_seconds(train, reps=5) * 1e3
     else:
-      with nn.intercept_methods(interceptor):  # active while the step is traced
+      with nn.intercept_methods(interceptor):
         ms = median_seconds(train, reps=5) * 1e3
     print(f"training step 8x512, {name:22s} rate {rate}: {ms:.0f} ms")
+  if jax.device_count() > 1:  # XLA_FLAGS=--xla_force_host_platform_device_count=4
+    _rbg_over_a_mesh()
+
+
+@contextlib.contextmanager
+def _rbg_bits():
+  """flax_encoder's masks with their words drawn by XLA's RngBitGenerator (jax's "rbg" keys,
+  seeded from the given key) in place of threefry."""
+  from flax_encoder import dropout as module, reference_attention
+
+  def keep_mask(rng, rate, shape):
+    generator = jax.random.wrap_key_data(jax.random.bits(rng, (4,), jnp.uint32), impl="rbg")
+    words = jax.random.bits(generator, (*shape[:-1], shape[-1] // 2), jnp.uint32)
+    halves = ((words[..., None, :] >> jnp.array([[0], [16]], jnp.uint32)) & 0xFFFF)
+    return halves.reshape(shape) >= jnp.uint32(round(rate * 65536))
+
+  saved = module.keep_mask
+  module.keep_mask = reference_attention.keep_mask = keep_mask
+  try:
+    yield
+  finally:
+    module.keep_mask = reference_attention.keep_mask = saved
+
+
+def _rbg_over_a_mesh() -> None:
+  """The words each device draws for a mask of [64, 128, 384] split over the devices' batch:
+  threefry draws its share (the largest array is its words split in halves), XLA's
+  RngBitGenerator the whole."""
+  from jax.sharding import NamedSharding, PartitionSpec
+  from flax_encoder import dropout as module
+  split = NamedSharding(jax.make_mesh((jax.device_count(),), ("data",)), PartitionSpec("data"))
+  for name, context in (("threefry", contextlib.nullcontext()), ("RngBitGenerator", _rbg_bits())):
+    with context:
+      masked = jax.jit(lambda key, x: jnp.where(module.keep_mask(key, 0.1, x.shape), x, 0),
+                       in_shardings=(None, split), out_shardings=split)
+      text = masked.lower(jax.random.key(0), jnp.ones((64, 128, 384))).compile().as_text()
+    largest = max((int(np.prod([int(n) for n in m.split(",")]))
+                   for m in re.findall(r"u32\[([\d,]+)\]", text)), default=0)
+    print(f"{name:16s} over {jax.device_count()} devices: the largest array of words on each "
+          f"holds {largest:,} (the whole mask's words: {64 * 128 * 384 // 2:,})")
 
 
 def busy() -> None:
