@@ -25,7 +25,7 @@ from flax_encoder import (
   stack_layers,
   unstack_layers,
 )
-from flax_encoder.dropout import Dropout, apply_mask, keep_mask
+from flax_encoder.dropout import Dropout, apply_mask, keep_mask, random_words
 
 pytestmark = pytest.mark.library  # the library's own: run on accelerators too
 
@@ -163,6 +163,18 @@ def test_keep_mask_keeps_1_minus_rate_in_each_half_of_the_last_axis(rate):
   # Independent halves: they agree about as often as two independent draws would.
   agree = (keep[:, :2048] == keep[:, 2048:]).mean()
   assert abs(agree - ((1 - rate) ** 2 + rate**2)) < 5 * sigma
+
+
+@pytest.mark.parametrize("key", [jax.random.key(0), jax.random.PRNGKey(7),
+                                 jax.random.fold_in(jax.random.key(3), 9),
+                                 jax.random.key(5, impl="rbg")],
+                         ids=["typed", "raw", "folded", "rbg"])
+@pytest.mark.parametrize("shape", [(), (5,), (3, 7), (2, 3, 5, 64)])
+def test_random_words_are_the_words_jax_random_bits_draws(key, shape):
+  """Threefry's rounds written out (an rbg key goes to jax.random.bits), traced or not."""
+  expected = np.asarray(jax.random.bits(key, shape, jnp.uint32))
+  np.testing.assert_array_equal(random_words(key, shape), expected)
+  np.testing.assert_array_equal(jax.jit(random_words, static_argnums=1)(key, shape), expected)
 
 
 def test_keep_mask_falls_back_to_bernoulli_on_an_odd_last_axis():

@@ -120,13 +120,14 @@ def dropout() -> None:
     return jax.lax.select(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
   cases = (("flax_encoder.Dropout", 0.1, None), ("flax.linen.Dropout's", 0.1, linen_dropout),
-           ("XLA's RngBitGenerator", 0.1, "rbg"), ("no dropout", 0.0, None))
+           ("jax's threefry loop", 0.1, "loop"), ("XLA's RngBitGenerator", 0.1, "rbg"),
+           ("no dropout", 0.0, None))
   for name, rate, interceptor in cases:
     _, train, _, _ = jax_side(paper_base(dropout=rate), 8, 512)
     if interceptor is None:
       ms = median_seconds(train, reps=5) * 1e3
-    elif interceptor == "rbg":
-      with _rbg_bits():  # active while the step is traced
+    elif interceptor in ("rbg", "loop"):
+      with _rbg_bits() if interceptor == "rbg" else _jax_words():  # while the step is traced
         ms = median_seconds(train, reps=5) * 1e3
     else:
       with nn.intercept_methods(interceptor):
@@ -134,6 +135,19 @@ def dropout() -> None:
     print(f"training step 8x512, {name:22s} rate {rate}: {ms:.0f} ms")
   if jax.device_count() > 1:  # XLA_FLAGS=--xla_force_host_platform_device_count=4
     _rbg_over_a_mesh()
+
+
+@contextlib.contextmanager
+def _jax_words():
+  """flax_encoder's masks with their words from `jax.random.bits` itself (the same words, its
+  threefry rounds a loop on the CPU) in place of `random_words`."""
+  from flax_encoder import dropout as module
+  saved = module.random_words
+  module.random_words = lambda rng, shape: jax.random.bits(rng, shape, jnp.uint32)
+  try:
+    yield
+  finally:
+    module.random_words = saved
 
 
 @contextlib.contextmanager
