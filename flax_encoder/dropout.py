@@ -34,9 +34,11 @@ def random_words(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
   counters: one hash of (0, i) for the i-th word), its twenty rounds written out. Other keys,
   and arrays of 2^32 words or more, go to `jax.random.bits`."""
   typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
-  impl = str(jax.random.key_impl(rng)) if typed else jax.config.jax_default_prng_impl
-  size = math.prod(shape)
-  if "threefry" not in impl or size >= 1 << 32 or not jax.config.jax_threefry_partitionable:
+  impl = (str(jax.random.key_impl(rng)) if typed
+          else getattr(jax.config, "jax_default_prng_impl", "threefry2x32"))
+  # Read, never set: jax's own options (a JAX without the option counts as partitionable).
+  partitionable = getattr(jax.config, "jax_threefry_partitionable", True)
+  if "threefry" not in impl or math.prod(shape) >= 1 << 32 or not partitionable:
     return jax.random.bits(rng, shape, jnp.uint32)
   k0, k1 = jax.random.key_data(rng) if typed else rng
   keys = (k0, k1, k0 ^ k1 ^ jnp.uint32(_KEY_PARITY))

@@ -229,7 +229,9 @@ def test_contrastive_training_in_two_processes_is_one_processes_with_the_same_de
   assert launched.returncode == 0, launched.stdout[-3000:]
   a, b = runs.losses(one), runs.losses(two)
   assert sorted(a) == sorted(b) == list(range(1, 9))
-  np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], atol=5e-7)
+  # Within a few float32 ulps (1e-6 of ~2.5): the two programs differ in their collectives and
+  # XLA fuses each on its own (GradCache's losses differed by 4 ulps in one step of eight).
+  np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=1e-6)
   evals = [[r["mrr_at_10"] for r in runs.read_metrics(os.path.join(w, "metrics.jsonl"))
             if r["split"] == "eval"] for w in (one, two)]
   np.testing.assert_allclose(evals[1], evals[0], atol=5e-7)
