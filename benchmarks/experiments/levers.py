@@ -138,36 +138,29 @@ def dropout() -> None:
 
 
 @contextlib.contextmanager
-def _jax_words():
-  """flax_encoder's masks with their words from `jax.random.bits` itself (the same words, its
-  threefry rounds a loop on the CPU) in place of `random_words`."""
+def _words_from(words):
+  """flax_encoder's masks (its Dropout's and the reference attention's) with their words from
+  `words(rng, shape)` in place of `random_words`, while a step is traced."""
   from flax_encoder import dropout as module
   saved = module.random_words
-  module.random_words = lambda rng, shape: jax.random.bits(rng, shape, jnp.uint32)
+  module.random_words = words
   try:
     yield
   finally:
     module.random_words = saved
 
 
-@contextlib.contextmanager
+def _jax_words():
+  """The same words from `jax.random.bits` itself: its threefry rounds a loop on the CPU."""
+  return _words_from(lambda rng, shape: jax.random.bits(rng, shape, jnp.uint32))
+
+
 def _rbg_bits():
-  """flax_encoder's masks with their words drawn by XLA's RngBitGenerator (jax's "rbg" keys,
-  seeded from the given key) in place of threefry."""
-  from flax_encoder import dropout as module, reference_attention
-
-  def keep_mask(rng, rate, shape):
-    generator = jax.random.wrap_key_data(jax.random.bits(rng, (4,), jnp.uint32), impl="rbg")
-    words = jax.random.bits(generator, (*shape[:-1], shape[-1] // 2), jnp.uint32)
-    halves = ((words[..., None, :] >> jnp.array([[0], [16]], jnp.uint32)) & 0xFFFF)
-    return halves.reshape(shape) >= jnp.uint32(round(rate * 65536))
-
-  saved = module.keep_mask
-  module.keep_mask = reference_attention.keep_mask = keep_mask
-  try:
-    yield
-  finally:
-    module.keep_mask = reference_attention.keep_mask = saved
+  """Words drawn by XLA's RngBitGenerator (jax's "rbg" keys, seeded from the given key)."""
+  def words(rng, shape):
+    seed = jax.random.bits(rng, (4,), jnp.uint32)
+    return jax.random.bits(jax.random.wrap_key_data(seed, impl="rbg"), shape, jnp.uint32)
+  return _words_from(words)
 
 
 def _rbg_over_a_mesh() -> None:

@@ -14,11 +14,11 @@ the warm-up leaves it (tests/test_training_memory.py), for the kernel mapping an
 each step's block again. In pages of 4 KiB that was about 15% of that MiniLM step (1.48 s
 against 1.28 s a step on a 2-core Xeon, 0.8 GB of page faults), so jemalloc is given huge pages
 (`JEMALLOC_CONF`): at 64 pairs x 128 a step then takes about 10,000 page faults instead of
-760,000, and about 10% less time (BENCHMARKS.md). Where it is installed (Debian's libjemalloc2), `jemalloc_environment()`
-gives the environment to run the program again with it preloaded, which `python -m train` does
-first thing. Elsewhere `bound_freed_memory()` sets glibc's malloc to do the same: blocks of
-8 MiB or more mapped for each allocation and unmapped at its free, one arena, the rest kept
-and never trimmed. The benchmarks that time steps keep every freed block instead
+760,000, and about 10% less time (BENCHMARKS.md). Where it is installed (Debian's
+libjemalloc2), `jemalloc_environment()` gives the environment to run the program again with it
+preloaded, which `python -m train` does first thing. Elsewhere `bound_freed_memory()` sets
+glibc's malloc to do the same: blocks of 8 MiB or more mapped for each allocation and
+unmapped at its free, one arena, the rest kept and never trimmed. The benchmarks that time steps keep every freed block instead
 (`keep_freed_memory`: no page faults, memory unbounded). Each setting is process-wide, which is
 why the library never makes one: the programs do. BENCHMARKS.md measures what they cost.
 """
