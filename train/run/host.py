@@ -18,9 +18,10 @@ against 1.28 s a step on a 2-core Xeon, 0.8 GB of page faults), so jemalloc is g
 libjemalloc2), `jemalloc_environment()` gives the environment to run the program again with it
 preloaded, which `python -m train` does first thing. Elsewhere `bound_freed_memory()` sets
 glibc's malloc to do the same: blocks of 8 MiB or more mapped for each allocation and
-unmapped at its free, one arena, the rest kept and never trimmed. The benchmarks that time steps keep every freed block instead
-(`keep_freed_memory`: no page faults, memory unbounded). Each setting is process-wide, which is
-why the library never makes one: the programs do. BENCHMARKS.md measures what they cost.
+unmapped at its free, one arena, the rest kept and never trimmed. The benchmarks that time
+steps keep every freed block instead (`keep_freed_memory`: no page faults, memory unbounded).
+Each setting is process-wide, which is why the library never makes one: the programs do.
+BENCHMARKS.md measures what they cost.
 """
 
 from __future__ import annotations
