@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_encoder import relative
 from flax_encoder.kernels import KERNELS, Kernel
 
 NORM_POSITIONS = ("post", "pre")
@@ -207,7 +208,6 @@ class EncoderConfig:
                         f"a comma-separated list of {UNBIASED} (the layers' dense modules, "
                         f"an untied masked-LM decoder)")
     if self.relative_attention:
-      from flax_encoder import relative  # its parts are imported when first named
       try:
         spec = relative.part(self.relative_attention).spec() if isinstance(
             self.relative_attention, str) else None
@@ -361,62 +361,3 @@ class EncoderConfig:
     """The paper's big model: d_model 1024, 16 heads, d_ff 4096, 6 layers, dropout 0.3."""
     sizes = dict(d_model=1024, n_heads=16, d_ff=4096, n_layers=6, dropout=0.3)
     return cls(vocab_size=vocab_size, **{**sizes, **overrides})
-
-  # The Hugging Face families' architectures (flax_encoder.families reads and writes each
-  # family's config.json through its preset), at their base models' sizes.
-
-  @classmethod
-  def bert(cls, vocab_size: int, **overrides) -> EncoderConfig:
-    """BERT-base: Post-LN, learned positions (512) and two token types, a LayerNorm on the
-    embeddings and none at the end, exact GELU, LayerNorm eps 1e-12; d_model 768, 12 heads,
-    d_ff 3072, 12 layers, dropout 0.1."""
-    fields = dict(d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=512,
-                  position_embedding="learned", type_vocab_size=2, embedding_scale=False,
-                  embedding_norm=True, final_norm=False, norm_position="post",
-                  layer_norm_eps=1e-12, activation="gelu", dropout=0.1)
-    return cls(vocab_size=vocab_size, **{**fields, **overrides})
-
-  @classmethod
-  def roberta(cls, vocab_size: int, **overrides) -> EncoderConfig:
-    """RoBERTa-base: BERT-base whose positions start after the padding id (pad_id 1,
-    position_offset pad_id + 1), with one token type and LayerNorm eps 1e-5."""
-    pad_id = overrides.get("pad_id", 1)
-    fields = dict(pad_id=pad_id, position_offset=pad_id + 1, type_vocab_size=1,
-                  layer_norm_eps=1e-5)
-    return cls.bert(vocab_size, **{**fields, **overrides})
-
-  @classmethod
-  def distilbert(cls, vocab_size: int, **overrides) -> EncoderConfig:
-    """DistilBERT-base: BERT-base of 6 layers, without token types."""
-    return cls.bert(vocab_size, **{**dict(n_layers=6, type_vocab_size=0), **overrides})
-
-  @classmethod
-  def albert(cls, vocab_size: int, **overrides) -> EncoderConfig:
-    """ALBERT-base (v2): BERT-base whose embeddings are 128 wide, projected to d_model, and
-    whose 12 layers are one layer's parameters applied 12 times; GELU's tanh form, no
-    dropout."""
-    fields = dict(embedding_size=128, shared_layers=True, activation="gelu_tanh", dropout=0.0)
-    return cls.bert(vocab_size, **{**fields, **overrides})
-
-  @classmethod
-  def mpnet(cls, vocab_size: int, **overrides) -> EncoderConfig:
-    """MPNet-base (all-mpnet-base-v2's architecture): BERT-base without token types, whose
-    positions start after padding id 1 (pad_id 1, position_offset 2, as RoBERTa's), with a
-    relative position bias of 32 buckets shared by its layers, LayerNorm eps 1e-5."""
-    fields = dict(pad_id=1, position_offset=2, type_vocab_size=0, relative_attention_buckets=32,
-                  layer_norm_eps=1e-5)
-    return cls.bert(vocab_size, **{**fields, **overrides})
-
-  @classmethod
-  def modernbert(cls, vocab_size: int, **overrides) -> EncoderConfig:
-    """ModernBERT-base: Pre-LN without layer 0's attention norm and with a final LayerNorm,
-    rotary positions (base 160,000 global, 10,000 local), global attention every third layer
-    and a window of 128 in the others, GeGLU, no biases, exact GELU; d_model 768, 12 heads,
-    d_ff 1152, 22 layers, 8192 positions, pad_id 50283, no dropout."""
-    fields = dict(d_model=768, n_heads=12, d_ff=1152, n_layers=22, max_len=8192, pad_id=50283,
-                  position_embedding="rotary", rope_theta=160000.0, local_rope_theta=10000.0,
-                  local_attention=128, global_attention_every=3, glu=True, dense_bias=False,
-                  norm_bias=False, first_attention_norm=False, norm_position="pre",
-                  final_norm=True, embedding_scale=False, embedding_norm=True,
-                  activation="gelu", dropout=0.0)
-    return cls(vocab_size=vocab_size, **{**fields, **overrides})

@@ -71,24 +71,6 @@ LOGIT_SCORE = "sentence_transformers.cross_encoder.modules.logit_score.LogitScor
 # arguments (num_labels, model_max_length …).
 UNREAD_SETTINGS = ("processing_kwargs", "processor_kwargs", "tokenizer_args", "config_kwargs",
                    "config_args")
-# Whether transformers 5's tokenizer class (tokenizer_config.json's tokenizer_class, less
-# "Fast") gives the model token_type_ids: its model_input_names. A generic tokenizer.json
-# (TokenizersBackend) gives none, so a BERT saved with one gets token types of 0 throughout.
-TOKEN_TYPE_CLASSES = {
-    "BertTokenizer": True, "ElectraTokenizer": True, "DebertaV2Tokenizer": True,
-    "DebertaTokenizer": True, "AlbertTokenizer": False, "DistilBertTokenizer": False,
-    "RobertaTokenizer": False, "XLMRobertaTokenizer": False, "CamembertTokenizer": False,
-    "MPNetTokenizer": False, "TokenizersBackend": False, "PreTrainedTokenizer": False}
-# config.json's model_type -> the tokenizer class transformers 5 picks where the directory
-# names none (its TOKENIZER_MAPPING_NAMES).
-MODEL_TYPE_TOKENIZERS = {
-    "bert": "BertTokenizer", "electra": "BertTokenizer", "distilbert": "BertTokenizer",
-    "nomic_bert": "BertTokenizer", "albert": "AlbertTokenizer",
-    "deberta-v2": "DebertaV2Tokenizer", "roberta": "RobertaTokenizer",
-    "xlm-roberta": "XLMRobertaTokenizer", "camembert": "CamembertTokenizer",
-    "gte": "XLMRobertaTokenizer", "jina_embeddings_v3": "XLMRobertaTokenizer",
-    "mpnet": "MPNetTokenizer", "modernbert": "TokenizersBackend",
-    "eurobert": "TokenizersBackend"}
 
 
 class RerankerError(EmbeddingError):
@@ -135,8 +117,8 @@ def score(model: RerankerModel, params: dict, tokens: jax.Array, segment_ids: ja
 def gives_token_types(module: str, hf: dict) -> bool | None:
   """Whether transformers' tokenizer of the model directory `module` (config.json `hf`) gives
   the model token_type_ids: tokenizer_config.json's model_input_names, else those of its
-  tokenizer_class (else config.json's, else the model_type's); None for a class this does not
-  know."""
+  tokenizer_class (else config.json's, else the model_type's, `families.tokenizer_class`);
+  None for a class no family knows (`families.TOKEN_TYPE_CLASSES`)."""
   file = os.path.join(module, "tokenizer_config.json")
   config = modules_json.read_json(file, RerankerError, dict) or {}
   names = config.get("model_input_names")
@@ -145,10 +127,10 @@ def gives_token_types(module: str, hf: dict) -> bool | None:
       raise RerankerError(f"{file}: model_input_names={names!r}, expected a list of names")
     return "token_type_ids" in names
   name = (config.get("tokenizer_class") or hf.get("tokenizer_class")
-          or MODEL_TYPE_TOKENIZERS.get(hf.get("model_type")))
+          or families.tokenizer_class(hf.get("model_type")))
   if not isinstance(name, str):
     return None
-  return TOKEN_TYPE_CLASSES.get(name.removesuffix("Fast"))
+  return families.TOKEN_TYPE_CLASSES.get(name.removesuffix("Fast"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,13 +242,14 @@ def read_type_separator(module: str, hf: dict, config: EncoderConfig, template: 
   if gives is None:
     file = os.path.join(module, "tokenizer_config.json")
     raise RerankerError(f"{file}: a tokenizer_class whose token types Reranker does not know, "
-                        f"expected one of {sorted(TOKEN_TYPE_CLASSES)} (or model_input_names)")
+                        f"expected one of {sorted(families.TOKEN_TYPE_CLASSES)} (or "
+                        f"model_input_names)")
   if not gives or template.second_type == 0:
     return None
   if template.second_type != 1 or len(template.between) != 1 or (
       template.between[0] in template.start):
     raise RerankerError(f"{tokenizer_file}: a pair template of {template}, expected one id "
-                        f"between the texts, typed 0 before it and 1 after it (BERT's)")
+                        f"between the texts ([SEP]), typed 0 before it and 1 after it")
   return template.between[0]
 
 

@@ -4,53 +4,52 @@
 
 A directory's tokenizer.json (a fast tokenizer's file) is read as it is. Older checkpoints ship
 the files of transformers' slow tokenizers instead: vocab.txt (BERT's WordPiece), vocab.json
-and merges.txt (RoBERTa's byte-level BPE) or spm.model (DeBERTa-v3's SentencePiece model), with their options and special tokens in
-tokenizer_config.json and special_tokens_map.json. These are built into a tokenizer.json with
-the `tokenizers` library, as transformers builds its tokenizer from them, so that no
-transformers is needed to read them. A sentence-transformers folder's tokenizer is read where
-sentence-transformers reads it, from its Transformer module's folder (modules.json: the folder
-itself in newer ones, 0_Transformer in older ones, whose top may hold another tokenizer.json),
-and may lower-case the texts before they are tokenized (the module's sentence_bert_config.json).
-Each file is checked before `tokenizers` sees it: a regular file (a FIFO would block the
-reader), JSON Python reads, a vocab.json whose ids are those of its tokens.
+and merges.txt (RoBERTa's byte-level BPE) or a family's own (`Family.tokenizers.slow`:
+DeBERTa-v3's SentencePiece spm.model, families/deberta_v2.py), with their options and special
+tokens in tokenizer_config.json and special_tokens_map.json. These are built into a
+tokenizer.json with the `tokenizers` library, as transformers builds its tokenizer from them,
+so that no transformers is needed to read them. Importing this module imports no JAX (the
+families, which do, are asked only for a directory without the files above). A
+sentence-transformers folder's tokenizer is read where sentence-transformers reads it, from its
+Transformer module's folder (modules.json: the folder itself in newer ones, 0_Transformer in
+older ones, whose top may hold another tokenizer.json), and may lower-case the texts before
+they are tokenized (the module's sentence_bert_config.json). Each file is checked before
+`tokenizers` sees it: a regular file (a FIFO would block the reader), JSON Python reads, a
+vocab.json whose ids are those of its tokens.
 """
 
 from __future__ import annotations
 
 import os
 
-from flax_encoder.modules_json import (TRANSFORMER_CONFIGS, ModulesError, not_a_file, read_json,
+from flax_encoder.modules_json import (TRANSFORMER_CONFIGS, ModulesError, not_a_file,
                                        transformer_folder)
 from flax_encoder.tokenizer import Tokenizer, is_panic
+from flax_encoder.tokenizer_options import SAVE_IT, TokenizerError, TokenizerOptions
+from flax_encoder.tokenizer_options import flag as _flag
+from flax_encoder.tokenizer_options import read_options as _read_json
 
-LOOKED_FOR = "tokenizer.json, vocab.txt, vocab.json and merges.txt, or spm.model"
-SAVE_IT = ("save it with transformers: AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR) "
-           "writes tokenizer.json")
+LOOKED_FOR = "tokenizer.json, vocab.txt, vocab.json and merges.txt"  # then the families'
 
 # tokenizer_config.json's tokenizer_class (less "Fast") whose tokenizer is built from vocab.txt
 # as BERT's: "[CLS] a [SEP] b [SEP]", b of token type 1
 WORDPIECE_CLASSES = ("BertTokenizer", "DistilBertTokenizer", "ElectraTokenizer")
 # ... and from vocab.json and merges.txt as RoBERTa's: "<s> a </s></s> b </s>"
 BPE_CLASSES = ("RobertaTokenizer", "LongformerTokenizer", "BartTokenizer")
-# ... and from spm.model as DeBERTa v2 and v3's: "[CLS] a [SEP] b [SEP]", a Unigram model
-SPM_CLASSES = ("DebertaV2Tokenizer",)
-
-
-class TokenizerError(ValueError):
-  """A model directory whose tokenizer files this library cannot read."""
 
 
 def tokenizer_from_directory(path: str | os.PathLike, offset: int = 0) -> Tokenizer:
   """The tokenizer of the model directory `path` (ids + `offset`): its tokenizer.json (its
   bytes as they are), else one built from its vocab.txt (WordPiece), else from its vocab.json
-  and merges.txt (byte-level BPE), else from its spm.model (DeBERTa's Unigram); in a sentence-transformers folder, from its Transformer
-  module's folder (where sentence-transformers reads it), with a Lowercase normalizer first
-  where the module lower-cases texts. Raises TokenizerError naming the directory or file and
-  what it expected."""
+  and merges.txt (byte-level BPE), else from a family's own files (`Family.tokenizers.slow`:
+  DeBERTa's spm.model); in a sentence-transformers folder, from its Transformer module's
+  folder (where sentence-transformers reads it), with a Lowercase normalizer first where the
+  module lower-cases texts. Raises TokenizerError naming the directory or file and what it
+  expected."""
   path = os.path.normpath(os.fspath(path))
   if not os.path.isdir(path):
     raise TokenizerError(f"{path}: not a directory (expected a model directory with its "
-                         f"tokenizer files: {LOOKED_FOR})")
+                         f"tokenizer files: {_looked_for()})")
   # sentence-transformers reads the tokenizer (AutoTokenizer) from the Transformer module's
   # folder only: an older folder's top may hold another one, which it never reads
   directory = _transformer_module(path) or path
@@ -60,14 +59,30 @@ def tokenizer_from_directory(path: str | os.PathLike, offset: int = 0) -> Tokeni
     built = _wordpiece(directory)
   elif _has(directory, "vocab.json") and _has(directory, "merges.txt"):
     built = _byte_level_bpe(directory)
-  elif _has(directory, "spm.model"):
-    built = _deberta_spm(directory)
   else:
-    raise TokenizerError(f"{path}: no tokenizer files (looked for {LOOKED_FOR} in "
-                         f"{directory}); {SAVE_IT}")
+    slow = _slow_tokenizer(directory)
+    if slow is None:
+      raise TokenizerError(f"{path}: no tokenizer files (looked for {_looked_for()} in "
+                           f"{directory}); {SAVE_IT}")
+    built = slow.build(directory)
   if _lower_cases(directory):
     built = _lowercased(built, directory)
   return Tokenizer("huggingface", built, offset)
+
+
+def _slow_tokenizer(directory: str):
+  """The first family's tokenizer built from files of its own (families.SLOW_TOKENIZERS) whose
+  files `directory` holds; None where none's are there."""
+  from flax_encoder import families  # imports JAX: only where no generic file is there
+  return next((slow for slow in families.SLOW_TOKENIZERS
+               if all(_has(directory, name) for name in slow.files)), None)
+
+
+def _looked_for() -> str:
+  """The tokenizer files a directory is searched for, in order, as an error lists them."""
+  from flax_encoder import families
+  return ", or ".join([LOOKED_FOR] + [" and ".join(slow.files)
+                                      for slow in families.SLOW_TOKENIZERS])
 
 
 def _has(directory: str, name: str) -> bool:
@@ -78,11 +93,6 @@ def _has(directory: str, name: str) -> bool:
   if what is not None:
     raise TokenizerError(f"{file}: {what}, expected a file")
   return os.path.isfile(file)
-
-
-def _read_json(file: str, kind: type = dict) -> dict | list | None:
-  """The JSON object (or list: `kind`) in `file`; None where there is no such file."""
-  return read_json(file, TokenizerError, kind)
 
 
 def _transformer_module(path: str) -> str | None:
@@ -136,57 +146,6 @@ def _built(build, file: str):
                          ) from None
 
 
-def _flag(options: dict, key: str, default: bool | None, file: str) -> bool | None:
-  value = options.get(key, default)
-  if value is not None and not isinstance(value, bool):
-    raise TokenizerError(f"{file}: {key}={value!r}, expected true or false")
-  return value
-
-
-class _Options:
-  """A directory's tokenizer options: tokenizer_config.json's, with special_tokens_map.json's
-  tokens over them (as transformers reads them), each read with the file it came from; the
-  special tokens found in `vocab`, read from `vocab_file`."""
-
-  def __init__(self, directory: str, classes: tuple[str, ...], files: str, vocab: dict,
-               vocab_file: str):
-    self.vocab, self.vocab_file = vocab, vocab_file
-    self.config_file = os.path.join(directory, "tokenizer_config.json")
-    self.tokens_file = os.path.join(directory, "special_tokens_map.json")
-    self.config = _read_json(self.config_file) or {}
-    self.tokens = _read_json(self.tokens_file) or {}
-    name = self.config.get("tokenizer_class")
-    if name is not None and (not isinstance(name, str)
-                             or name.removesuffix("Fast") not in classes):
-      raise TokenizerError(f"{self.config_file}: tokenizer_class={name!r}, but this library "
-                           f"builds only {', '.join(classes)} from {files}; {SAVE_IT}")
-
-  def flag(self, key: str, default: bool | None) -> bool | None:
-    return _flag(self.config, key, default, self.config_file)
-
-  def special(self, key: str, default: str, required: bool = True, added: bool = False):
-    """The special token `key` (cls_token …) as an AddedToken and its id; None where the
-    vocabulary lacks a token that is not `required`, or, where it may be `added` after the
-    vocabulary, the token and None."""
-    from tokenizers import AddedToken
-    file = self.tokens_file if key in self.tokens else self.config_file
-    value = {**self.config, **self.tokens}.get(key, default)
-    spec = value if isinstance(value, dict) else {"content": value}
-    content = spec.get("content")
-    if not isinstance(content, str):
-      raise TokenizerError(f"{file}: {key}={value!r}, expected a token (a string)")
-    if content not in self.vocab:
-      if added:
-        return AddedToken(content, normalized=False, special=True), None
-      if not required:
-        return None
-      raise TokenizerError(f"{self.vocab_file}: no {content!r} (the {key}), expected the special "
-                           f"tokens the model was trained with")
-    flags = {name: _flag(spec, name, False, f"{file}: {key}")
-             for name in ("single_word", "lstrip", "rstrip")}
-    return AddedToken(content, **flags, normalized=False, special=True), self.vocab[content]
-
-
 def _read_vocab_txt(file: str) -> dict[str, int]:
   """vocab.txt, one token a line, its id its line's number (transformers' load_vocab)."""
   try:
@@ -202,7 +161,7 @@ def _wordpiece(directory: str) -> bytes:
   from tokenizers import pre_tokenizers, processors
   vocab_file = os.path.join(directory, "vocab.txt")
   vocab = _read_vocab_txt(vocab_file)
-  options = _Options(directory, WORDPIECE_CLASSES, "vocab.txt", vocab, vocab_file)
+  options = TokenizerOptions(directory, WORDPIECE_CLASSES, "vocab.txt", vocab, vocab_file)
   (unk, _), cls, sep = (options.special("unk_token", "[UNK]"),
                         options.special("cls_token", "[CLS]"),
                         options.special("sep_token", "[SEP]"))
@@ -266,7 +225,8 @@ def _byte_level_bpe(directory: str) -> bytes:
   builds it (no unknown token: every byte is in the vocabulary)."""
   from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors
   vocab, merges, vocab_file = _read_bpe(directory)
-  options = _Options(directory, BPE_CLASSES, "vocab.json and merges.txt", vocab, vocab_file)
+  options = TokenizerOptions(directory, BPE_CLASSES, "vocab.json and merges.txt", vocab,
+                             vocab_file)
   cls, sep = options.special("cls_token", "<s>"), options.special("sep_token", "</s>")
   others = [options.special(key, default, required=False) for key, default in [
       ("bos_token", "<s>"), ("eos_token", "</s>"), ("unk_token", "<unk>"),
@@ -280,55 +240,4 @@ def _byte_level_bpe(directory: str) -> bytes:
       (sep[0].content, sep[1]), (cls[0].content, cls[1]),
       trim_offsets=options.flag("trim_offsets", True), add_prefix_space=add_prefix_space)
   tokenizer.add_special_tokens([cls[0], sep[0]] + [t for t, _ in filter(None, others)])
-  return tokenizer.to_str().encode("utf-8")
-
-
-def _deberta_spm(directory: str) -> bytes:
-  """DeBERTa v2 and v3's tokenizer from spm.model, as transformers' DebertaV2Tokenizer builds
-  it: the model's pieces and scores as a Unigram model; whitespace runs, tabs and newlines to
-  one space, NFC, trailing spaces stripped (lower-cased first with do_lower_case); words
-  split at punctuation with split_by_punct, then at spaces marked "\u2581" (before the first
-  word too unless add_prefix_space is false); "[CLS] a [SEP] b [SEP]"; special tokens the
-  model lacks ([MASK]) added after its pieces."""
-  import sentencepiece
-  from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
-  from tokenizers import Tokenizer as HFTokenizer
-  from tokenizers import processors
-  file = os.path.join(directory, "spm.model")
-  try:
-    model = sentencepiece.SentencePieceProcessor(model_file=file)
-  except (OSError, RuntimeError) as e:
-    raise TokenizerError(f"{file}: not a SentencePiece model "
-                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-  pieces = [(model.id_to_piece(i), model.get_score(i)) for i in range(model.get_piece_size())]
-  ids = {piece: i for i, (piece, _) in enumerate(pieces)}
-  options = _Options(directory, SPM_CLASSES, "spm.model", ids, file)
-  names = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
-           "mask_token")
-  defaults = ("[CLS]", "[SEP]", "[UNK]", "[SEP]", "[PAD]", "[CLS]", "[MASK]")
-  # a token that is not one of its pieces ([MASK]) comes after them, as transformers adds it
-  specials = {name: options.special(name, default, added=True)
-              for name, default in zip(names, defaults)}
-  unk = specials["unk_token"][0].content
-  unk_id = next((i for i, (piece, score) in enumerate(pieces) if piece == unk and score == 0.0),
-                1)
-  tokenizer = HFTokenizer(models.Unigram(pieces, unk_id=unk_id, byte_fallback=False))
-  lower = [normalizers.Lowercase()] if options.flag("do_lower_case", False) else []
-  tokenizer.normalizer = normalizers.Sequence(
-      lower + [normalizers.Replace(Regex(r"\s{2,}|[\n\r\t]"), " "), normalizers.NFC(),
-               normalizers.Strip(left=False, right=True)])
-  scheme = "always" if options.flag("add_prefix_space", True) else "first"
-  split = ([pre_tokenizers.Punctuation(behavior="isolated")]
-           if options.flag("split_by_punct", False) else [])
-  tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-      split + [pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme)])
-  tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme)
-  unique: dict = {}  # [CLS] and [SEP] are bos and eos too: each added once
-  for token, _ in specials.values():
-    unique.setdefault(token.content, token)
-  tokenizer.add_special_tokens(list(unique.values()))
-  cls, sep = (specials[name][0].content for name in ("cls_token", "sep_token"))
-  tokenizer.post_processor = processors.TemplateProcessing(
-      single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
-      special_tokens=[(cls, tokenizer.token_to_id(cls)), (sep, tokenizer.token_to_id(sep))])
   return tokenizer.to_str().encode("utf-8")

@@ -9,21 +9,8 @@ from flax_encoder.attention import MultiHeadAttention
 from flax_encoder.config import EncoderConfig
 from flax_encoder.dropout import Dropout
 from flax_encoder.feed_forward import PositionwiseFeedForward
+from flax_encoder.norm import layer_norm
 from flax_encoder.sharding import ACTIVATION_AXES
-
-
-def layer_norm(cfg: EncoderConfig, name: str) -> nn.Module:
-  """The config's norm (norm_type): LayerNorm, or RMSNorm (a scale, no bias), named `name`."""
-  if cfg.norm_type == "rms":
-    return nn.RMSNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                      name=name, scale_init=nn.with_logical_partitioning(nn.initializers.ones,
-                                                                         ("embed",)))
-  # PyTorch's LayerNorm uses eps=1e-5 (Flax: 1e-6) and a two-pass variance; Flax's default
-  # E[x^2] - E[x]^2 loses digits when the mean is large.
-  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                      use_fast_variance=False, use_bias=cfg.norm_bias, name=name,
-                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
 
 
 class EncoderLayer(nn.Module):

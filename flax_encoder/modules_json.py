@@ -23,10 +23,12 @@ TRANSFORMERS = ("sentence_transformers.models.Transformer",
                 "sentence_transformers.sparse_encoder.models.MLMTransformer",
                 "sentence_transformers.sparse_encoder.modules.mlm_transformer.MLMTransformer")
 
-# The Transformer module's settings file (max_seq_length, do_lower_case), by the name
-# sentence-transformers gave it per family.
-TRANSFORMER_CONFIGS = tuple(f"sentence_{name}_config.json" for name in (
-    "bert", "roberta", "distilbert", "camembert", "albert", "xlm-roberta", "xlnet"))
+# The Transformer module's settings file (max_seq_length, do_lower_case), by the names
+# sentence-transformers reads it under (one per architecture of its early versions).
+TRANSFORMER_CONFIGS = ("sentence_bert_config.json", "sentence_roberta_config.json",
+                       "sentence_distilbert_config.json", "sentence_camembert_config.json",
+                       "sentence_albert_config.json", "sentence_xlm-roberta_config.json",
+                       "sentence_xlnet_config.json")
 
 
 class ModulesError(ValueError):

@@ -1,8 +1,8 @@
 """Relative attention schemes a family brings: a registry, as kernels.KERNELS is for kernels.
 
 `EncoderConfig.relative_attention` holds a spec, "name" or "name,key=value,…", whose name is
-one of `PARTS`; the module that computes it is imported when it is first needed, so the
-encoder and its config never import a family. A part module defines `Part` with:
+one of `PARTS`; the module that computes it is imported when it is first needed, so
+importing the encoder or its config imports no family. A part module defines `Part` with:
 
   Part.parse(spec) -> Part     its settings, ValueError(what was expected) where wrong
   part.spec() -> str           the spec, canonical (what a config records)
@@ -12,7 +12,11 @@ encoder and its config never import a family. A part module defines `Part` with:
                                adds to its scores [batch, heads, q, k], and q as the kernel's
                                1/sqrt(head_dim) should scale it
 
-Adding a scheme is its module and one line here.
+Adding a scheme is its module and one line here. The config and attention import this module,
+so a part's module imports none of the modules above them (config, attention, layer,
+encoder): what it shares with them lies below (norm.layer_norm, dropout.Dropout), and it reads
+the config it is given without importing its class. tests/test_layout.py follows this table's
+names as imports and fails on a circle.
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ from configs import classify as classify_config  # noqa: E402
 from configs import default, tag as tag_config  # noqa: E402
 from flax_encoder import ConfigError, Encoder, EncoderConfig, segment_positions  # noqa: E402
 from flax_encoder import sharding  # noqa: E402
-from flax_encoder.families import (HFError, config_from_hf, from_hf_state_dict,  # noqa: E402
-                                   hf_config, load_hf, read_hf_config, read_hf_weights)
+from flax_encoder.families import (HFError, albert, bert, config_from_hf,  # noqa: E402
+                                   from_hf_state_dict, hf_config, load_hf, modernbert,
+                                   read_hf_config, read_hf_weights)
 from flax_encoder.heads import MaskedLMHead, Pooler  # noqa: E402
 from tests import hf_models, runs  # noqa: E402
 from train.data import prepare
@@ -229,7 +230,7 @@ def test_switches_that_cannot_go_together_are_refused(pretraining):
   assert "EncoderConfig.scan_layers: True, expected False with shared_layers=True" in (
       str(e.value)) and "\n" not in str(e.value)
   with pytest.raises(ConfigError) as e:
-    EncoderConfig.modernbert(64, pad_id=0, shared_layers=True)
+    modernbert.preset(64, pad_id=0, shared_layers=True)
   assert e.value.field == "shared_layers" and "first_attention_norm=False" in str(e.value)
   with pytest.raises(ConfigError) as e:
     EncoderConfig(64, d_model=16, n_heads=2, embedding_size=7)  # sinusoids at width 7
@@ -240,20 +241,19 @@ def test_switches_that_cannot_go_together_are_refused(pretraining):
 
 
 def test_a_model_another_family_cannot_hold_is_refused_naming_the_field():
-  factorised = EncoderConfig.bert(64, d_model=16, n_heads=2, d_ff=24, n_layers=2,
-                                  embedding_size=8)
+  factorised = bert.preset(64, d_model=16, n_heads=2, d_ff=24, n_layers=2, embedding_size=8)
   with pytest.raises(HFError, match=r"^this model is not a bert model: it has "
                                     r"embedding_size=8, a bert model embedding_size=0$"):
     hf_config(factorised, "bert")
-  unfactorised = EncoderConfig.albert(64, d_model=16, n_heads=2, d_ff=24, n_layers=2,
-                                      embedding_size=0)
+  unfactorised = albert.preset(64, d_model=16, n_heads=2, d_ff=24, n_layers=2,
+                               embedding_size=0)
   with pytest.raises(HFError, match=r"^this model is not an albert model: it has "
                                     r"embedding_size=0, an albert model a factorised "):
     hf_config(unfactorised, "albert")
 
 
 def test_the_masked_lm_head_refuses_a_table_of_another_width():
-  config = EncoderConfig.albert(64, d_model=16, n_heads=2, d_ff=24, n_layers=2, embedding_size=8)
+  config = albert.preset(64, d_model=16, n_heads=2, d_ff=24, n_layers=2, embedding_size=8)
   with pytest.raises(ValueError) as e:
     MaskedLMHead(config).init(jax.random.PRNGKey(0), jnp.ones((1, 16)), jnp.ones((64, 16)))
   assert str(e.value) == ("embedding: shape (64, 16), expected the encoder's table "
@@ -261,7 +261,7 @@ def test_the_masked_lm_head_refuses_a_table_of_another_width():
 
 
 def test_a_record_written_before_albert_loads_as_the_model_it_was():
-  config = EncoderConfig.bert(64, d_model=16, n_heads=2, d_ff=24, n_layers=2)
+  config = bert.preset(64, d_model=16, n_heads=2, d_ff=24, n_layers=2)
   record = {k: v for k, v in config.record().items()
             if k not in ("embedding_size", "shared_layers")}
   assert EncoderConfig.from_record(record, dropout=0.1) == config

@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from flax_encoder import ConfigError, Encoder, EncoderConfig  # noqa: E402
-from flax_encoder.families import HFError, hf_config, load_hf, to_hf_state_dict  # noqa: E402
+from flax_encoder.families import (HFError, bert, hf_config, load_hf,  # noqa: E402
+                                   to_hf_state_dict)
 from flax_encoder.families.disentangled import log_buckets  # noqa: E402
 from flax_encoder.heads import MaskedLMHead  # noqa: E402
 from tests import hf_models  # noqa: E402
@@ -191,7 +192,7 @@ def test_a_spec_is_kept_in_its_canonical_form_and_a_record_before_it_loads_as_it
   config = EncoderConfig(64, relative_attention=" disentangled, types=p2c|c2p ,buckets=8")
   assert config.relative_attention == (
       "disentangled,buckets=8,max_relative=512,types=c2p|p2c,norm=layer_norm")
-  old = EncoderConfig.bert(64, d_model=16, n_heads=2, d_ff=24, n_layers=2)
+  old = bert.preset(64, d_model=16, n_heads=2, d_ff=24, n_layers=2)
   record = {k: v for k, v in old.record().items() if k != "relative_attention"}
   assert EncoderConfig.from_record(record, dropout=0.1) == old
 

@@ -17,7 +17,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from flax_encoder import ConfigError, Encoder, EncoderConfig  # noqa: E402
-from flax_encoder.families import HFError, hf_config, load_hf, to_hf_state_dict  # noqa: E402
+from flax_encoder.families import (HFError, bert, hf_config, load_hf,  # noqa: E402
+                                   to_hf_state_dict)
 from tests import hf_models, runs  # noqa: E402
 
 pytestmark = pytest.mark.library
@@ -171,7 +172,7 @@ def test_settings_it_cannot_compute_are_refused_naming_the_field(changes, named)
 
 
 def test_a_record_written_before_these_fields_loads_as_the_model_it_was():
-  config = EncoderConfig.bert(64, d_model=16, n_heads=2, d_ff=24, n_layers=2)
+  config = bert.preset(64, d_model=16, n_heads=2, d_ff=24, n_layers=2)
   record = {k: v for k, v in config.record().items()
             if k not in ("kv_heads", "norm_type", "unbiased")}
   assert EncoderConfig.from_record(record, dropout=0.1) == config

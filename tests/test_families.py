@@ -71,16 +71,17 @@ def test_a_model_is_refused_as_every_other_family_naming_a_field(name):
 
 
 def test_the_presets_are_the_base_models():
-  bert, roberta = EncoderConfig.bert(30522), EncoderConfig.roberta(50265)
-  assert (bert.d_model, bert.n_layers, bert.max_len, bert.type_vocab_size) == (768, 12, 512, 2)
-  assert (roberta.pad_id, roberta.position_offset, roberta.type_vocab_size) == (1, 2, 1)
-  assert EncoderConfig.roberta(100, pad_id=0).position_offset == 1
-  assert (EncoderConfig.distilbert(30522).n_layers,
-          EncoderConfig.distilbert(30522).type_vocab_size) == (6, 0)
-  modern = EncoderConfig.modernbert(50368)
+  preset = {name: families.get(name).preset for name in families.FAMILIES}
+  base, learned = preset["bert"](30522), preset["roberta"](50265)
+  assert (base.d_model, base.n_layers, base.max_len, base.type_vocab_size) == (768, 12, 512, 2)
+  assert (learned.pad_id, learned.position_offset, learned.type_vocab_size) == (1, 2, 1)
+  assert preset["roberta"](100, pad_id=0).position_offset == 1
+  assert (preset["distilbert"](30522).n_layers,
+          preset["distilbert"](30522).type_vocab_size) == (6, 0)
+  modern = preset["modernbert"](50368)
   assert (modern.n_layers, modern.d_ff, modern.local_attention, modern.global_attention_every,
           modern.first_attention_norm, modern.norm_position) == (22, 1152, 128, 3, False, "pre")
-  assert EncoderConfig.bert(100, d_model=64, n_heads=4).d_model == 64  # overrides win
+  assert preset["bert"](100, d_model=64, n_heads=4).d_model == 64  # overrides win
 
 
 @pytest.mark.parametrize("name", NAMES)

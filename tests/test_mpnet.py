@@ -24,6 +24,7 @@ from flax_encoder.attention import MultiHeadAttention  # noqa: E402
 from flax_encoder.embedding import relative_buckets  # noqa: E402
 from flax_encoder.families import (HFError, hf_config, load_hf,  # noqa: E402
                                    to_hf_state_dict)
+from flax_encoder.families.mpnet import preset as mpnet_preset  # noqa: E402
 from flax_encoder.heads import MaskedLMHead, Pooler  # noqa: E402
 from tests import hf_models, runs  # noqa: E402
 
@@ -231,16 +232,17 @@ def test_the_state_dict_and_config_are_transformers_own_and_load_back_as_they_we
 
 
 def test_a_model_from_scratch_with_a_relative_bias_exports_as_mpnet():
-  config = EncoderConfig.mpnet(64, d_model=16, n_heads=2, d_ff=24, n_layers=2, max_len=32)
+  config = mpnet_preset(64, d_model=16, n_heads=2, d_ff=24, n_layers=2, max_len=32)
   assert families.of_architecture(config).name == "mpnet"
   assert families.config_from_hf(hf_config(config, "mpnet")) == config
-  roberta = EncoderConfig.roberta(64, d_model=16, n_heads=2, d_ff=24, n_layers=2, max_len=32)
+  roberta = families.get("roberta").preset(64, d_model=16, n_heads=2, d_ff=24, n_layers=2,
+                                           max_len=32)
   with pytest.raises(HFError, match=r"^this model is not an? mpnet model: it has .*"
                                     r"relative_attention_buckets=0"):
     hf_config(roberta, "mpnet")
   with pytest.raises(HFError, match=r"^this model is not an mpnet model: it has pad_id=0, an "
                                     r"mpnet model 1 "):
-    hf_config(EncoderConfig.mpnet(64, pad_id=0, d_model=16, n_heads=2), "mpnet")
+    hf_config(mpnet_preset(64, pad_id=0, d_model=16, n_heads=2), "mpnet")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,8 +256,8 @@ def test_a_model_from_scratch_with_a_relative_bias_exports_as_mpnet():
 ])
 def test_a_kernel_that_takes_no_bias_is_refused_naming_both_fields(base, impl, dtype, title):
   with pytest.raises(ConfigError) as e:
-    EncoderConfig.mpnet(64, d_model=16, n_heads=2, attention_impl=impl, dtype=dtype,
-                        attention_dropout=0.0)
+    mpnet_preset(64, d_model=16, n_heads=2, attention_impl=impl, dtype=dtype,
+                 attention_dropout=0.0)
   assert str(e.value) == (f"EncoderConfig.attention_impl: {impl!r}, expected 'xla' with "
                           f"relative_attention_buckets=32: {title} takes no bias on the "
                           f"attention scores")
@@ -277,7 +279,7 @@ def test_attention_given_a_bias_its_kernel_cannot_take_is_refused():
 @pytest.mark.parametrize("buckets", [2, 31, 512, -2, True])
 def test_a_bucket_count_t5_has_no_buckets_for_is_refused(buckets):
   with pytest.raises(ConfigError) as e:
-    EncoderConfig.mpnet(64, d_model=16, n_heads=2, relative_attention_buckets=buckets)
+    mpnet_preset(64, d_model=16, n_heads=2, relative_attention_buckets=buckets)
   assert e.value.field == "relative_attention_buckets" and e.value.value is buckets
   assert "\n" not in str(e.value)
 
@@ -299,7 +301,7 @@ def test_a_config_json_transformers_computes_otherwise_is_refused_naming_the_fie
 
 
 def test_a_record_written_before_mpnet_loads_as_the_model_it_was():
-  config = EncoderConfig.roberta(64, d_model=16, n_heads=2, d_ff=24, n_layers=2)
+  config = families.get("roberta").preset(64, d_model=16, n_heads=2, d_ff=24, n_layers=2)
   record = {k: v for k, v in config.record().items() if k != "relative_attention_buckets"}
   assert EncoderConfig.from_record(record, dropout=0.1) == config
   assert config.relative_attention_buckets == 0

@@ -15,8 +15,8 @@ import jax
 import numpy as np
 import pytest
 
-from flax_encoder import Encoder, EncoderConfig, families
-from flax_encoder.families import HFError, load_hf, model_directory, read_hf
+from flax_encoder import Encoder, families
+from flax_encoder.families import HFError, bert, load_hf, model_directory, read_hf
 from flax_encoder.heads import MaskedLMHead
 from tests.runs import ROOT
 
@@ -27,7 +27,7 @@ BERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_he
             intermediate_size=37, max_position_embeddings=64)
 ATOL = 1e-5  # as tests/test_hf.py's float32
 # BERT's sizes, for the tests that write their checkpoint without torch
-TINY = EncoderConfig.bert(99, d_model=32, n_heads=4, d_ff=37, n_layers=2, max_len=64)
+TINY = bert.preset(99, d_model=32, n_heads=4, d_ff=37, n_layers=2, max_len=64)
 
 
 def _hf():

@@ -79,8 +79,8 @@ def test_a_file_that_is_no_archive_is_one_line(content, said, tmp_path):
 
 
 def test_a_bin_directory_loads_without_torch(tmp_path):
-  from flax_encoder import EncoderConfig, families
-  config = EncoderConfig.bert(64, d_model=16, n_heads=2, d_ff=24, n_layers=2, max_len=32)
+  from flax_encoder import families
+  config = families.get("bert").preset(64, d_model=16, n_heads=2, d_ff=24, n_layers=2, max_len=32)
   import flax.linen as nn
   import jax
 

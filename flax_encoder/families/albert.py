@@ -1,6 +1,6 @@
 """ALBERT: BERT's Post-LN encoder whose embeddings are embedding_size wide, normalised there and
 projected to hidden_size, and whose layers are one layer's parameters applied at every depth
-(`EncoderConfig.albert`). Its pooler is one dense layer; its masked-LM head maps back to the
+(`preset`). Its pooler is one dense layer; its masked-LM head maps back to the
 embedding's width before the decoder tied to the word embeddings."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from flax_encoder.families.family import (
     HFError,
     Refuse,
     SequenceClassifier,
+    Tokenizers,
 )
 
-# What an ALBERT model has as EncoderConfig.albert has it; config.json gives embedding_size.
+# What an ALBERT model has as `preset` has it; config.json gives embedding_size.
 SWITCHES = tuple(name for name in bert.SWITCHES if name != "embedding_size")
 # The one layer every depth applies: transformers' group 0, its layer 0 (num_hidden_groups and
 # inner_group_num 1, the published models').
@@ -28,6 +29,14 @@ _LAYER = {("self_attn", "w_q"): "attention.query", ("self_attn", "w_k"): "attent
           ("norm1",): "attention.LayerNorm", ("feed_forward", "w_1"): "ffn",
           ("feed_forward", "w_2"): "ffn_output", ("norm2",): "full_layer_layer_norm"}
 PROJECTION = "encoder.embedding_hidden_mapping_in"
+
+
+def preset(vocab_size: int, **overrides) -> EncoderConfig:
+  """ALBERT-base (v2): BERT-base whose embeddings are 128 wide, projected to d_model, and
+  whose 12 layers are one layer's parameters applied 12 times; GELU's tanh form, no
+  dropout."""
+  fields = dict(embedding_size=128, shared_layers=True, activation="gelu_tanh", dropout=0.0)
+  return bert.preset(vocab_size, **{**fields, **overrides})
 
 
 def names(config: EncoderConfig) -> Iterator[tuple[tuple, str]]:
@@ -82,7 +91,7 @@ def stages(n_layers: int) -> list[tuple[str, str, str]]:
 FAMILY = Family(
     name="albert", title="ALBERT", stem="Albert",
     model_types={"albert": "albert."},
-    preset=EncoderConfig.albert, sizes=bert.SIZES, pad_id=0, fixed=bert.FIXED, read=read,
+    preset=preset, sizes=bert.SIZES, pad_id=0, fixed=bert.FIXED, read=read,
     switches=SWITCHES, token_types=True, write=write,
     carried=("bos_token_id", "eos_token_id", "classifier_dropout_prob"),
     names=names, word_embeddings=bert.EMBEDDINGS[("embedding",)],
@@ -96,4 +105,7 @@ FAMILY = Family(
         denses=(("albert.pooler", ("pooler", "dense")), ("classifier", ("classifier",))),
         from_pooler=True),
     stages=stages,
+    # its models have token types, but its tokenizer gives none
+    tokenizers=Tokenizers(classes={"albert": "AlbertTokenizer"},
+                          token_types={"AlbertTokenizer": False}),
 )

@@ -1,6 +1,6 @@
 """BERT, and ELECTRA's discriminator where its embedding_size is its hidden_size: Post-LN,
 learned positions and token types, a LayerNorm on the embeddings, none at the end
-(`EncoderConfig.bert`). RoBERTa and DistilBERT are this encoder under other names and ids
+(`preset`). RoBERTa and DistilBERT are this encoder under other names and ids
 (roberta.py, distilbert.py), and share its pieces here.
 """
 
@@ -15,11 +15,12 @@ from flax_encoder.families.family import (
     Fields,
     Refuse,
     SequenceClassifier,
+    Tokenizers,
     post_ln_stages,
 )
 
 SIZES = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers")
-# What a BERT-family model has as EncoderConfig.bert has it (config.json says the rest).
+# What a BERT-family model has as `preset` has it (config.json says the rest).
 SWITCHES = ("position_embedding", "embedding_scale", "embedding_norm", "final_norm",
             "norm_position", "glu", "dense_bias", "norm_bias", "local_attention",
             "position_offset", "embedding_size", "shared_layers", "relative_attention_buckets",
@@ -30,6 +31,17 @@ EMBEDDINGS = {("embedding",): "embeddings.word_embeddings",
               ("position_embedding",): "embeddings.position_embeddings",
               ("token_type_embedding",): "embeddings.token_type_embeddings",
               ("embedding_norm",): "embeddings.LayerNorm"}
+
+
+def preset(vocab_size: int, **overrides) -> EncoderConfig:
+  """BERT-base: Post-LN, learned positions (512) and two token types, a LayerNorm on the
+  embeddings and none at the end, exact GELU, LayerNorm eps 1e-12; d_model 768, 12 heads,
+  d_ff 3072, 12 layers, dropout 0.1."""
+  fields = dict(d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=512,
+                position_embedding="learned", type_vocab_size=2, embedding_scale=False,
+                embedding_norm=True, final_norm=False, norm_position="post",
+                layer_norm_eps=1e-12, activation="gelu", dropout=0.1)
+  return EncoderConfig(vocab_size=vocab_size, **{**fields, **overrides})
 
 
 def layer(i: int) -> dict:
@@ -99,7 +111,7 @@ stages = post_ln_stages("encoder.layer.", "attention")
 FAMILY = Family(
     name="bert", title="BERT", stem="Bert",
     model_types={"bert": "bert.", "electra": "electra."},
-    preset=EncoderConfig.bert, sizes=SIZES, pad_id=0, fixed=FIXED, read=read,
+    preset=preset, sizes=SIZES, pad_id=0, fixed=FIXED, read=read,
     switches=SWITCHES, token_types=True, write=write,
     names=names, word_embeddings=EMBEDDINGS[("embedding",)],
     layers="encoder.layer.",
@@ -113,4 +125,7 @@ FAMILY = Family(
         denses=(("bert.pooler.dense", ("pooler", "dense")), ("classifier", ("classifier",))),
         from_pooler=True),
     stages=stages,
+    # transformers 5 tokenizes ELECTRA with BERT's tokenizer
+    tokenizers=Tokenizers(classes={"bert": "BertTokenizer", "electra": "BertTokenizer"},
+                          token_types={"BertTokenizer": True, "ElectraTokenizer": True}),
 )

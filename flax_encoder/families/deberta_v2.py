@@ -4,10 +4,12 @@ table of relative-position embeddings), without absolute positions in v3
 (`position_biased_input` false) or with BERT's table in v2; its classifier a dense layer and
 its pooler activation (GELU) on the first token. Settings transformers computes another way
 (unshared position projections, the convolution of v2-xlarge, a pooler of another size) are
-refused."""
+refused. Its tokenizer, where a directory has no tokenizer.json, is built from its
+SentencePiece model, spm.model (`spm_tokenizer`)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 from flax_encoder.config import EncoderConfig
@@ -20,12 +22,18 @@ from flax_encoder.families.family import (
     HFError,
     Refuse,
     SequenceClassifier,
+    SlowTokenizer,
+    Tokenizers,
 )
+from flax_encoder.tokenizer_options import TokenizerError, TokenizerOptions
 
 # BERT's, but its positions (v2's table, v3's none) and its relative attention's settings,
 # which config.json says.
 SWITCHES = (*(s for s in bert.SWITCHES if s not in ("position_embedding", "relative_attention")),
             "first_attention_norm")
+# tokenizer_config.json's tokenizer_class (less "Fast") built from spm.model: "[CLS] a [SEP] b
+# [SEP]", a Unigram model
+TOKENIZER_CLASSES = ("DebertaV2Tokenizer",)
 _RELATIVE = {("relative_attention", "rel_embeddings"): "encoder.rel_embeddings",
              ("relative_attention", "norm"): "encoder.LayerNorm"}
 
@@ -36,7 +44,7 @@ def preset(vocab_size: int, **overrides) -> EncoderConfig:
   positions and no token types, LayerNorm eps 1e-7, exact GELU, dropout 0.1."""
   fields = dict(position_embedding="none", type_vocab_size=0, layer_norm_eps=1e-7,
                 relative_attention=Part().spec())
-  return EncoderConfig.bert(vocab_size, **{**fields, **overrides})
+  return bert.preset(vocab_size, **{**fields, **overrides})
 
 
 def _layer(i: int) -> dict:
@@ -118,6 +126,57 @@ def write(config: EncoderConfig, act: str) -> dict:
               pooler_hidden_size=config.d_model, pooler_hidden_act="gelu")
 
 
+def spm_tokenizer(directory: str) -> bytes:
+  """DeBERTa v2 and v3's tokenizer from spm.model, as transformers' DebertaV2Tokenizer builds
+  it: the model's pieces and scores as a Unigram model; whitespace runs, tabs and newlines to
+  one space, NFC, trailing spaces stripped (lower-cased first with do_lower_case); words
+  split at punctuation with split_by_punct, then at spaces marked "\u2581" (before the first
+  word too unless add_prefix_space is false); "[CLS] a [SEP] b [SEP]"; special tokens the
+  model lacks ([MASK]) added after its pieces."""
+  import sentencepiece
+  from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
+  from tokenizers import Tokenizer as HFTokenizer
+  from tokenizers import processors
+  file = os.path.join(directory, "spm.model")
+  try:
+    model = sentencepiece.SentencePieceProcessor(model_file=file)
+  except (OSError, RuntimeError) as e:
+    raise TokenizerError(f"{file}: not a SentencePiece model "
+                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+  pieces = [(model.id_to_piece(i), model.get_score(i)) for i in range(model.get_piece_size())]
+  ids = {piece: i for i, (piece, _) in enumerate(pieces)}
+  options = TokenizerOptions(directory, TOKENIZER_CLASSES, "spm.model", ids, file)
+  names = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+           "mask_token")
+  defaults = ("[CLS]", "[SEP]", "[UNK]", "[SEP]", "[PAD]", "[CLS]", "[MASK]")
+  # a token that is not one of its pieces ([MASK]) comes after them, as transformers adds it
+  specials = {name: options.special(name, default, added=True)
+              for name, default in zip(names, defaults)}
+  unk = specials["unk_token"][0].content
+  unk_id = next((i for i, (piece, score) in enumerate(pieces) if piece == unk and score == 0.0),
+                1)
+  tokenizer = HFTokenizer(models.Unigram(pieces, unk_id=unk_id, byte_fallback=False))
+  lower = [normalizers.Lowercase()] if options.flag("do_lower_case", False) else []
+  tokenizer.normalizer = normalizers.Sequence(
+      lower + [normalizers.Replace(Regex(r"\s{2,}|[\n\r\t]"), " "), normalizers.NFC(),
+               normalizers.Strip(left=False, right=True)])
+  scheme = "always" if options.flag("add_prefix_space", True) else "first"
+  split = ([pre_tokenizers.Punctuation(behavior="isolated")]
+           if options.flag("split_by_punct", False) else [])
+  tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+      split + [pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme)])
+  tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme)
+  unique: dict = {}  # [CLS] and [SEP] are bos and eos too: each added once
+  for token, _ in specials.values():
+    unique.setdefault(token.content, token)
+  tokenizer.add_special_tokens(list(unique.values()))
+  cls, sep = (specials[name][0].content for name in ("cls_token", "sep_token"))
+  tokenizer.post_processor = processors.TemplateProcessing(
+      single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+      special_tokens=[(cls, tokenizer.token_to_id(cls)), (sep, tokenizer.token_to_id(sep))])
+  return tokenizer.to_str().encode("utf-8")
+
+
 FAMILY = Family(
     name="deberta-v2", title="DeBERTa", stem="DebertaV2",
     model_types={"deberta-v2": "deberta."},
@@ -134,4 +193,7 @@ FAMILY = Family(
                                         "on the first token)",
         denses=(("pooler.dense", ("pooler", "dense")), ("classifier", ("classifier",)))),
     stages=bert.stages,  # its attention module ends with its LayerNorm, as BERT's
+    tokenizers=Tokenizers(classes={"deberta-v2": "DebertaV2Tokenizer"},
+                          token_types={"DebertaV2Tokenizer": True, "DebertaTokenizer": True},
+                          slow=SlowTokenizer(files=("spm.model",), build=spm_tokenizer)),
 )

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_encoder.dropout import Dropout
-from flax_encoder.layer import layer_norm
+from flax_encoder.norm import layer_norm
 
 TYPES = ("c2p", "p2c")
 NORMS = ("layer_norm", "none")

@@ -1,5 +1,5 @@
 """DistilBERT: BERT's encoder under other names, without token types or a pooler; its
-classifier pools through a dense + ReLU pre-classifier (`EncoderConfig.distilbert`)."""
+classifier pools through a dense + ReLU pre-classifier (`preset`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,20 @@ import functools
 
 from flax_encoder.config import EncoderConfig
 from flax_encoder.families import bert
-from flax_encoder.families.family import ACTIVATIONS, Family, SequenceClassifier, post_ln_stages
+from flax_encoder.families.family import (
+    ACTIVATIONS,
+    Family,
+    SequenceClassifier,
+    Tokenizers,
+    post_ln_stages,
+)
 
 SIZES = ("dim", "n_heads", "hidden_dim", "n_layers")
+
+
+def preset(vocab_size: int, **overrides) -> EncoderConfig:
+  """DistilBERT-base: BERT-base of 6 layers, without token types."""
+  return bert.preset(vocab_size, **{**dict(n_layers=6, type_vocab_size=0), **overrides})
 
 
 def _layer(i: int) -> dict:
@@ -48,7 +59,7 @@ stages = post_ln_stages("transformer.layer.", "sa_layer_norm")
 FAMILY = Family(
     name="distilbert", title="DistilBERT", stem="DistilBert",
     model_types={"distilbert": "distilbert."},
-    preset=EncoderConfig.distilbert, sizes=SIZES, pad_id=0, read=read,
+    preset=preset, sizes=SIZES, pad_id=0, read=read,
     switches=(*bert.SWITCHES, "type_vocab_size", "layer_norm_eps"), write=write,
     names=functools.partial(bert.names, layer=_layer),
     word_embeddings=bert.EMBEDDINGS[("embedding",)], layers="transformer.layer.",
@@ -60,4 +71,7 @@ FAMILY = Family(
         poolings=("pre_classifier",), pools="by 'pre_classifier'",
         denses=(("pre_classifier", ("pooler", "dense")), ("classifier", ("classifier",)))),
     stages=stages,
+    # transformers 5 tokenizes it with BERT's tokenizer (bert.py says its token types)
+    tokenizers=Tokenizers(classes={"distilbert": "BertTokenizer"},
+                          token_types={"DistilBertTokenizer": False}),
 )

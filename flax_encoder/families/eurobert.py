@@ -17,6 +17,7 @@ from flax_encoder.families.family import (
     Fields,
     Refuse,
     SequenceClassifier,
+    Tokenizers,
 )
 
 SWITCHES = (*nomic_bert.SWITCHES, "norm_type", "type_vocab_size")
@@ -117,4 +118,6 @@ FAMILY = Family(
         config=lambda pooling: {"classifier_pooling": {v: k for k, v in POOLINGS.items()}[
             pooling]}),
     stages=stages,
+    # a generic tokenizer.json (registry.TOKEN_TYPE_CLASSES says its token types)
+    tokenizers=Tokenizers(classes={"eurobert": "TokenizersBackend"}, token_types={}),
 )

@@ -2,10 +2,10 @@
 families share (`Fields`).
 
 A family is one module of this folder holding one `Family`: the model_types it reads, its
-preset (`EncoderConfig.bert` …) and which of its fields make a model of the family, config.json
+preset (`bert.preset` …) and which of its fields make a model of the family, config.json
 both ways, its tensor names both ways, its heads, its default fine-tuning pooling, its
-sequence classifier's layout and its parity stages. Code outside the folder asks the family
-(`families.get(name)`) and never compares a family's name.
+sequence classifier's layout, its parity stages and its tokenizers (`Tokenizers`). Code
+outside the folder asks the family (`families.get(name)`) and never compares a family's name.
 """
 
 from __future__ import annotations
@@ -131,6 +131,28 @@ class SequenceClassifier:
                     f"(config.task.pooling={' or '.join(map(repr, self.poolings))})")
 
 
+@dataclasses.dataclass(frozen=True)
+class SlowTokenizer:
+  """A tokenizer transformers builds from files of a family's own where a directory has no
+  tokenizer.json (DeBERTa's spm.model): the files, all present, and the builder of its
+  tokenizer.json from the directory holding them (flax_encoder.hf_tokenizer asks for it)."""
+  files: tuple[str, ...]
+  build: Callable[[str], bytes]  # directory -> tokenizer.json's bytes (TokenizerError)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenizers:
+  """transformers 5's tokenizers of a family's models (flax_encoder.cross_encoder reads them
+  for a pair's token types)."""
+  # model_type -> the class (tokenizer_config.json's tokenizer_class, less "Fast") transformers
+  # picks where a directory names none (its TOKENIZER_MAPPING_NAMES), for each type it reads
+  classes: Mapping[str, str]
+  # the classes the family claims -> whether they give the model token_type_ids (their
+  # model_input_names); a class shared by families (BertTokenizer) is claimed by one
+  token_types: Mapping[str, bool]
+  slow: SlowTokenizer | None = None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Family:
   """One Hugging Face model family: a preset of EncoderConfig plus all the family knows."""
@@ -141,7 +163,7 @@ class Family:
   model_types: Mapping[str, str]
 
   # config.json -> EncoderConfig
-  preset: Callable[..., EncoderConfig]  # EncoderConfig.bert …: the family's switches
+  preset: Callable[..., EncoderConfig]  # (vocab_size, **overrides): the family's switches
   sizes: tuple[str, str, str, str]  # config.json's names of d_model, n_heads, d_ff, n_layers
   pad_id: int  # transformers' pad_token_id where config.json has none
   null_pad_id: bool = True  # a null pad_token_id reads as 0 (RoBERTa's positions need one)
@@ -181,6 +203,9 @@ class Family:
 
   # parity against transformers (flax_encoder.pytorch.hf_parity)
   stages: Stages
+
+  # transformers' tokenizers of its models
+  tokenizers: Tokenizers
 
   @property
   def prefix(self) -> str:

@@ -9,7 +9,7 @@ import functools
 
 from flax_encoder.config import EncoderConfig
 from flax_encoder.families import bert, nomic_bert
-from flax_encoder.families.family import Chunks, Family, Fields, Refuse
+from flax_encoder.families.family import Chunks, Family, Fields, Refuse, Tokenizers
 
 SWITCHES = (*nomic_bert.SWITCHES, "activation")
 EMBEDDINGS = {**nomic_bert.EMBEDDINGS, ("embedding_norm",): "embeddings.LayerNorm"}
@@ -58,4 +58,6 @@ FAMILY = Family(
     pooling=lambda hf: "pooler",
     classifier=nomic_bert.classifier("gte."),
     stages=nomic_bert.stages,
+    # XLM-RoBERTa's tokenizer (roberta.py says its token types)
+    tokenizers=Tokenizers(classes={"gte": "XLMRobertaTokenizer"}, token_types={}),
 )

@@ -10,7 +10,7 @@ import functools
 
 from flax_encoder.config import EncoderConfig
 from flax_encoder.families import bert, nomic_bert, roberta
-from flax_encoder.families.family import Family, Fields, Refuse
+from flax_encoder.families.family import Family, Fields, Refuse, Tokenizers
 
 SWITCHES = (*nomic_bert.SWITCHES, "activation")
 EMBEDDINGS = nomic_bert.EMBEDDINGS
@@ -61,4 +61,6 @@ FAMILY = Family(
     classifier=roberta.FAMILY.classifier,
     stages=nomic_bert.stages,
     refused_weights=("lora_A", "lora_B"),
+    # XLM-RoBERTa's tokenizer (roberta.py says its token types)
+    tokenizers=Tokenizers(classes={"jina_embeddings_v3": "XLMRobertaTokenizer"}, token_types={}),
 )

@@ -1,6 +1,6 @@
 """ModernBERT: Pre-LN without layer 0's attention norm, rotary positions (one base in the
 global layers, another in the local ones), global attention every n-th layer and a window in
-the others, GeGLU, a final LayerNorm (`EncoderConfig.modernbert`); q, k and v in one matrix,
+the others, GeGLU, a final LayerNorm (`preset`); q, k and v in one matrix,
 and a prediction head (dense, activation, LayerNorm) its masked-LM head and classifiers
 share."""
 
@@ -16,6 +16,7 @@ from flax_encoder.families.family import (
     Fields,
     Refuse,
     SequenceClassifier,
+    Tokenizers,
 )
 
 SIZES = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers")
@@ -30,6 +31,20 @@ _EMBEDDINGS = {("embedding",): "embeddings.tok_embeddings", ("embedding_norm",):
 # and norm, which its *ForSequenceClassification and *ForTokenClassification read by the same
 # names.
 PREDICTION_HEAD = {("dense",): "head.dense", ("norm",): "head.norm"}
+
+
+def preset(vocab_size: int, **overrides) -> EncoderConfig:
+  """ModernBERT-base: Pre-LN without layer 0's attention norm and with a final LayerNorm,
+  rotary positions (base 160,000 global, 10,000 local), global attention every third layer
+  and a window of 128 in the others, GeGLU, no biases, exact GELU; d_model 768, 12 heads,
+  d_ff 1152, 22 layers, 8192 positions, pad_id 50283, no dropout."""
+  fields = dict(d_model=768, n_heads=12, d_ff=1152, n_layers=22, max_len=8192, pad_id=50283,
+                position_embedding="rotary", rope_theta=160000.0, local_rope_theta=10000.0,
+                local_attention=128, global_attention_every=3, glu=True, dense_bias=False,
+                norm_bias=False, first_attention_norm=False, norm_position="pre",
+                final_norm=True, embedding_scale=False, embedding_norm=True,
+                activation="gelu", dropout=0.0)
+  return EncoderConfig(vocab_size=vocab_size, **{**fields, **overrides})
 
 
 def _layer(i: int) -> dict:
@@ -161,7 +176,7 @@ def stages(n_layers: int) -> list[tuple[str, str, str]]:
 FAMILY = Family(
     name="modernbert", title="ModernBERT", stem="ModernBert",
     model_types={"modernbert": "model."},
-    preset=EncoderConfig.modernbert, sizes=SIZES, pad_id=50283, read=read,
+    preset=preset, sizes=SIZES, pad_id=50283, read=read,
     switches=SWITCHES, write=write,
     # What an export keeps of the directory it started from (its pooling only where no
     # sequence classifier says its own).
@@ -179,4 +194,6 @@ FAMILY = Family(
             HEAD_POOLINGS[pooling]]}),
     tags_through_head=True,
     stages=stages,
+    # a generic tokenizer.json (registry.TOKEN_TYPE_CLASSES says its token types)
+    tokenizers=Tokenizers(classes={"modernbert": "TokenizersBackend"}, token_types={}),
 )

@@ -1,7 +1,7 @@
 """MPNet (all-mpnet-base-v2's architecture): BERT's Post-LN encoder without token types, whose
 learned positions start after padding id 1 as RoBERTa's do, plus one table of scores per head
 and bucket of relative position (T5's buckets) that the encoder adds to every layer's
-attention scores (`EncoderConfig.mpnet`). Its masked-LM head and classifier are RoBERTa's."""
+attention scores (`preset`). Its masked-LM head and classifier are RoBERTa's."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from flax_encoder.families.family import (
     HFError,
     Refuse,
     SequenceClassifier,
+    Tokenizers,
 )
 
 # transformers' MPNet counts positions from padding id 1 and buckets relative positions by 32,
@@ -25,6 +26,15 @@ BUCKETS = 32
 EMBEDDINGS = {path: name for path, name in bert.EMBEDDINGS.items()
               if path != ("token_type_embedding",)}
 RELATIVE_BIAS = "encoder.relative_attention_bias"
+
+
+def preset(vocab_size: int, **overrides) -> EncoderConfig:
+  """MPNet-base (all-mpnet-base-v2's architecture): BERT-base without token types, whose
+  positions start after padding id 1 (pad_id 1, position_offset 2, as RoBERTa's), with a
+  relative position bias of 32 buckets shared by its layers, LayerNorm eps 1e-5."""
+  fields = dict(pad_id=PAD_ID, position_offset=PAD_ID + 1, type_vocab_size=0,
+                relative_attention_buckets=BUCKETS, layer_norm_eps=1e-5)
+  return bert.preset(vocab_size, **{**fields, **overrides})
 
 
 def _layer(i: int) -> dict:
@@ -84,7 +94,7 @@ def write(config: EncoderConfig, act: str) -> dict:
 FAMILY = Family(
     name="mpnet", title="MPNet", stem="MPNet",
     model_types={"mpnet": "mpnet."},
-    preset=EncoderConfig.mpnet, sizes=bert.SIZES, pad_id=PAD_ID, null_pad_id=False, read=read,
+    preset=preset, sizes=bert.SIZES, pad_id=PAD_ID, null_pad_id=False, read=read,
     switches=(*bert.SWITCHES, "type_vocab_size", "relative_attention_buckets"), write=write,
     carried=("bos_token_id", "eos_token_id"),
     names=names, word_embeddings=bert.EMBEDDINGS[("embedding",)], layers="encoder.layer.",
@@ -99,4 +109,6 @@ FAMILY = Family(
         denses=(("classifier.dense", ("pooler", "dense")),
                 ("classifier.out_proj", ("classifier",)))),
     stages=bert.stages,
+    tokenizers=Tokenizers(classes={"mpnet": "MPNetTokenizer"},
+                          token_types={"MPNetTokenizer": False}),
 )

@@ -16,6 +16,7 @@ from flax_encoder.families.family import (
     Fields,
     Refuse,
     SequenceClassifier,
+    Tokenizers,
 )
 
 # Its tensors as transformers 5 saves them: nomic-embed-text's own names (transformers renames
@@ -141,4 +142,6 @@ FAMILY = Family(
     pooling=lambda hf: "pooler",
     classifier=classifier("nomic_bert."),
     stages=stages,
+    # BERT's tokenizer (bert.py says its token types)
+    tokenizers=Tokenizers(classes={"nomic_bert": "BertTokenizer"}, token_types={}),
 )

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from flax_encoder.config import EncoderConfig
 from flax_encoder.families import (albert, bert, deberta_v2, distilbert, eurobert, gte,
                                    jina_embeddings_v3, modernbert, mpnet, nomic_bert, roberta)
-from flax_encoder.families.family import Family, HFError
+from flax_encoder.families.family import Family, HFError, SlowTokenizer
 
 # name -> family, in the order errors list them
 FAMILIES: dict[str, Family] = {f.name: f for f in (bert.FAMILY, roberta.FAMILY,
@@ -20,6 +20,15 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (bert.FAMILY, roberta.FAMILY,
                                                      eurobert.FAMILY, deberta_v2.FAMILY)}
 # model_type (config.json's) -> family
 MODEL_TYPES: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
+# transformers 5's tokenizer class (less "Fast") -> whether it gives the model token_type_ids:
+# the families' (Family.tokenizers) and the generic ones. A generic tokenizer.json
+# (TokenizersBackend) gives none, so a BERT saved with one gets token types of 0 throughout.
+TOKEN_TYPE_CLASSES: dict[str, bool] = {
+    "TokenizersBackend": False, "PreTrainedTokenizer": False,
+    **{c: gives for f in FAMILIES.values() for c, gives in f.tokenizers.token_types.items()}}
+# the tokenizers families build from files of their own, in the order a directory is asked
+SLOW_TOKENIZERS: tuple[SlowTokenizer, ...] = tuple(
+    f.tokenizers.slow for f in FAMILIES.values() if f.tokenizers.slow is not None)
 
 
 def get(name: str) -> Family:
@@ -29,6 +38,13 @@ def get(name: str) -> Family:
   if family is None:
     raise HFError(f"family {name!r}: expected one of {tuple(FAMILIES)}")
   return family
+
+
+def tokenizer_class(model_type) -> str | None:
+  """The tokenizer class transformers 5 picks for a directory of config.json's `model_type`
+  that names none (its TOKENIZER_MAPPING_NAMES); None for a model_type of no family."""
+  family = MODEL_TYPES.get(model_type)
+  return None if family is None else family.tokenizers.classes.get(model_type)
 
 
 def of_config(hf: Mapping) -> Family:
