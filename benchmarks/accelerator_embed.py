@@ -228,7 +228,7 @@ def contrastive(tiny: bool, attention: str, reps: int | None = None) -> dict:
   from train.run.step import init_state, make_train_step
   from train.run.throughput import device_peak
   from train.tasks import packed_pairs
-  from train.tasks.contrastive import ContrastiveTask, RankingLoss, SentenceEmbedder
+  from train.tasks.contrastive import ContrastiveTask, RankingLoss, sentence_model
   config = embed_config.get_config()
   config.train.batch_size, config.train.seq_len = (8, 32) if tiny else (256, 128)
   config.task.mini_batch = 4 if tiny else config.task.mini_batch
@@ -243,7 +243,7 @@ def contrastive(tiny: bool, attention: str, reps: int | None = None) -> dict:
   lengths = packed_pairs.text_lengths(pairs, cfg.pad_id)
   real = int(sum(x.sum() for x in lengths.values()))
   loss = RankingLoss(float(config.task.scale), bool(config.task.symmetric))
-  model = SentenceEmbedder(cfg, config.task.pooling, check_traced_ids=False)
+  model = sentence_model(cfg, config.task.pooling, check_traced_ids=False)
   texts = len(lengths) * batch_size
   # one start for both, made as the program makes it on its mesh: by one jitted function
   start = jax.jit(lambda: init_state(ContrastiveTask(model, loss, batch_size), tx, 0, seq_len))()

@@ -65,10 +65,11 @@ from benchmarks import bench
 from benchmarks.workload import flops_per_token
 from flax_encoder import Encoder, EncoderConfig
 from flax_encoder.families import load_hf
+from flax_encoder.masked_lm import MaskedLM
 from train.data.tokens import SpecialIds
 from train.run.host import keep_freed_memory
 from train.run.step import TrainState, make_train_step, step_keys
-from train.tasks.masked_lm import MaskedLM, MaskedLMTask, predictions_per_row
+from train.tasks.masked_lm import MaskedLMTask, predictions_per_row
 
 MASK_RATE = 0.15
 N_BATCHES = 4
@@ -160,7 +161,7 @@ def flax_side(directory: str, rows: list[np.ndarray], dtype: str = "float32",
   config, variables = load_hf(directory, dtype=dtype, attention_impl=attention_impl,
                               dropout=0.0, attention_dropout=0.0)
   seq = rows[0].shape[1]
-  task = MaskedLMTask(MaskedLM(config, bert_head=True), mask_rate=MASK_RATE,
+  task = MaskedLMTask(MaskedLM(config, checkpoint_head=True), mask_rate=MASK_RATE,
                       predictions=predictions_per_row(MASK_RATE, seq), label_smoothing=0.0,
                       baseline_token=0, ids=special_ids(config.vocab_size))
   tx = optax.adamw(**ADAMW)

@@ -48,6 +48,7 @@ import math
 import os
 from collections.abc import Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -148,10 +149,83 @@ def segments_per_row(length: int) -> int:
   return max(1, length // SEGMENT_IDS)
 
 
+class SentenceEmbedding(nn.Module):
+  """A folder's computation as a linen module: the encoder ('encoder'), the pooling, then each
+  Dense ('dense_i', i its place among the steps) and Normalize in order. `embed` applies it
+  to a folder's parameters; `python -m train`'s embed task trains it.
+
+  Attributes:
+    model: what it computes.
+    check_traced_ids: as `Encoder`'s (False where the ids were checked on the host).
+  """
+
+  model: SentenceModel
+  check_traced_ids: bool = True
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None, pool_from: jax.Array | int = 0,
+               segments: int | None = None, *, deterministic: bool = True) -> jax.Array:
+    """Packed rows -> each segment's sentence embedding, float32 [r, segments, dim] (see
+    `embed`). Without `segment_ids`, padded rows of a text each -> float32 [r, dim], the ids
+    equal to config.pad_id being padding (as `Encoder` takes such rows)."""
+    rows, length = tokens.shape
+    hidden = Encoder(self.model.config, self.check_traced_ids, name="encoder")(
+        tokens, segment_ids=segment_ids, positions=positions, deterministic=deterministic)
+    padded = segment_ids is None
+    if padded:
+      segment_ids = (tokens != self.model.config.pad_id).astype(jnp.int32)
+      positions = jnp.broadcast_to(jnp.arange(length), tokens.shape)
+      segments = 1
+    segments = segments or segments_per_row(length)
+    x, present = pool(self.model.pooling.modes, hidden, segment_ids, positions, segments,
+                      pool_from)
+    x = jnp.where(present[:, None], apply_steps(self.model.steps, x), 0)
+    return x if padded else x.reshape(rows, segments, -1)
+
+
+class DenseStep(nn.Module):
+  """A Dense module's parameters and computation: activation(x W + b) [+ x, or x R where the
+  widths differ]; {'kernel' [in, out], 'bias' [out], 'residual' [in, out]}, as `read_dense`
+  reads them. Fresh weights are torch.nn.Linear's (U(+-1/sqrt(in)))."""
+
+  step: Dense
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    step = self.step
+    shape = (step.in_features, step.out_features)
+    weight = lambda axes, init=_torch_linear: nn.with_logical_partitioning(init, axes)
+    y = x @ self.param("kernel", weight(("embed", "mlp")), shape)
+    if step.bias:
+      bound = 1 / math.sqrt(step.in_features)
+      bias = lambda key, s, dtype=jnp.float32: jax.random.uniform(key, s, dtype, -bound, bound)
+      y = y + self.param("bias", weight(("mlp",), bias), shape[1:])
+    y = ACTIVATIONS[step.activation](y)
+    if step.residual:
+      y = y + (x @ self.param("residual", weight(("embed", "mlp")), shape)
+               if step.in_features != step.out_features else x)
+    return y
+
+
+def _torch_linear(key, shape, dtype=jnp.float32):
+  """torch.nn.Linear's default weights (kaiming_uniform, a=sqrt(5)): U(+-1/sqrt(in))."""
+  bound = 1 / math.sqrt(shape[0])
+  return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+def apply_steps(steps: Sequence[Dense | Normalize], x: jax.Array) -> jax.Array:
+  """`x` through the Dense ('dense_i') and Normalize steps in order, within a module's call."""
+  for i, step in enumerate(steps):
+    x = DenseStep(step, name=f"dense_{i}")(x) if isinstance(step, Dense) else normalize(x)
+  return x
+
+
 def embed(model: SentenceModel, params: dict, tokens: jax.Array, segment_ids: jax.Array,
           positions: jax.Array, pool_from: jax.Array | int = 0,
           segments: int | None = None) -> jax.Array:
-  """Packed rows -> each segment's sentence embedding, a pure function to jit.
+  """Packed rows -> each segment's sentence embedding, a pure function to jit:
+  `SentenceEmbedding(model)` applied to `params`.
 
   Args:
     model, params: a folder's, as `SentenceEncoder` holds them (`.model`, `.params`).
@@ -166,16 +240,8 @@ def embed(model: SentenceModel, params: dict, tokens: jax.Array, segment_ids: ja
     float32 [r, segments, dim]: segment j + 1 of row i at [i, j]; zeros where a row has no
     segment j + 1.
   """
-  rows, length = tokens.shape
-  segments = segments or segments_per_row(length)
-  hidden = Encoder(model.config).apply({"params": params["encoder"]}, tokens,
-                                       segment_ids=segment_ids, positions=positions)
-  pooled, present = pool(model.pooling.modes, hidden, segment_ids, positions, segments,
-                         pool_from)
-  x = pooled
-  for i, step in enumerate(model.steps):
-    x = dense(step, params[f"dense_{i}"], x) if isinstance(step, Dense) else normalize(x)
-  return jnp.where(present[:, None], x, 0).reshape(rows, segments, -1)
+  return SentenceEmbedding(model).apply({"params": params}, tokens, segment_ids, positions,
+                                        pool_from, segments)
 
 
 def pool(modes: Sequence[str], hidden: jax.Array, segment_ids: jax.Array, positions: jax.Array,
@@ -224,19 +290,10 @@ def pool(modes: Sequence[str], hidden: jax.Array, segment_ids: jax.Array, positi
   return jnp.concatenate(out, axis=-1), present
 
 
-def dense(step: Dense, params: dict, x: jax.Array) -> jax.Array:
-  """[n, in_features] -> [n, out_features]: a Dense module's Linear, activation, residual."""
-  y = x @ params["kernel"]
-  if step.bias:
-    y = y + params["bias"]
-  y = ACTIVATIONS[step.activation](y)
-  if step.residual:
-    y = y + (x @ params["residual"] if "residual" in params else x)
-  return y
-
-
 def normalize(x: jax.Array) -> jax.Array:
-  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+  """Rows scaled to length 1, as torch's F.normalize (x / max(|x|, 1e-12)); a row of zeros
+  stays 0 with a gradient of 0, where the norm's square root would give NaN."""
+  return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, -1, keepdims=True), 1e-24))
 
 
 # ---------------------------------------------------------------------------------------------

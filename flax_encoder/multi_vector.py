@@ -41,6 +41,7 @@ import dataclasses
 import os
 from collections.abc import Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,8 +49,8 @@ import numpy as np
 from flax_encoder import modules_json
 from flax_encoder.config import EncoderConfig
 from flax_encoder.embeddings import (MODULE_KINDS, Dense, EmbeddingError, Normalize,
-                                     SentenceEncoder, _save_dense, checked_prompts, dense,
-                                     normalize, read_dense, read_max_seq_length, read_normalize)
+                                     SentenceEncoder, _save_dense, apply_steps, checked_prompts,
+                                     read_dense, read_max_seq_length, read_normalize)
 from flax_encoder.encoder import Encoder
 from flax_encoder.families import HFError, read_hf
 from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
@@ -229,6 +230,38 @@ class MultiVectorModel:
     return {None: max_seq_length, "query": min(query, cap), "document": min(document, cap)}
 
 
+class TokenVectors(nn.Module):
+  """A multi-vector folder's computation as a linen module: the encoder ('encoder'), then each
+  token's vector through the Dense ('dense_i') and Normalize steps in order, in float32.
+  `token_vectors` applies it to a folder's parameters; `python -m train`'s multi_vector task
+  trains it.
+
+  Attributes:
+    model: what it computes (its steps; the scoring mask and the task settings are
+      `token_vectors`' and the encoder's callers').
+    check_traced_ids: as `Encoder`'s (False where the ids were checked on the host).
+  """
+
+  model: MultiVectorModel
+  check_traced_ids: bool = True
+
+  @property
+  def dim(self) -> int:
+    return self.model.dim
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None, mask: jax.Array | None = None, *,
+               deterministic: bool = True) -> jax.Array:
+    """int [r, l] packed rows (`segment_ids`, `positions` as
+    flax_encoder.embeddings.embed takes them; none: a text a row) and the encoder's attention
+    `mask` where given -> float32 [r, l, dim], each text's tokens as if it were alone."""
+    hidden = Encoder(self.model.config, self.check_traced_ids, name="encoder")(
+        tokens, mask, segment_ids=segment_ids, positions=positions,
+        deterministic=deterministic)
+    return apply_steps(self.model.steps, hidden.astype(jnp.float32))
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskCall:
   """What the calls of one task compute beyond the encoder: the id put in place of EXPANDED
@@ -260,11 +293,7 @@ def token_vectors(model: MultiVectorModel, call: TaskCall, params: dict, tokens:
   ids = tokens if call.expansion_id is None else jnp.where(expanded, call.expansion_id, tokens)
   # ColBERT's queries: no id attends to an expansion token, which attends to the query's ids
   mask = None if call.attend else ~expanded[:, None, None, :]
-  hidden = Encoder(model.config).apply({"params": params["encoder"]}, ids, mask,
-                                       segment_ids=segment_ids, positions=positions)
-  x = hidden.astype(jnp.float32)
-  for i, step in enumerate(model.steps):
-    x = dense(step, params[f"dense_{i}"], x) if isinstance(step, Dense) else normalize(x)
+  x = TokenVectors(model).apply({"params": params}, ids, segment_ids, positions, mask)
   scored = segment_ids > 0
   if call.skip_ids:
     scored &= ~jnp.isin(ids, jnp.asarray(call.skip_ids, ids.dtype))

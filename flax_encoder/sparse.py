@@ -36,6 +36,7 @@ import functools
 import os
 from collections.abc import Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,10 +44,9 @@ import numpy as np
 from flax_encoder import embeddings, families, modules_json
 from flax_encoder.config import EncoderConfig
 from flax_encoder.embeddings import EmbeddingError, SentenceEncoder, segments_per_row
-from flax_encoder.encoder import Encoder
 from flax_encoder.families import HFError, read_hf, read_hf_weights
-from flax_encoder.heads import DecoderHead, MaskedLMHead
 from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
+from flax_encoder.masked_lm import MaskedLM
 from flax_encoder.modules_json import TRANSFORMER_CONFIGS, TRANSFORMERS, ModulesError
 from flax_encoder.router import ROUTERS, Router, read_router
 from flax_encoder.tokenizer import Tokenizer, TokenizerFailure
@@ -104,6 +104,43 @@ class SpladeModel:
     return self.config.vocab_size
 
 
+class SpladeEmbedding(nn.Module):
+  """A SPLADE folder's computation as a linen module: the masked LM (`MaskedLM`'s 'encoder'
+  and 'masked_lm'), then SpladePooling of its logits. `splade` applies it to a folder's
+  parameters; `python -m train`'s sparse task trains it.
+
+  Attributes:
+    model: what it computes.
+    check_traced_ids: as `Encoder`'s (False where the ids were checked on the host).
+  """
+
+  model: SpladeModel
+  check_traced_ids: bool = True
+
+  def setup(self):
+    model = self.model
+    self.language_model = MaskedLM(model.config, checkpoint_head=True,
+                                   decoder_head=model.untied_decoder,
+                                   check_traced_ids=self.check_traced_ids)
+    nn.share_scope(self, self.language_model)  # its parameters at the top, as a folder's
+
+  def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None, segments: int | None = None, *,
+               deterministic: bool = True) -> jax.Array:
+    """Packed rows -> float32 [r, segments, v] (see `splade`). Without `segment_ids`, padded
+    rows of a text each -> float32 [r, v], the ids equal to config.pad_id being padding (as
+    `Encoder` takes such rows)."""
+    rows, length = tokens.shape
+    model = self.model
+    logits = self.language_model(tokens, segment_ids=segment_ids, positions=positions,
+                                 deterministic=deterministic)
+    if segment_ids is None:
+      padded = (tokens != model.config.pad_id).astype(jnp.int32)
+      return splade_pool(logits, padded, 1, model.pooling, model.activation)[:, 0]
+    segments = segments or segments_per_row(length)
+    return splade_pool(logits, segment_ids, segments, model.pooling, model.activation)
+
+
 def splade(model: SpladeModel, params: dict, tokens: jax.Array, segment_ids: jax.Array,
            positions: jax.Array, segments: int | None = None) -> jax.Array:
   """Packed rows -> each segment's SPLADE vector, a pure function to jit.
@@ -120,17 +157,8 @@ def splade(model: SpladeModel, params: dict, tokens: jax.Array, segment_ids: jax
     float32 [r, segments, v]: segment j + 1 of row i at [i, j]; zeros where a row has no
     segment j + 1.
   """
-  rows, length = tokens.shape
-  segments = segments or segments_per_row(length)
-  cfg = model.config
-  hidden = Encoder(cfg).apply({"params": params["encoder"]}, tokens, segment_ids=segment_ids,
-                              positions=positions)
-  if model.untied_decoder:
-    logits = DecoderHead(cfg).apply({"params": params["masked_lm"]}, hidden)
-  else:
-    logits = MaskedLMHead(cfg).apply({"params": params["masked_lm"]}, hidden,
-                                     params["encoder"]["embedding"]["embedding"])
-  return splade_pool(logits, segment_ids, segments, model.pooling, model.activation)
+  return SpladeEmbedding(model).apply({"params": params}, tokens, segment_ids, positions,
+                                      segments)
 
 
 def splade_pool(logits: jax.Array, segment_ids: jax.Array, segments: int, pooling: str = "max",

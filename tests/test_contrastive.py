@@ -22,7 +22,7 @@ from train.errors import RunError
 from train.loop import evaluate
 from train.task import Resume
 from train.tasks import contrastive, packed_pairs
-from train.tasks.contrastive import ContrastiveTask, RankingLoss, SentenceEmbedder
+from train.tasks.contrastive import ContrastiveTask, RankingLoss, sentence_model
 
 
 def _unit(x):
@@ -98,7 +98,7 @@ TINY = EncoderConfig(vocab_size=40, d_model=32, n_heads=4, d_ff=48, n_layers=2, 
 
 
 def _task(**kwargs) -> ContrastiveTask:
-  return ContrastiveTask(SentenceEmbedder(TINY, kwargs.pop("pooling", "mean")),
+  return ContrastiveTask(sentence_model(TINY, kwargs.pop("pooling", "mean")),
                          kwargs.pop("loss", RankingLoss()), **kwargs)
 
 
@@ -290,7 +290,7 @@ def test_fine_tuning_ranks_the_held_out_pairs_better_than_the_start(tuned):
 
   # An exporter reads the encoder where classify's is, and the embedding's settings.
   from train.run.load import load_params, recorded_encoder_config
-  init_for = lambda meta: lambda: SentenceEmbedder(recorded_encoder_config(meta)).init(
+  init_for = lambda meta: lambda: sentence_model(recorded_encoder_config(meta)).init(
       jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
   params, meta = load_params(workdir, init_for)
   assert set(params) == {"encoder"}
@@ -298,6 +298,14 @@ def test_fine_tuning_ranks_the_held_out_pairs_better_than_the_start(tuned):
                                "family")} == {
       "pooling": "mean", "normalize": True, "matryoshka_dims": [32, 16],
       "similarity": "cosine", "family": "bert"}
+
+
+def _one_text_a_row(model, params, ids, pad_id) -> np.ndarray:
+  """The embeddings the step's model gives padded rows of prepared ids, a text a row."""
+  ids = jnp.asarray(ids)
+  segment_ids = (ids != pad_id).astype(jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+  return np.asarray(model.apply({"params": params}, ids, segment_ids, positions)[:, 0])
 
 
 def _held_out_texts(topic_pairs) -> list[str]:
@@ -311,12 +319,12 @@ def test_the_run_embeds_texts_as_it_embedded_its_prepared_pairs(tuned, topic_pai
   from train.run.load import load_params, recorded_encoder_config
   workdir = tuned[0]
   encoder = contrastive.sentence_encoder(workdir)
-  params, meta = load_params(workdir, lambda meta: lambda: SentenceEmbedder(
+  params, meta = load_params(workdir, lambda meta: lambda: sentence_model(
       recorded_encoder_config(meta)).init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))[
           "params"])
   ids = contrastive.load_pairs(os.path.join(workdir, "data"))["eval"]
-  model = SentenceEmbedder(recorded_encoder_config(meta), "mean")
-  stepped = np.asarray(model.apply({"params": params}, jnp.asarray(ids["anchor"][:12])))
+  cfg = recorded_encoder_config(meta)
+  stepped = _one_text_a_row(sentence_model(cfg, "mean"), params, ids["anchor"][:12], cfg.pad_id)
   texts = _held_out_texts(topic_pairs)[::2]
   got = encoder(texts)
   np.testing.assert_allclose(got, stepped / np.linalg.norm(stepped, axis=1, keepdims=True),
@@ -410,12 +418,12 @@ def test_a_run_from_scratch_embeds_its_own_ids_and_is_no_sentence_transformers_f
   workdir = str(tmp_path / "run")
   assert loop.run(config, workdir) == 0
   encoder = contrastive.sentence_encoder(workdir)
-  params, meta = load_params(workdir, lambda meta: lambda: SentenceEmbedder(
+  params, meta = load_params(workdir, lambda meta: lambda: sentence_model(
       recorded_encoder_config(meta)).init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))[
           "params"])
   ids = contrastive.load_pairs(os.path.join(workdir, "data"))["eval"]["anchor"][:6]
-  stepped = np.asarray(SentenceEmbedder(recorded_encoder_config(meta)).apply(
-      {"params": params}, jnp.asarray(ids)))
+  cfg = recorded_encoder_config(meta)
+  stepped = _one_text_a_row(sentence_model(cfg), params, ids, cfg.pad_id)
   np.testing.assert_allclose(encoder(_held_out_texts(topic_pairs)[:12:2]),
                              stepped / np.linalg.norm(stepped, axis=1, keepdims=True), atol=1e-5)
   capsys.readouterr()

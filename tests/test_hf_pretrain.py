@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from configs import default  # noqa: E402
+from flax_encoder.masked_lm import MaskedLM  # noqa: E402
 from tests import hf_models, runs  # noqa: E402
 from train.data import prepare
 from train.errors import RunError  # noqa: E402
@@ -133,7 +134,7 @@ def test_a_further_pretraining_run_exports_what_transformers_loads_as_itself(che
   ids = np.asarray([[0, 10, 11, 12, 2]] if family in ("roberta", "jina_embeddings_v3")
                    else [[2, 10, 11, 12, 3]])
   from flax_encoder import families
-  model = masked_lm.MaskedLM(cfg, bert_head=True,
+  model = MaskedLM(cfg, checkpoint_head=True,
                              decoder_head=families.get(family).untied_decoder)
   ours = model.apply({"params": {"encoder": variables["params"],
                                  "masked_lm": variables["heads"]["masked_lm"]}}, ids)
@@ -197,6 +198,6 @@ def test_a_checkpoint_without_a_masked_lm_head_needs_fresh_head_then_trains_a_ne
         "decoder": {"kernel": (setup.encoder.d_model, setup.encoder.vocab_size)}}
     return
   # BERT's head: its decoder is the word embeddings, so it holds no [d, vocab] matrix of its own
-  assert setup.task.model.bert_head and all(
+  assert setup.task.model.checkpoint_head and all(
       np.shape(leaf) in {(setup.encoder.d_model,), (setup.encoder.d_model,) * 2,
                          (setup.encoder.vocab_size,)} for leaf in jax.tree.leaves(head))

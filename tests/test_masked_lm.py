@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from flax_encoder import Encoder, EncoderConfig
+from flax_encoder.masked_lm import MaskedLM
 from train.data.tokens import FIRST_TOKEN_ID, MASK_ID, PAD_ID, SEPARATOR_ID
-from train.tasks.masked_lm import MaskedLM, mask_tokens, predictions_per_row
+from train.tasks.masked_lm import mask_tokens, predictions_per_row
 
 
 def _mask(tokens, seed=0, mask_rate=0.15, vocab_size=1000, predictions=None):

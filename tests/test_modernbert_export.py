@@ -24,6 +24,7 @@ from flax_encoder import Encoder, EncoderConfig  # noqa: E402
 from flax_encoder.families import (HFError, hf_config, load_hf,  # noqa: E402
                                    to_hf_state_dict)
 from flax_encoder.heads import MaskedLMHead  # noqa: E402
+from flax_encoder.masked_lm import MaskedLM  # noqa: E402
 from tests import hf_models, runs  # noqa: E402
 from train.task import Resume  # noqa: E402
 from train.tasks import classify, regress, tag  # noqa: E402
@@ -410,7 +411,7 @@ def test_a_further_pretraining_run_exports_modernbert_for_masked_lm(mean_pooling
   with torch.no_grad():
     theirs = again(input_ids=torch.tensor(ids),
                    attention_mask=torch.tensor(ids != 0).long()).logits.numpy()
-  ours = masked_lm.MaskedLM(cfg, bert_head=True).apply(
+  ours = MaskedLM(cfg, checkpoint_head=True).apply(
       {"params": {"encoder": variables["params"], "masked_lm": variables["heads"]["masked_lm"]}},
       ids)
   np.testing.assert_allclose(np.asarray(ours)[ids != 0], theirs[ids != 0], rtol=0, atol=1e-5)

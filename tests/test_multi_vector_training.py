@@ -28,7 +28,7 @@ from train.errors import RunError
 from train.loop import evaluate
 from train.task import Resume
 from train.tasks import contrastive, multi_vector, packed_pairs
-from train.tasks.multi_vector import MultiVectorTask, TokenEmbedder, packed_maxsim
+from train.tasks.multi_vector import MultiVectorTask, packed_maxsim, token_model
 
 TINY = EncoderConfig(vocab_size=40, d_model=32, n_heads=4, d_ff=48, n_layers=2, max_len=16,
                      dropout=0.0)
@@ -36,7 +36,7 @@ SKIP = (5, 7)  # ids a document does not score, in these tests
 
 
 def _task(**kwargs) -> MultiVectorTask:
-  return MultiVectorTask(TokenEmbedder(TINY, 8), kwargs.pop("scale", 1.0),
+  return MultiVectorTask(token_model(TINY, 8), kwargs.pop("scale", 1.0),
                          kwargs.pop("eval_pairs", 2), **kwargs)
 
 
@@ -226,7 +226,7 @@ def test_fine_tuning_ranks_the_held_out_pairs_better_than_the_start(tuned):
   assert final["random_mrr_at_10"] == pytest.approx(sum(1 / r for r in range(1, 11)) / 32)
   assert result.stdout.strip().startswith("step 40: eval MRR@10")
   params, record = multi_vector.read_trained(workdir)[1:]
-  assert set(params) == {"encoder", "dense"} and params["dense"]["kernel"].shape == (32, 128)
+  assert set(params) == {"encoder", "dense_0"} and params["dense_0"]["kernel"].shape == (32, 128)
   assert {k: record[k] for k in ("dim", "skiplist", "similarity", "scale", "family")} == {
       "dim": 128, "skiplist": True, "similarity": "maxsim", "scale": 1.0, "family": "bert"}
   assert record["skip_ids"]  # the punctuation's ids in the tokenizer
@@ -256,7 +256,7 @@ def test_the_run_gives_the_token_vectors_its_step_computed(tuned, topic_pairs):
   workdir = tuned[0]
   cfg, params, record = multi_vector.read_trained(workdir)
   ids = np.asarray(contrastive.load_pairs(os.path.join(workdir, "data"))["eval"]["anchor"][:8])
-  stepped = np.asarray(TokenEmbedder(cfg, record["dim"]).apply({"params": params}, ids))
+  stepped = np.asarray(token_model(cfg, record["dim"]).apply({"params": params}, ids))
   encoder = multi_vector.multi_vector_encoder(workdir)
   texts = _held_out_texts(topic_pairs)[::2]
   for got, row, text_ids in zip(encoder.encode_query(texts), stepped, ids):
@@ -333,7 +333,7 @@ def test_a_multi_vector_folder_starts_with_its_projection_and_skiplist(
   setup = multi_vector.setup(config, str(tmp_path / "run"), Resume())
   from safetensors.numpy import load_file
   weight = load_file(os.path.join(folder, "1_Dense", "model.safetensors"))["linear.weight"]
-  np.testing.assert_array_equal(setup.start_params["dense"]["kernel"], weight.T)
+  np.testing.assert_array_equal(setup.start_params["dense_0"]["kernel"], weight.T)
   assert setup.task.model.dim == 16 and setup.record["dim"] == 16
   assert setup.record["skiplist"] and setup.task.skip_ids == tuple(setup.record["skip_ids"])
 

@@ -40,10 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_encoder import EncoderConfig, families
-from flax_encoder.classifier import pool
-from flax_encoder.embeddings import pool as pool_segments
-from flax_encoder.embeddings import segments_per_row
-from flax_encoder.encoder import Encoder
+from flax_encoder.embeddings import Pooling, SentenceEmbedding, SentenceModel, normalize
 from flax_encoder.tokenizer import Template, example_ids
 from train.data import dataset, examples, sources
 from train.errors import RunError
@@ -65,34 +62,12 @@ TOP = 10  # the cut-off of MRR, nDCG and the second recall
 # The model and the loss.
 
 
-class SentenceEmbedder(nn.Module):
-  """The encoder, pooled over the real tokens (their mean, or the first token), float32."""
-
-  config: EncoderConfig
-  pooling: str = "mean"
-  check_traced_ids: bool = True  # as Encoder's
-
-  @nn.compact
-  def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
-               positions: jax.Array | None = None, *, deterministic: bool = True) -> jax.Array:
-    """int [batch, seq] -> [batch, d_model]; packed rows (`segment_ids`, `positions` as
-    flax_encoder.embeddings.embed takes them) -> [batch, segments_per_row(seq), d_model],
-    each text pooled as if alone, zeros where a row has no such segment."""
-    hidden = Encoder(self.config, self.check_traced_ids, name="encoder")(
-        tokens, segment_ids=segment_ids, positions=positions, deterministic=deterministic)
-    if segment_ids is None:
-      pooled = pool(hidden, tokens != self.config.pad_id,
-                    "first" if self.pooling == "cls" else "mean")
-      return pooled.astype(jnp.float32)
-    segments = segments_per_row(tokens.shape[1])
-    pooled, _ = pool_segments((self.pooling,), hidden, segment_ids, positions, segments)
-    return pooled.reshape(tokens.shape[0], segments, -1)
-
-
-def unit(x):
-  """Rows scaled to length 1 (a row of zeros stays 0), as torch's F.normalize(eps=1e-12)."""
-  # The max keeps a zero row's gradient 0 where a norm's square root would give NaN.
-  return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, -1, keepdims=True), 1e-24))
+def sentence_model(cfg: EncoderConfig, pooling: str = "mean",
+                   check_traced_ids: bool = True) -> SentenceEmbedding:
+  """The model trained: the library's SentenceEmbedding of the encoder pooled by `pooling`
+  (POOLINGS), float32, without the Normalize an export adds (the loss compares unit
+  vectors)."""
+  return SentenceEmbedding(SentenceModel(cfg, Pooling((pooling,))), check_traced_ids)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,11 +90,11 @@ class RankingLoss:
     return total
 
   def _one(self, anchors, positives, negatives, has_negative) -> jax.Array:
-    anchors, positives = unit(anchors), unit(positives)
+    anchors, positives = normalize(anchors), normalize(positives)
     scores = self.scale * anchors @ positives.T  # [anchor, positive]
     candidates = scores
     if negatives is not None:
-      hard = self.scale * anchors @ unit(negatives).T  # [anchor, negative]
+      hard = self.scale * anchors @ normalize(negatives).T  # [anchor, negative]
       if has_negative is not None:  # a line without one adds no column
         hard = jnp.where(jnp.asarray(has_negative, bool)[None, :], hard, -jnp.inf)
       candidates = jnp.concatenate([scores, hard], axis=1)
@@ -264,7 +239,7 @@ class ContrastiveTask(PairsTask):
   (packed_pairs.pack_held_out): 'tokens', 'segment_ids', 'positions' and 'target' [rows,
   segments], the text each segment is (anchor i: i, positive i: eval_pairs + i, -1 none)."""
 
-  model: SentenceEmbedder
+  model: SentenceEmbedding
   loss: RankingLoss
   eval_pairs: int
   chunks: int | None = None  # GradCache's: the rows embedded in this many chunks; None: at once
@@ -494,7 +469,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                    f"sizes of at most the encoder's d_model ({cfg.d_model})")
   held_out = held_out_pairs(config, prepared)
   count = held_out.count
-  model = SentenceEmbedder(cfg, config.task.pooling, check_traced_ids=False)  # tokenized here
+  model = sentence_model(cfg, config.task.pooling, check_traced_ids=False)  # tokenized here
   chunks = gradcache_chunks(config, loaded)
   task = ContrastiveTask(model, RankingLoss(float(config.task.scale), config.task.symmetric,
                                             dims), count, chunks)
@@ -507,7 +482,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                        "source": os.path.join(workdir, "data"),
                        "start": prepared.start.source, "family": prepared.start.family,
                        # what an exporter writes as sentence-transformers' modules
-                       "pooling": model.pooling, "normalize": config.task.normalize,
+                       "pooling": config.task.pooling, "normalize": config.task.normalize,
                        "matryoshka_dims": list(dims), "similarity": "cosine",
                        "scale": float(config.task.scale)},
                start_params=start_params(prepared.start, cfg, config, 0),
@@ -621,7 +596,7 @@ def read_trained(workdir: str, **settings) -> tuple[EncoderConfig, dict, dict]:
   """(the encoder's config, run as `settings` say; the parameters {'encoder': …}; the
   checkpoint's record) of the newest verified checkpoint of the contrastive run `workdir`."""
   def init_for(record):
-    model = SentenceEmbedder(recorded_encoder_config(record), record["pooling"])
+    model = sentence_model(recorded_encoder_config(record), record["pooling"])
     return lambda: model.init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
 
   params, record = load_params(workdir, init_for)

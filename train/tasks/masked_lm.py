@@ -11,14 +11,12 @@ import dataclasses
 import math
 import sys
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
-from flax_encoder import Encoder, EncoderConfig, families, segment_positions
-from flax_encoder.dense import dense
-from flax_encoder.heads import DecoderHead, MaskedLMHead
+from flax_encoder import EncoderConfig, families, segment_positions
+from flax_encoder.masked_lm import MaskedLM
 from train.data import dataset
 from train.data.tokens import PROJECT_IDS, SpecialIds
 from train.errors import RunError
@@ -79,62 +77,6 @@ def mask_tokens(tokens: jax.Array, key: jax.Array, *, mask_rate: float, vocab_si
   inputs = jax.vmap(lambda row, at, values: row.at[at].set(values))(tokens, predict_at, replaced)
   return {"inputs": inputs, "predict_at": predict_at, "targets": targets,
           "weights": weights.astype(jnp.float32)}
-
-
-class MaskedLM(nn.Module):
-  """Encoder + an output layer to vocabulary logits. Encoder weights live under 'encoder'.
-
-  Attributes:
-    config: the encoder's.
-    tie_embeddings: the output layer is the transposed embedding table plus a bias (BERT's
-      choice), instead of a dense layer of its own ('head').
-    bert_head: BERT's whole head instead (`flax_encoder.heads.MaskedLMHead`, 'masked_lm':
-      dense, activation, LayerNorm, then the tied table and a bias), as a Hugging Face
-      checkpoint has it; with `decoder_head` too, the checkpoint's untied decoder
-      (`heads.DecoderHead`, EuroBERT's).
-    head_at_every_position: with `predict_at`, compute the output layer at every position and
-      then select (the cost that selecting first saves; benchmarks/head.py compares them).
-  """
-
-  config: EncoderConfig
-  tie_embeddings: bool = False
-  head_at_every_position: bool = False
-  bert_head: bool = False
-  decoder_head: bool = False
-  check_traced_ids: bool = True  # as Encoder's
-
-  @nn.compact
-  def __call__(self, tokens: jax.Array, predict_at: jax.Array | None = None, *,
-               segment_ids: jax.Array | None = None, positions: jax.Array | None = None,
-               deterministic: bool = True) -> jax.Array:
-    """int [batch, seq] -> logits [batch, seq, vocab], or at `predict_at` (int [batch, k])
-    only: [batch, k, vocab]; in config.dtype. `segment_ids` and `positions` go to the encoder
-    (packed rows)."""
-    cfg = self.config
-    encoder = Encoder(cfg, self.check_traced_ids, name="encoder")
-    hidden = encoder(tokens, segment_ids=segment_ids, positions=positions,
-                     deterministic=deterministic)
-    select = lambda x: jnp.take_along_axis(x, predict_at[..., None], axis=1)
-    if predict_at is not None and not self.head_at_every_position:
-      hidden = select(hidden)
-    if self.bert_head and self.decoder_head:
-      logits = DecoderHead(cfg, name="masked_lm")(hidden)
-    elif self.bert_head:
-      table = nn.meta.unbox(encoder.variables["params"]["embedding"]["embedding"])
-      logits = MaskedLMHead(cfg, name="masked_lm")(hidden, table)
-    elif self.tie_embeddings:
-      table = nn.meta.unbox(encoder.variables["params"]["embedding"]["embedding"])
-      bias = self.param("head_bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
-                                                                  ("vocab",)),
-                        (cfg.vocab_size,), cfg.param_dtype)
-      logits = jnp.einsum("bsd,vd->bsv", hidden.astype(cfg.dtype), table.astype(cfg.dtype))
-      logits = logits + bias.astype(cfg.dtype)
-    else:
-      logits = dense(cfg, cfg.vocab_size, ("embed", "vocab"), "head",
-                     kernel_init=nn.initializers.lecun_normal())(hidden)
-    if predict_at is not None and self.head_at_every_position:
-      logits = select(logits)
-    return logits
 
 
 def document_ids(tokens: jax.Array, ids: SpecialIds = PROJECT_IDS) -> jax.Array:
@@ -226,12 +168,12 @@ class MaskedLMTask:
 
 
 def task(config, cfg: EncoderConfig, baseline_token: int, ids: SpecialIds = PROJECT_IDS,
-         bert_head: bool = False, decoder_head: bool = False) -> MaskedLMTask:
+         checkpoint_head: bool = False, decoder_head: bool = False) -> MaskedLMTask:
   """The task config.task describes (label smoothing from config.optim) for the encoder `cfg`
-  and data of special `ids`; `bert_head`: a Hugging Face checkpoint's head (`decoder_head`:
+  and data of special `ids`; `checkpoint_head`: a Hugging Face checkpoint's head (`decoder_head`:
   an untied decoder)."""
   return MaskedLMTask(
-      model=MaskedLM(cfg, tie_embeddings=_tied(config, cfg, bert_head), bert_head=bert_head,
+      model=MaskedLM(cfg, tie_embeddings=_tied(config, cfg, checkpoint_head), checkpoint_head=checkpoint_head,
                      decoder_head=decoder_head,
                      check_traced_ids=False),  # the windows' ids are checked as read
       mask_rate=config.task.mask_rate,
@@ -241,10 +183,10 @@ def task(config, cfg: EncoderConfig, baseline_token: int, ids: SpecialIds = PROJ
       cross_document_attention=config.task.cross_document_attention, ids=ids)
 
 
-def _tied(config, cfg: EncoderConfig, bert_head: bool) -> bool:
+def _tied(config, cfg: EncoderConfig, checkpoint_head: bool) -> bool:
   """config.task.tie_embeddings, where the table can be the output layer: its width is the
   encoder's (a factorised table's is not; BERT's head projects to it)."""
-  if config.task.tie_embeddings and cfg.embedding_width != cfg.d_model and not bert_head:
+  if config.task.tie_embeddings and cfg.embedding_width != cfg.d_model and not checkpoint_head:
     raise RunError(f"config.task.tie_embeddings: True with config.model.embedding_size "
                    f"{cfg.embedding_size}, expected False: the table's rows are narrower than "
                    f"the encoder's output")
@@ -265,7 +207,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   else:
     cfg, params = settings.encoder_config(config.model, windows.vocab_size, windows.source,
                                           config.train.seq_len), None
-  return Setup(task=task(config, cfg, baseline, windows.specials, bert_head=bool(start),
+  return Setup(task=task(config, cfg, baseline, windows.specials, checkpoint_head=bool(start),
                          decoder_head=_untied(family)),
                encoder=cfg, train=windows.train,
                eval=windows.eval[:config.data.max_eval_windows], eval_fill=windows.specials.pad,
@@ -352,7 +294,7 @@ def trained_with_head(workdir: str) -> tuple[EncoderConfig, dict, str | None]:
   """(EncoderConfig, {'params': the encoder's, 'heads': {'masked_lm': …}}, the family it
   recorded) of a further pretraining run's newest verified checkpoint."""
   def init_for(meta):
-    model = MaskedLM(recorded_encoder_config(meta), bert_head=True,
+    model = MaskedLM(recorded_encoder_config(meta), checkpoint_head=True,
                      decoder_head=_untied(meta.get("family")))
     return lambda: model.init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
 

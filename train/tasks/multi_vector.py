@@ -9,7 +9,7 @@ The lines are contrastive's (train.tasks.contrastive): {"anchor": the query, "po
 document}, optionally "negative" (a hard negative). The model is the encoder, then each token's
 vector through a Dense projection to config.task.dim (no bias) and scaled to unit length:
 sentence-transformers' MultiVectorEncoder (Transformer, Dense, MultiVectorMask, Normalize). Its
-parameters are {"encoder": …, "dense": {"kernel": [d_model, dim]}}. From a MultiVectorEncoder
+parameters are {"encoder": …, "dense_0": {"kernel": [d_model, dim]}}. From a MultiVectorEncoder
 folder the projection and the skiplist are the folder's; from anything else the projection is
 fresh (initialised as torch's Linear) and 128 wide unless config.task.dim says.
 
@@ -44,24 +44,22 @@ import json
 import os
 import string
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from flax_encoder import EncoderConfig
 from flax_encoder.embeddings import Dense, Normalize, segments_per_row
-from flax_encoder.encoder import Encoder
 from flax_encoder.multi_vector import (EMPTY_DOCUMENT_SCORE, SCORE_ELEMENTS, MultiVectorEncoder,
                                        MultiVectorError, MultiVectorModel, ScoringMask,
-                                       _vocabulary, maxsim)
+                                       TokenVectors, _vocabulary, maxsim)
 from flax_encoder.tokenizer import Template
 from train.errors import RunError
 from train.run.load import load_params, recorded_encoder_config
 from train.task import (FIXES_STATE, Definition, Field, Plots, Resume, Setup, boolean, integer,
                         optional)
 from train.tasks import contrastive, finetune, tokenizing
-from train.tasks.contrastive import cached, cross_entropy_sum, diagonal, ranking_metrics, unit
+from train.tasks.contrastive import cached, cross_entropy_sum, diagonal, ranking_metrics
 from train.tasks.start import start_params
 
 DIM = 128  # the projection's width from a start without one (sentence-transformers' default)
@@ -75,34 +73,13 @@ SCORE_TOKENS = 2048
 # The model and MaxSim on packed rows.
 
 
-def _torch_linear(key, shape, dtype=jnp.float32):
-  """torch.nn.Linear's default weights (kaiming_uniform, a=sqrt(5)): U(±1/sqrt(in)), as
-  sentence-transformers' fresh projection is."""
-  bound = 1 / np.sqrt(shape[0])
-  return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-
-class TokenEmbedder(nn.Module):
-  """The encoder, then each token's vector projected to `dim` without a bias and scaled to
-  length 1, in float32 (flax_encoder.multi_vector.token_vectors of Dense, Normalize)."""
-
-  config: EncoderConfig
-  dim: int = DIM
-  check_traced_ids: bool = True  # as Encoder's
-
-  @nn.compact
-  def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
-               positions: jax.Array | None = None, *, deterministic: bool = True) -> jax.Array:
-    """int [r, l] (packed rows: `segment_ids`, `positions` as flax_encoder.embeddings.embed
-    takes them) -> float32 [r, l, dim], each text's tokens as if it were alone."""
-    hidden = Encoder(self.config, self.check_traced_ids, name="encoder")(
-        tokens, segment_ids=segment_ids, positions=positions, deterministic=deterministic)
-    # float32 whatever the encoder computes in, as an export's token_vectors computes it
-    projected = nn.Dense(self.dim, use_bias=False, dtype=jnp.float32,
-                         param_dtype=self.config.param_dtype,
-                         kernel_init=nn.with_logical_partitioning(_torch_linear, ("embed", "mlp")),
-                         name="dense")(hidden.astype(jnp.float32))
-    return unit(projected)
+def token_model(cfg: EncoderConfig, dim: int = DIM, skip_words: tuple[str, ...] = (),
+                check_traced_ids: bool = True) -> TokenVectors:
+  """The model trained: the library's TokenVectors of the encoder, a Dense projection to `dim`
+  without a bias, then Normalize, as a MultiVectorEncoder folder computes each token's
+  vector; `skip_words`: its documents' skiplist, which the export keeps."""
+  steps = (Dense(cfg.d_model, dim, False, "Identity"), Normalize())
+  return TokenVectors(MultiVectorModel(cfg, steps, ScoringMask(skip_words)), check_traced_ids)
 
 
 def packed_maxsim(vectors: jax.Array, tokens: jax.Array, segment_ids: jax.Array,
@@ -173,7 +150,7 @@ class MultiVectorTask(contrastive.PairsTask):
   contrastive's (`contrastive.ContrastiveTask`): packed pairs with their slots for training;
   the held-out pairs packed once with each segment's 'target' for evaluation."""
 
-  model: TokenEmbedder
+  model: TokenVectors
   scale: float
   eval_pairs: int
   skip_ids: tuple[int, ...] = ()  # a document's ids it does not score
@@ -349,14 +326,13 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
     skiplist = bool(folder and folder.model.mask.skiplist_words)
   skip_ids = _skip_ids(workdir, prepared.meta) if skiplist else ()
   held_out = contrastive.held_out_pairs(config, prepared)
-  model = TokenEmbedder(cfg, dim, check_traced_ids=False)  # tokenized here
+  model = token_model(cfg, dim, check_traced_ids=False)  # tokenized here
   chunks = contrastive.gradcache_chunks(config, loaded)
   task = MultiVectorTask(model, float(config.task.scale), held_out.count, skip_ids,
                          chunks)
   params = start_params(prepared.start, cfg, config, 0)
   if folder is not None:
-    params["dense"] = {"kernel": np.asarray(folder.params["dense_0"]["kernel"],
-                                            np.dtype(cfg.param_dtype))}
+    params["dense_0"] = {"kernel": np.asarray(folder.params["dense_0"]["kernel"], np.float32)}
   negatives = "with hard negatives" if "negative" in loaded["train"] else "no hard negatives"
   finetune.say_prepared(prepared, f"pairs ({negatives}), token vectors of {dim}"
                         + (" (documents skip punctuation)" if skiplist else ""),
@@ -378,11 +354,11 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
 
 
 def read_trained(workdir: str, **settings) -> tuple[EncoderConfig, dict, dict]:
-  """(the encoder's config, run as `settings` say; the parameters {'encoder': …, 'dense': …};
+  """(the encoder's config, run as `settings` say; the parameters {'encoder': …, 'dense_0': …};
   the checkpoint's record) of the newest verified checkpoint of the multi-vector run
   `workdir`."""
   def init_for(record):
-    model = TokenEmbedder(recorded_encoder_config(record), record["dim"])
+    model = token_model(recorded_encoder_config(record), record["dim"])
     return lambda: model.init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
 
   params, record = load_params(workdir, init_for)
@@ -395,10 +371,8 @@ def multi_vector_encoder(workdir: str, dtype: str = "float32") -> MultiVectorEnc
   What an export writes with flax_encoder.multi_vector.save_multi_vector."""
   cfg, params, record = read_trained(workdir, dtype=dtype)
   meta = contrastive.read_meta(os.path.join(workdir, "data"))
-  model = MultiVectorModel(cfg, (Dense(cfg.d_model, record["dim"], False, "Identity"),
-                                 Normalize()),
-                           ScoringMask(SKIPLIST if record["skiplist"] else ()))
-  return MultiVectorEncoder(model, {"encoder": params["encoder"], "dense_0": params["dense"]},
+  model = token_model(cfg, record["dim"], SKIPLIST if record["skiplist"] else ()).model
+  return MultiVectorEncoder(model, params,
                             tokenizing.run_tokenizer(workdir, meta), meta["seq_len"],
                             similarity=record["similarity"], skip_ids=record["skip_ids"],
                             template=Template.from_dict(meta["template"]) if meta.get("template")

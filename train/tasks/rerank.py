@@ -286,7 +286,7 @@ def load_groups(directory: str) -> dict:
 def _fields(config) -> dict:
   return {"query": config.data.query_field, "positive": config.data.positive_field,
           "negative": config.data.negative_field, "documents": config.data.documents_field,
-          # a predicted line's, as train.predict reads it (Reranker.read)
+          # a predicted line's, as train.predict reads it (RerankPredictor.read)
           "text": config.data.query_field, "pair": config.data.document_field,
           "label": config.data.label_field}
 
@@ -362,7 +362,7 @@ def _as_list(value) -> list:
   return value if isinstance(value, list) else [value]
 
 
-class Reranker(Regressor):
+class RerankPredictor(Regressor):
   """A fine-tuned reranker (`run`: a rerank run's workdir, or the run read): (query,
   document) lines in, scores out."""
 
@@ -403,7 +403,7 @@ def summary(metrics: dict) -> str:
 
 
 DEFINITION = Definition(
-    name=Reranker.task,
+    name=RerankPredictor.task,
     fields={**{k: v for k, v in finetune.FIELDS.items() if k != "task.packed"},
             "task.pooling": finetune.TEXT_FIELDS["task.pooling"],
             "task.loss": Field(choice(LOSSES)),
@@ -424,9 +424,9 @@ DEFINITION = Definition(
                 baseline=("first_stage_mrr_at_10", "baseline: MRR@10 of the first stage"),
                 accuracy_title="Held-out reranking of each query's candidates"),
     summary=summary,
-    predictor=Reranker,
+    predictor=RerankPredictor,
     hf_model=lambda workdir, config: hf_model(
-        read_run(workdir, Reranker), lambda run, family: sequence_classifier(run, family)),
+        read_run(workdir, RerankPredictor), lambda run, family: sequence_classifier(run, family)),
     check=finetune.check,
     tokenizer=lambda config, workdir: run_tokenizer(workdir),
 )

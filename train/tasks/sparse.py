@@ -30,7 +30,8 @@ import numpy as np
 
 from flax_encoder import families
 from flax_encoder import modules_json
-from flax_encoder.sparse import ACTIVATIONS, POOLING_STRATEGIES, SpladeModel, splade_pool
+from flax_encoder.masked_lm import MaskedLM
+from flax_encoder.sparse import ACTIVATIONS, POOLING_STRATEGIES, SpladeEmbedding, SpladeModel
 from flax_encoder.tokenizer import Template
 from train.errors import RunError
 from train.run.load import load_params, recorded_encoder_config
@@ -38,7 +39,6 @@ from train.task import (Definition, Field, HFModel, Plots, Resume, Setup, boolea
                         number)
 from train.tasks import contrastive, finetune, tokenizing
 from train.tasks.contrastive import ContrastiveTask, cross_entropy_sum, diagonal, ranking_metrics
-from train.tasks.masked_lm import MaskedLM
 
 TOP = contrastive.TOP
 
@@ -83,20 +83,7 @@ def flops(vectors: jax.Array, present: jax.Array | None = None) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class SparseTask(ContrastiveTask):
   """ContrastiveTask's batches and held-out rows, each text's vector SPLADE's (`model` is the
-  masked LM, params {'encoder', 'masked_lm'}); ranked by dot product."""
-
-  pooling: str = "max"
-  activation: str = "relu"
-
-  def embed(self, params, rows: tuple, dropout_rng: jax.Array | None = None):
-    """Packed (tokens, segment_ids, positions) -> [rows, segments, v] SPLADE vectors."""
-    tokens, segment_ids, positions = rows
-    kwargs = {} if dropout_rng is None else {"deterministic": False,
-                                             "rngs": {"dropout": dropout_rng}}
-    logits = self.model.apply({"params": params}, tokens, segment_ids=segment_ids,
-                              positions=positions, **kwargs)
-    return splade_pool(logits, segment_ids, contrastive.segments_per_row(tokens.shape[1]),
-                       self.pooling, self.activation)
+  library's SpladeEmbedding, params {'encoder', 'masked_lm'}); ranked by dot product."""
 
   def eval_metrics(self, sums: dict) -> dict:
     """The ranking metrics of every held-out anchor against every held-out positive by dot
@@ -137,13 +124,13 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
           f"output bias drawn afresh; its decoder the word embeddings)", file=sys.stderr)
   held_out = contrastive.held_out_pairs(config, prepared)
   family = start.family
-  model = MaskedLM(cfg, bert_head=True, decoder_head=_untied(family), check_traced_ids=False)
   task_config = config.task
+  model = SpladeEmbedding(SpladeModel(cfg, task_config.pooling, task_config.activation,
+                                      _untied(family)), check_traced_ids=False)
   chunks = contrastive.gradcache_chunks(config, loaded)
   loss = SparseRankingLoss(float(task_config.scale), float(task_config.document_regularizer),
                            float(task_config.query_regularizer))
-  task = SparseTask(model, loss, held_out.count, chunks, task_config.pooling,
-                    task_config.activation)
+  task = SparseTask(model, loss, held_out.count, chunks)
   negatives = "with hard negatives" if "negative" in loaded["train"] else "no hard negatives"
   finetune.say_prepared(prepared, f"pairs ({negatives}), sparse vectors of {cfg.vocab_size} "
                         f"dimensions", config.train.seq_len)
@@ -217,7 +204,7 @@ def read_trained(workdir: str, **settings) -> tuple:
   """(the encoder's config, run as `settings` say; the parameters {'encoder', 'masked_lm'};
   the checkpoint's record) of the newest verified checkpoint of the sparse run `workdir`."""
   def init_for(record):
-    model = MaskedLM(recorded_encoder_config(record), bert_head=True,
+    model = MaskedLM(recorded_encoder_config(record), checkpoint_head=True,
                      decoder_head=_untied(record.get("family")))
     return lambda: model.init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
 
