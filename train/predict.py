@@ -1,4 +1,5 @@
-"""`python -m train.predict`: labels texts with a fine-tuned run (train.outputs.predict)."""
+"""`python -m train.predict`: a fine-tuned run's predictions for new examples (classify,
+regress, tag, rerank: train.outputs.predict)."""
 
 import sys
 

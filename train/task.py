@@ -7,9 +7,10 @@ up a finished run, what `python -m train.export` writes of it (and as a Hugging 
 settings checks read those facts from here and know no task by name.
 
 Adding a task takes one module in train/tasks/ that defines DEFINITION, one config file in
-configs/, and its module's name in the registry (train/tasks/__init__.py). `train.tasks.masked_lm`
-(pretraining), `train.tasks.classify`, `train.tasks.regress` and `train.tasks.tag` (fine-tuning)
-are those there are.
+configs/, and its module's name in the registry (train/tasks/__init__.py), which lists the
+tasks there are: `train.tasks.masked_lm` (pretraining), and for fine-tuning
+`train.tasks.classify`, `train.tasks.regress`, `train.tasks.tag`, `train.tasks.contrastive`,
+`train.tasks.rerank`, `train.tasks.sparse` and `train.tasks.multi_vector`.
 """
 
 from __future__ import annotations

@@ -24,19 +24,24 @@ the layout; a stage fails when its max abs error exceeds atol + rtol * max|PyTor
 the report exits 1 naming the first stage that fails. Without --checkpoint or --module, both
 ports run on random weights (a check of the installation).
 
-Against transformers, for a Hugging Face bert / roberta / distilbert / modernbert directory
-(the families flax_encoder.families.load_hf reads; transformers must be installed):
+Against transformers, for a Hugging Face directory of any family flax_encoder.families.load_hf
+reads (transformers must be installed), by config.json's model_type: bert, electra
+(discriminator), roberta, xlm-roberta, camembert, distilbert, modernbert, albert, mpnet,
+nomic_bert, gte, jina_embeddings_v3, eurobert, deberta-v2 (flax_encoder.families.MODEL_TYPES):
 
   python -m flax_encoder.pytorch.parity --hf bert-dir [--float64] [--batch 4 --seq-len 32]
 
 transformers' `AutoModel.from_pretrained(dir, attn_implementation="eager")` and the Flax encoder
 of `load_hf(dir)` run on the same random ids, rows after the first padded at the end with the
 model's pad_token_id (attention_mask = ids != pad_token_id). The stages are transformers' module
-outputs: `embeddings` (after the embedding LayerNorm), each layer's attention sub-layer after
-its LayerNorm (`encoder.layer.{i}.attention`; DistilBERT `transformer.layer.{i}.sa_layer_norm`),
-each layer (`encoder.layer.{i}`, `transformer.layer.{i}`) and last_hidden_state. Every stage
-follows a LayerNorm, so the float32 default is rtol 1e-5 (atol 1e-5); float64's 1e-10 + 1e-12
-as above. A directory load_hf refuses is one line and exit 2.
+outputs, as the family names them (its parity stages): for BERT `embeddings` (after the
+embedding LayerNorm), each layer's attention sub-layer after its LayerNorm
+(`encoder.layer.{i}.attention`; DistilBERT `transformer.layer.{i}.sa_layer_norm`), each layer
+(`encoder.layer.{i}`, `transformer.layer.{i}`) and last_hidden_state; a family with a final
+norm (ModernBERT, EuroBERT) adds it. With --hf the float32 default is rtol 1e-5 (atol 1e-5:
+BERT's stages each follow a LayerNorm, which keeps float32's error near 1e-6 of the stage's
+scale); float64's is 1e-10 + 1e-12, as above. A directory load_hf refuses is one line and
+exit 2.
 """
 
 from __future__ import annotations
@@ -197,8 +202,9 @@ _SIZE_FLAGS = (("vocab-size", int), ("d-model", int), ("n-heads", int), ("d-ff",
 def _parse_args(argv):
   p = argparse.ArgumentParser(prog="python -m flax_encoder.pytorch.parity", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--hf", metavar="DIR", help="a Hugging Face bert/roberta/distilbert/modernbert "
-                 "directory: transformers' model against the Flax encoder load_hf reads from it")
+  p.add_argument("--hf", metavar="DIR", help="a Hugging Face model directory of any family "
+                 "load_hf reads (the model_types above): transformers' model against the Flax "
+                 "encoder load_hf reads from it")
   p.add_argument("--module", help="PKG.MOD:FN, FN() returns your torch.nn.Module")
   p.add_argument("--call", help="PKG.MOD:FN, FN(module, tokens) returns the encoder's output")
   p.add_argument("--checkpoint", help=".pt/.pth/.bin or .safetensors: a state dict or a training "

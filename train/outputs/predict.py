@@ -2,19 +2,24 @@ r"""A fine-tuned run's predictions for new examples.
 
   python -m train.predict --workdir runs/cls --input new.jsonl --out predictions.jsonl
 
-Each line of --input is a JSON object as the run's training lines, its label optional: the
-text under the run's text field ("text"; a "text_pair" too if the run was trained on pairs),
-or for a tagging run the words under its tokens field ("tokens"). Each line of --out is, in
-input order:
+The run is one of a task that predicts: classify, regress, tag or rerank. Each line of
+--input is a JSON object as the run's training lines, its label optional: the text under the
+run's text field ("text"; a "text_pair" too if the run was trained on pairs), for a tagging
+run the words under its tokens field ("tokens"), for a reranker a query and a document under
+its query and document fields ("query", "document"). Each line of --out is, in input order:
 
   classify  {"label": the most probable class, "probabilities": {class: p, ...}}
   regress   {"score": the predicted number}
   tag       {"tags": [a tag per word]}: null for a word the model did not see (cut off by
             the run's seq_len, or tokenized to nothing)
+  rerank    {"score": the document's relevance to the query, as sentence-transformers'
+            CrossEncoder.predict gives it (the sigmoid of the logit), "logit": the logit}
 
 Where lines carry labels (the run's label or tags field), the command also reports over them
 what the run's evaluation reports: accuracy and macro-F1; the mean squared error, Pearson's and
 Spearman's correlation; the accuracy over the words, macro-F1 and, for BIO tags, entity F1.
+For a reranker, whose label is 1 for a relevant document and 0 for another, it reports the
+binary cross-entropy of the scores and their accuracy at 0.5.
 Lines are read, predicted and written a chunk at a time (1024, fewer where they are long), and
 of a text only the ids the run's seq_len can hold are tokenized, so any number of lines of
 any length takes bounded memory; in a chunk, examples are padded to the smallest of a
