@@ -52,7 +52,7 @@ from flax_encoder.classifier import SequenceClassifier
 from flax_encoder.config import EncoderConfig
 from flax_encoder.embeddings import (ACTIVATIONS as DENSE_ACTIVATIONS, EmbeddingError,
                                      SentenceEncoder, read_max_seq_length, read_settings,
-                                     segments_per_row)
+                                     segments_per_row, torch_activation)
 from flax_encoder.families import HFError
 from flax_encoder.families.family import Fields
 from flax_encoder.families.tensors import to_numpy
@@ -120,7 +120,7 @@ def gives_token_types(module: str, hf: dict) -> bool | None:
   tokenizer_class (else config.json's, else the model_type's, `families.tokenizer_class`);
   None for a class no family knows (`families.TOKEN_TYPE_CLASSES`)."""
   file = os.path.join(module, "tokenizer_config.json")
-  config = modules_json.read_json(file, RerankerError, dict) or {}
+  config = RerankerError.read(file, required=False) or {}
   names = config.get("model_input_names")
   if names is not None:
     if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
@@ -135,10 +135,6 @@ def gives_token_types(module: str, hf: dict) -> bool | None:
 
 # ---------------------------------------------------------------------------------------------
 # Reading a folder
-
-
-def _object(file: str, required: bool = False) -> dict | None:
-  return modules_json.read_json(file, RerankerError, dict, required)
 
 
 def read_modules(path: str) -> str:
@@ -160,13 +156,14 @@ def read_modules(path: str) -> str:
   settings = os.path.join(path, "config_sentence_transformers.json")
   # sentence-transformers reads a folder without a model_type as a SentenceTransformer, and
   # CrossEncoder makes a classifier of its Transformer with a head drawn at random
-  model_type = (_object(settings) or {}).get("model_type", "SentenceTransformer")
+  model_type = (RerankerError.read(settings, required=False) or {}).get("model_type",
+                                                                          "SentenceTransformer")
   if model_type != MODEL_TYPE:
     raise RerankerError(f"{settings}: model_type={model_type!r}, expected {MODEL_TYPE!r} (a "
                         f"SentenceTransformer folder is flax_encoder.embeddings.SentenceEncoder's)")
   for name in TRANSFORMER_CONFIGS:
     file = os.path.join(module, name)
-    config = _object(file)
+    config = RerankerError.read(file, required=False)
     if config is None:
       continue
     task = config.get("transformer_task", "feature-extraction")
@@ -330,7 +327,7 @@ class Reranker(SentenceEncoder):
     module = read_modules(path) if st_folder else path
     hf_file = os.path.join(module, "config.json")
     settings = {"dtype": dtype} | ({"attention_impl": attention_impl} if attention_impl else {})
-    hf = _object(hf_file)
+    hf = RerankerError.read(hf_file, required=False)
     if hf is not None:  # else read_hf_config says what is wrong
       check_classifier(hf, hf_file)
     try:
@@ -347,7 +344,7 @@ class Reranker(SentenceEncoder):
     family = families.of_config(hf)
     num_labels = read_num_labels(hf, hf_file)
     settings_file = os.path.join(path, "config_sentence_transformers.json")
-    st_settings = (_object(settings_file) or {}) if st_folder else {}
+    st_settings = (RerankerError.read(settings_file, required=False) or {}) if st_folder else {}
     activation = read_activation(hf, hf_file, st_settings, settings_file, num_labels)
     tokenizer_file = os.path.join(module, "tokenizer.json")
     tokenizer_file = tokenizer_file if os.path.isfile(tokenizer_file) else module
@@ -485,9 +482,6 @@ _jitted_score = jax.jit(score, static_argnames=("model", "segments", "activation
 # The Transformer's type written: the name before sentence-transformers 6, which every 6.x
 # reads (a CrossEncoder's modules.json is read by 6 only: 3 to 5 load the directory as it is).
 _TRANSFORMER_TYPE = TRANSFORMERS[0]
-# Where torch.nn keeps each activation class, as activation_fn names it.
-_TORCH_ACTIVATIONS = {name: f"torch.nn.modules.{'linear' if name == 'Identity' else 'activation'}"
-                      f".{name}" for name in ACTIVATIONS}
 
 
 def save_cross_encoder_modules(path: str | os.PathLike, max_length: int,
@@ -511,7 +505,7 @@ def save_cross_encoder_modules(path: str | os.PathLike, max_length: int,
   except HFError as e:
     raise RerankerError(str(e)) from None
   check_classifier(hf, os.path.join(path, "config.json"))
-  torch_name = _TORCH_ACTIVATIONS[activation]
+  torch_name = torch_activation(activation)
 
   def write(name: str, value) -> None:
     modules_json.write_json(os.path.join(path, name), value)
@@ -528,6 +522,7 @@ def save_cross_encoder_modules(path: str | os.PathLike, max_length: int,
   hf["sentence_transformers"] = {**(saved if isinstance(saved, dict) else {}),
                                  "activation_fn": torch_name}
   write("config.json", hf)
-  tokenizer_config = _object(os.path.join(path, "tokenizer_config.json"))
+  tokenizer_config = RerankerError.read(os.path.join(path, "tokenizer_config.json"),
+                                        required=False)
   if tokenizer_config is not None:
     write("tokenizer_config.json", {**tokenizer_config, "model_max_length": max_length})

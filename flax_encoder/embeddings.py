@@ -99,7 +99,14 @@ CHUNK_TEXTS = 2048  # texts tokenized and packed together, while the device runs
 
 
 class EmbeddingError(ValueError):
-  """A sentence-transformers folder, or an argument, that SentenceEncoder cannot take."""
+  """A sentence-transformers folder, or an argument, that SentenceEncoder cannot take. Each
+  encoder's error is a subclass, which reads a folder's files as its own (`read`)."""
+
+  @classmethod
+  def read(cls, file: str, required: bool = True) -> dict | None:
+    """The JSON object in `file` (None where there is none, unless `required`); this error
+    in one line naming the file where it is no such object."""
+    return modules_json.read_json(file, cls, dict, required)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,17 +397,14 @@ def call_rows(rows: int, per_call: int) -> list[int]:
 # Reading a folder
 
 
-def _object(file: str, required: bool = True) -> dict | None:
-  return modules_json.read_json(file, EmbeddingError, dict, required)
-
-
-def _module_kind(module_type, file: str, which: str) -> str:
-  """The kind of a module of type `module_type` (MODULE_KINDS), `which` naming it in `file`."""
-  kind = MODULE_KINDS.get(module_type) if isinstance(module_type, str) else None
+def module_kind(module_type, file: str, which: str, kinds: dict[str, str] = MODULE_KINDS,
+                error: type[ValueError] = EmbeddingError, reader: str = "SentenceEncoder") -> str:
+  """The kind of a module of type `module_type` among the `kinds` the encoder class `reader`
+  computes, `which` naming it in `file`; `error` in one line where it is none of them."""
+  kind = kinds.get(module_type) if isinstance(module_type, str) else None
   if kind is None:
-    raise EmbeddingError(f"{file}: {which} is of type {module_type!r}, which SentenceEncoder "
-                         f"does not compute; it computes "
-                         f"{', '.join(sorted(set(MODULE_KINDS.values())))}")
+    raise error(f"{file}: {which} is of type {module_type!r}, which {reader} does not "
+                f"compute; it computes {', '.join(sorted(set(kinds.values())))}")
   return kind
 
 
@@ -414,7 +418,7 @@ def read_modules(path: str) -> list[tuple[str, str]]:
     raise EmbeddingError(str(e)) from None
   kinds = []
   for i, module in enumerate(modules):
-    kind = _module_kind(module.get("type"), file, f"module {i}")
+    kind = module_kind(module.get("type"), file, f"module {i}")
     if kind == "Router":
       raise EmbeddingError(f"{file}: module {i} is a Router (modules picked by the task: "
                            f"SentenceEncoder.load computes it, training and export do not), "
@@ -436,12 +440,12 @@ def read_routes(path: str, modules: Sequence[dict]) -> Router:
   modules run after any route: each route's (Transformer module's folder, (kind, folder) of
   each module after it: the route's own, then those after the Router)."""
   file = os.path.join(path, "modules.json")
-  after = [(_module_kind(m.get("type"), file, f"module {i}"), os.path.join(path, m["path"]))
+  after = [(module_kind(m.get("type"), file, f"module {i}"), os.path.join(path, m["path"]))
            for i, m in enumerate(modules[1:], 1)]
   router = read_router(os.path.normpath(os.path.join(path, modules[0]["path"])), EmbeddingError)
   routes = {}
   for route, route_modules in router.routes.items():
-    kinds = [(_module_kind(m.type, router.file, f"module {m.name!r} (route {route!r})"),
+    kinds = [(module_kind(m.type, router.file, f"module {m.name!r} (route {route!r})"),
               m.folder) for m in route_modules] + after
     names = [kind for kind, _ in kinds]
     if names[:2] != ["Transformer", "Pooling"] or not set(names[2:]) <= {"Dense", "Normalize"}:
@@ -457,7 +461,7 @@ def read_pooling(folder: str, width: int | None = None) -> Pooling:
   the pooling_mode_* flags (earlier), include_prompt; its width checked to be `width` (where
   given)."""
   file = os.path.join(folder, "config.json")
-  config = _object(file)
+  config = EmbeddingError.read(file)
   bad = lambda key, expected: EmbeddingError(
       f"{file}: {key}={config.get(key)!r}, expected {expected}")
   dim = config.get("embedding_dimension", config.get("word_embedding_dimension", width))
@@ -493,7 +497,7 @@ def read_dense(folder: str, width: int, on: str = "sentence_embedding") -> tuple
   vector, or "token_embeddings", each token's, which a multi-vector model's Dense reads where
   its file names none)."""
   file = os.path.join(folder, "config.json")
-  config = _object(file)
+  config = EmbeddingError.read(file)
   bad = lambda key, expected: EmbeddingError(
       f"{file}: {key}={config.get(key)!r}, expected {expected}")
   for key in ("in_features", "out_features"):
@@ -541,7 +545,7 @@ def read_normalize(folder: str, on: str = "sentence_embedding") -> Normalize:
   normalize the feature `on`. sentence-transformers' Normalize reads "sentence_embedding"
   where its file names none, and writes what it read where the file names no output."""
   file = os.path.join(folder, "config.json")
-  config = _object(file, required=False) or {}
+  config = EmbeddingError.read(file, required=False) or {}
   given = config.get("module_input_name")
   names = {"module_input_name": "sentence_embedding" if given is None else given}
   output = config.get("module_output_name")
@@ -557,20 +561,30 @@ def read_settings(path: str) -> tuple[dict[str, str], str | None, str]:
   """config_sentence_transformers.json's prompts, default_prompt_name and similarity_fn_name
   (cosine where it names none, as sentence-transformers defaults)."""
   file = os.path.join(path, "config_sentence_transformers.json")
-  config = _object(file, required=False) or {}
-  prompts = config.get("prompts") or {}
-  if not isinstance(prompts, dict) or not all(
-      isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
-    raise EmbeddingError(f"{file}: prompts={prompts!r}, expected an object of names to texts")
-  default = config.get("default_prompt_name")
-  if default is not None and default not in prompts:
-    raise EmbeddingError(f"{file}: default_prompt_name={default!r}, expected one of the "
-                         f"prompts' names {sorted(prompts)} or null")
+  config = EmbeddingError.read(file, required=False) or {}
+  prompts, default = read_prompts(config, file)
   similarity = config.get("similarity_fn_name") or "cosine"
   if similarity not in SIMILARITIES:
     raise EmbeddingError(f"{file}: similarity_fn_name={similarity!r}, expected one of "
                          f"{SIMILARITIES}")
-  return dict(prompts), default, similarity
+  return prompts, default, similarity
+
+
+def read_prompts(config: dict, file: str, error: type[ValueError] = EmbeddingError,
+                 nulls: bool = False) -> tuple[dict[str, str], str | None]:
+  """config_sentence_transformers.json's (`config`, of `file`) prompts and
+  default_prompt_name, checked; `nulls`: a prompt may be null, read as "" (as a
+  MultiVectorEncoder reads it). `error` in one line naming the file where they are wrong."""
+  prompts = config.get("prompts") or {}
+  texts = (str, type(None)) if nulls else str
+  if not isinstance(prompts, dict) or not all(
+      isinstance(k, str) and isinstance(v, texts) for k, v in prompts.items()):
+    raise error(f"{file}: prompts={prompts!r}, expected an object of names to texts")
+  default = config.get("default_prompt_name")
+  if default is not None and default not in prompts:
+    raise error(f"{file}: default_prompt_name={default!r}, expected one of the prompts' names "
+                f"{sorted(prompts)} or null")
+  return {k: v or "" for k, v in prompts.items()}, default
 
 
 def checked_prompts(prompts: dict[str, str] | None, default_prompt_name: str | None,
@@ -597,7 +611,7 @@ def read_max_seq_length(module: str, max_len: int) -> int:
   value = config.get(key)
   if value is None:  # the tokenizer's, read where its tokenizer is (tokenizer_from_directory)
     key, file = "model_max_length", os.path.join(module, "tokenizer_config.json")
-    value = (_object(file, required=False) or {}).get(key)
+    value = (EmbeddingError.read(file, required=False) or {}).get(key)
   if value is None:
     return max_len
   # JSON's NaN and Infinity read as floats: no length
@@ -612,7 +626,7 @@ def _transformer_config(module: str) -> tuple[str, dict]:
   sentence_*_config.json there is ({} where there is none)."""
   for name in TRANSFORMER_CONFIGS:
     file = os.path.join(module, name)
-    config = _object(file, required=False)
+    config = EmbeddingError.read(file, required=False)
     if config is not None:
       return file, config
   return os.path.join(module, TRANSFORMER_CONFIGS[0]), {}
@@ -643,9 +657,12 @@ def read_task_settings(module: str) -> dict[str, str]:
 _WRITTEN_TYPES = {"Transformer": TRANSFORMERS[0], "Pooling": "sentence_transformers.models.Pooling",
                   "Dense": "sentence_transformers.models.Dense",
                   "Normalize": "sentence_transformers.models.Normalize"}
-# Where torch.nn keeps each activation class, as Dense's config.json names it.
-_TORCH_ACTIVATIONS = {name: f"torch.nn.modules.{'linear' if name == 'Identity' else 'activation'}"
-                      f".{name}" for name in ACTIVATIONS}
+
+
+def torch_activation(name: str) -> str:
+  """The torch.nn activation class `name` where torch keeps it, as a Dense module's config.json
+  (and a CrossEncoder's activation_fn) names it."""
+  return f"torch.nn.modules.{'linear' if name == 'Identity' else 'activation'}.{name}"
 
 
 def save_modules(path: str, model: SentenceModel, params: dict, max_seq_length: int,
@@ -691,7 +708,7 @@ def save_modules(path: str, model: SentenceModel, params: dict, max_seq_length: 
 
 def _save_dense(folder: str, step: Dense, params: dict, on: str = "sentence_embedding") -> None:
   config = {"in_features": step.in_features, "out_features": step.out_features,
-            "bias": step.bias, "activation_function": _TORCH_ACTIVATIONS[step.activation]}
+            "bias": step.bias, "activation_function": torch_activation(step.activation)}
   if on != "sentence_embedding":  # the feature it reads and writes (read_dense's `on`)
     config["module_input_name"] = config["module_output_name"] = on
   state = {"linear.weight": np.asarray(params["kernel"], np.float32).T}

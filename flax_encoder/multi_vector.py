@@ -50,7 +50,8 @@ from flax_encoder import modules_json
 from flax_encoder.config import EncoderConfig
 from flax_encoder.embeddings import (MODULE_KINDS, Dense, EmbeddingError, Normalize,
                                      SentenceEncoder, _save_dense, apply_steps, checked_prompts,
-                                     read_dense, read_max_seq_length, read_normalize)
+                                     read_dense, read_max_seq_length, read_normalize,
+                                     read_prompts)
 from flax_encoder.encoder import Encoder
 from flax_encoder.families import HFError, read_hf
 from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
@@ -382,10 +383,6 @@ _jitted_maxsim_pairwise = jax.jit(maxsim_pairwise, static_argnames="mean")
 # Reading a folder
 
 
-def _object(file: str, required: bool = True) -> dict | None:
-  return modules_json.read_json(file, MultiVectorError, dict, required)
-
-
 def _read_modules(path: str) -> list[tuple[str, str]]:
   """(kind, folder) of each module after the Transformer: Dense, Normalize and one
   MultiVectorMask."""
@@ -409,7 +406,7 @@ def _read_modules(path: str) -> list[tuple[str, str]]:
 def _read_mask(folder: str) -> ScoringMask:
   """A MultiVectorMask module's config.json."""
   file = os.path.join(folder, "config.json")
-  config = _object(file)
+  config = MultiVectorError.read(file)
   known = ("skiplist_words", "skiplist_tasks", "keep_only_token_ids")
   if set(config) - set(known):
     raise MultiVectorError(f"{file}: keys {sorted(set(config) - set(known))}, expected only "
@@ -431,7 +428,7 @@ def _read_transformer(module: str) -> tuple[str, int | None, int | None, Expansi
   file = next((os.path.join(module, name) for name in TRANSFORMER_CONFIGS
                if os.path.exists(os.path.join(module, name))),
               os.path.join(module, TRANSFORMER_CONFIGS[0]))
-  config = _object(file, required=False) or {}
+  config = MultiVectorError.read(file, required=False) or {}
   task = config.get("transformer_task", "feature-extraction")
   if task != "feature-extraction":
     raise MultiVectorError(f"{file}: transformer_task={task!r}, expected 'feature-extraction' "
@@ -461,7 +458,7 @@ def _read_settings(path: str) -> tuple[dict[str, str], str | None, str]:
   (maxsim where it names neither maxsim nor meanmaxsim, as sentence-transformers reads it);
   refused unless it is a MultiVectorEncoder's."""
   file = os.path.join(path, "config_sentence_transformers.json")
-  config = _object(file, required=False) or {}
+  config = MultiVectorError.read(file, required=False) or {}
   kind = config.get("model_type")
   if kind == "ColBERT":
     raise MultiVectorError(f"{file}: model_type='ColBERT', a PyLate 3 save, which "
@@ -476,16 +473,7 @@ def _read_settings(path: str) -> tuple[dict[str, str], str | None, str]:
     raise MultiVectorError(f"{file}: {', '.join(legacy)}: PyLate's settings, which "
                            f"sentence-transformers translates on load; expected them in the "
                            f"modules' files (load it there and save it again)")
-  prompts = config.get("prompts") or {}
-  if not isinstance(prompts, dict) or not all(
-      isinstance(k, str) and isinstance(v, (str, type(None))) for k, v in prompts.items()):
-    raise MultiVectorError(f"{file}: prompts={prompts!r}, expected an object of names to "
-                           f"texts")
-  prompts = {k: v or "" for k, v in prompts.items()}
-  default = config.get("default_prompt_name")
-  if default is not None and default not in prompts:
-    raise MultiVectorError(f"{file}: default_prompt_name={default!r}, expected one of the "
-                           f"prompts' names {sorted(prompts)} or null")
+  prompts, default = read_prompts(config, file, MultiVectorError, nulls=True)
   similarity = config.get("similarity_fn_name")
   return prompts, default, similarity if similarity in SIMILARITIES else "maxsim"
 
@@ -503,7 +491,7 @@ def _special_token(module: str, key: str) -> str | None:
   transformers reads it: special_tokens_map.json's, else tokenizer_config.json's."""
   for name in ("special_tokens_map.json", "tokenizer_config.json"):
     file = os.path.join(module, name)
-    value = (_object(file, required=False) or {}).get(key)
+    value = (MultiVectorError.read(file, required=False) or {}).get(key)
     if isinstance(value, dict):
       value = value.get("content")
     if value is not None:

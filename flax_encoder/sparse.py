@@ -520,23 +520,16 @@ class SparseEncoder(SentenceEncoder):
 # Reading a folder
 
 
-def _object(file: str, required: bool = True) -> dict | None:
-  return modules_json.read_json(file, SparseError, dict, required)
-
-
 def _kind(module_type, file: str, which: str) -> str:
-  kind = MODULE_KINDS.get(module_type)
-  if kind is None:
-    raise SparseError(f"{file}: {which} is of type {module_type!r}, which SparseEncoder does "
-                      f"not compute; it computes {', '.join(sorted(set(MODULE_KINDS.values())))}")
-  return kind
+  return embeddings.module_kind(module_type, file, which, MODULE_KINDS, SparseError,
+                                "SparseEncoder")
 
 
 def _check_masked_lm_architecture(path: str) -> None:
   """A Hugging Face directory, which sentence-transformers makes a SPLADE model of only where
   config.json's architectures name a *ForMaskedLM."""
   file = os.path.join(path, "config.json")
-  architectures = (_object(file) or {}).get("architectures") or []
+  architectures = (SparseError.read(file) or {}).get("architectures") or []
   if not any(isinstance(a, str) and a.endswith("ForMaskedLM") for a in architectures):
     raise SparseError(f"{file}: architectures={architectures!r}, expected a *ForMaskedLM "
                       f"(sentence-transformers makes another model, SparseAutoEncoder's, of "
@@ -562,7 +555,7 @@ def _read_splade(module: str, pooling: str | None,
   strategy, activation, dimension = "max", "relu", None
   if pooling is not None:
     file = os.path.join(pooling, "config.json")
-    config = _object(file)
+    config = SparseError.read(file)
     strategy = config.get("pooling_strategy", "max")
     activation = config.get("activation_function", "relu")
     dimension = config.get("embedding_dimension", config.get("word_embedding_dimension"))
@@ -599,7 +592,7 @@ def _check_fill_mask(module: str, kind: str) -> None:
   "feature-extraction", MLMTransformer's "fill-mask")."""
   for name in TRANSFORMER_CONFIGS:
     file = os.path.join(module, name)
-    config = _object(file, required=False)
+    config = SparseError.read(file, required=False)
     if config is not None:
       break
   else:
@@ -615,7 +608,7 @@ def _read_sparse_settings(path: str) -> tuple[str, int | None]:
   """config_sentence_transformers.json's similarity_fn_name (dot where it names none, as
   SparseEncoder defaults) and max_active_dims; its model_type checked to be SparseEncoder's."""
   file = os.path.join(path, "config_sentence_transformers.json")
-  config = _object(file, required=False) or {}
+  config = SparseError.read(file, required=False) or {}
   # sentence-transformers takes a folder without it for a SentenceTransformer's, and makes a
   # SparseEncoder of that by appending a SparseAutoEncoder drawn afresh
   if config.get("model_type") != "SparseEncoder":
@@ -661,7 +654,7 @@ def _read_static(folder: str) -> StaticEmbedding:
   """A SparseStaticEmbedding module's folder: config.json, its weight (model.safetensors or
   pytorch_model.bin) and its tokenizer."""
   file = os.path.join(folder, "config.json")
-  config = _object(file, required=False) or {}
+  config = SparseError.read(file, required=False) or {}
   if config.get("path") is not None:
     raise SparseError(f"{file}: path={config['path']!r} (weights from an idf JSON file, read "
                       f"through transformers' tokenizer), expected the module's own weight: "
@@ -678,7 +671,7 @@ def _read_static(folder: str) -> StaticEmbedding:
                       f"one value per token id")
   # transformers cuts a text (truncation=True) at the tokenizer's model_max_length, which is
   # as good as no limit where it was never set (its default is 1e30)
-  settings = _object(os.path.join(folder, "tokenizer_config.json"), required=False) or {}
+  settings = SparseError.read(os.path.join(folder, "tokenizer_config.json"), required=False) or {}
   length = settings.get("model_max_length")
   if not isinstance(length, int) or isinstance(length, bool) or not 0 < length < 1 << 31:
     length = None
