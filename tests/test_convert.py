@@ -292,3 +292,29 @@ def test_torch_nn_layout_loads_strictly_into_a_transformer_encoder(norm_position
   with jax.default_matmul_precision("highest"):
     np.testing.assert_allclose(_hidden(model, TOKENS), Encoder(config).apply(variables, TOKENS),
                                atol=1e-5)
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt", ".pth", ".bin"])
+def test_every_checkpoint_file_is_written_as_it_is_read(tmp_path, suffix):
+  from flax_encoder.pytorch.convert import CHECKPOINT_FILES, save_torch_checkpoint
+  assert suffix in CHECKPOINT_FILES
+  state = to_torch_state_dict(_flax_variables(), CONFIG)
+  path = tmp_path / f"model{suffix}"
+  save_torch_checkpoint(state, path)
+  loaded = load_torch_checkpoint(path)
+  assert sorted(loaded) == sorted(state)
+  for name, tensor in state.items():
+    np.testing.assert_array_equal(loaded[name], tensor.numpy())
+  # a name without the suffix (a temporary file): the format as given
+  other = tmp_path / "blob"
+  save_torch_checkpoint(state, other, suffix)
+  assert other.read_bytes()[:2] == (b"PK" if suffix != ".safetensors" else path.read_bytes()[:2])
+  with pytest.raises(ValueError, match=r"has suffix '.ckpt'; expected .safetensors, .pt, .pth, "
+                                       r".bin$"):
+    save_torch_checkpoint(state, tmp_path / "model.ckpt")
+
+
+def test_the_export_command_writes_the_pytorch_files_the_bridge_reads():
+  from flax_encoder.pytorch.convert import CHECKPOINT_FILES
+  from train.outputs.export import FORMATS
+  assert [s for s, f in FORMATS.items() if f.torch] == list(CHECKPOINT_FILES)

@@ -297,3 +297,48 @@ def test_tokenizers_vocabularies_train_on_the_sample_and_bpe_encodes_any_text(do
                          vocab_only=True, progress=False)
   assert only == {"tokenizer": str(tmp_path / "vocab" / "tokenizer.json")}
   assert os.listdir(tmp_path / "vocab") == ["tokenizer.json"]
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz", ".bz2", ".xz", ".zst"])
+def test_a_stored_file_opens_as_its_decompressed_bytes(tmp_path, suffix):
+  import zstandard
+  from train.data import sources
+  data = b'{"text": "a"}\n' * 100
+  compress = {"": bytes, ".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress,
+              ".zst": zstandard.ZstdCompressor().compress}[suffix]
+  path = tmp_path / f"in.jsonl{suffix}"
+  path.write_bytes(compress(data))
+  assert sources.stored_format(str(path)) == ("jsonl", suffix or None)
+  with sources.decompressed(str(path)) as f:
+    assert f.read() == data
+    if not suffix:  # an uncompressed file can be entered anywhere
+      f.seek(14)
+      assert f.readline() == b'{"text": "a"}\n'
+
+
+@pytest.mark.parametrize("line, said", [
+    ("not json", "not valid JSON (Expecting value: line 1 column 1 (char 0))"),
+    ("[1, 2]", "not a JSON object"),
+    ('{"text": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     "JSON nested too deeply to read, expected a JSON object of a few levels"),
+    ('{"text": 3}', "'text' (--text-field) is int, expected a string"),
+    ('{"text": null}', "'text' (--text-field) is NoneType, expected a string"),
+])
+def test_a_record_is_refused_in_the_same_words_wherever_it_is_read(tmp_path, line, said):
+  from train.data import sources
+  from train.outputs import corpus, embed
+  path = tmp_path / "in.jsonl"
+  path.write_text('{"text": "a", "id": 7}\n' + line + "\n")
+  with pytest.raises(sources.PrepareError) as prepared:
+    list(sources.Source(str(path)).documents("text"))
+  with pytest.raises(RunError) as embedded:  # --out FILE: by line number
+    list(embed.texts_of(sources.Source(str(path)), str(path), "text", "id"))
+  with pytest.raises(RunError) as parts:  # --out DIR/: by byte, its line number unknown
+    list(corpus._reader(str(path), 1 << 20, "text", "id").read(0))
+  assert str(parts.value) == f"--input {path}: the line at byte 23: {said}"
+  if "--text-field" in said:  # prepare says which field it wanted its own way
+    assert str(embedded.value) == f"--input {path}: line 2: {said}"
+  else:
+    assert str(prepared.value) == str(embedded.value) == f"{path}:2: {said}"
+  assert sources.text_of(sources.record_of_line('{"text": "a", "id": 7}', "x"), "x", "text",
+                         "id") == (7, "a")

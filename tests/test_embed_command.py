@@ -121,3 +121,37 @@ def test_a_hugging_face_directory_is_mean_pooled_as_sentence_transformers_makes_
   embed.embed(hf, str(source), str(tmp_path / "e.npy"))
   want = st.SentenceTransformer(hf, device="cpu").encode(TEXTS)  # Transformer, mean Pooling
   np.testing.assert_allclose(np.load(tmp_path / "e.npy"), want, atol=1e-5)
+
+
+class _Tsv:
+  """A format the command does not have: id, then the vector's numbers, tab-separated."""
+
+  def __init__(self, path: str, total: int, dim: int):
+    self.file = open(path, "w", encoding="utf-8")
+
+  def write(self, ids: list, embeddings: np.ndarray) -> None:
+    self.file.writelines("\t".join([str(i), *map(str, e)]) + "\n"
+                         for i, e in zip(ids, embeddings.tolist()))
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.file.close()
+
+
+def test_a_new_out_format_is_one_entry_of_the_table(folder, expected, tmp_path, monkeypatch,
+                                                    capsys):
+  monkeypatch.setitem(embed.OUT_FORMATS, ".tsv", embed.OutFormat("id and numbers a line", _Tsv))
+  source = tmp_path / "texts.txt"
+  source.write_text("\n".join(TEXTS) + "\n")
+  assert embed.embed(folder, str(source), str(tmp_path / "e.tsv")) == len(TEXTS)
+  rows = [line.split("\t") for line in (tmp_path / "e.tsv").read_text().splitlines()]
+  assert [int(r[0]) for r in rows] == list(range(1, len(TEXTS) + 1))
+  np.testing.assert_allclose([[float(x) for x in r[1:]] for r in rows], expected, atol=1e-5)
+  with pytest.raises(RunError, match=r"expected one of .npy, .parquet, .jsonl, .tsv, or a folder"):
+    embed.embed(folder, str(source), str(tmp_path / "e.csv"))
+  with pytest.raises(SystemExit):
+    embed.main(["--help"])
+  said = capsys.readouterr().out
+  assert "  .tsv      id and numbers a line\n" in said and "  DIR/      (a name ending in /" in said

@@ -262,3 +262,32 @@ def test_a_workdir_without_its_dataset_json_names_the_file(run, tmp_path, capsys
   assert err.startswith(f"export: error: {missing}: missing, expected ") and (
       err.count("\n") == 1), err
   assert "config.data.prepared" not in err
+
+
+def test_a_new_out_format_is_one_entry_of_the_table(tmp_path, monkeypatch, capsys):
+  from train.outputs import export as command
+
+  def write(workdir, path, suffix, layout, seq_len):
+    with open(path, "w") as f:
+      f.write(f"{os.path.basename(workdir)} {suffix} {layout} {seq_len}")
+
+  monkeypatch.setitem(command.FORMATS, ".txt",
+                      command.FileFormat("the run's name, for this test", write))
+  workdir = tmp_path / "workdir"
+  workdir.mkdir()
+  out = tmp_path / "x.txt"
+  assert export(["--workdir", str(workdir), "--out", str(out), "--seq-len", "8"]) == 0
+  assert out.read_text() == "workdir .txt None 8"
+  code, err = _export(str(workdir), "torch_nn", tmp_path / "y.txt", capsys)
+  assert code == 2 and err == ("export: error: --layout torch_nn: a .txt file takes no layout (it "
+                               "names the parameters of PyTorch weights: .safetensors, .pt, .pth, "
+                               ".bin), expected it left out\n")
+  assert export(["--workdir", str(workdir), "--out", str(tmp_path / "x.csv")]) == 2
+  assert capsys.readouterr().err == (
+      "export: error: --out must end in .msgpack, .jaxexport, .safetensors, .pt, .pth, .bin, "
+      f".txt, got {str(tmp_path / 'x.csv')!r}\n")
+  with pytest.raises(SystemExit):
+    export(["--help"])
+  said = capsys.readouterr().out
+  assert "  .txt          the run's name, for this test\n" in said
+  assert "  hf                     a Hugging Face directory transformers loads\n" in said

@@ -23,7 +23,8 @@ import importlib
 
 _MODULES = {
     "config_from_torch_state_dict": "convert", "from_torch_state_dict": "convert",
-    "load_torch_checkpoint": "convert", "to_torch_state_dict": "convert",
+    "load_torch_checkpoint": "convert", "save_torch_checkpoint": "convert",
+    "to_torch_state_dict": "convert",
     "LAYOUTS": "layouts", "EncoderKeys": "layouts", "expected_shapes": "layouts",
     "find_encoder": "layouts",
 }

@@ -7,9 +7,10 @@ Dense kernel is [in, out].
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -206,11 +207,9 @@ def to_torch_state_dict(variables: Mapping, config: EncoderConfig,
   return state
 
 
-_TORCH_SUFFIXES = (".pt", ".pth", ".bin")
-
-
 def load_torch_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
-  """Reads a PyTorch state dict from `.safetensors` or `.pt` / `.pth` / `.bin`.
+  """Reads a PyTorch state dict from one of CHECKPOINT_FILES: `.safetensors` or `.pt` / `.pth` /
+  `.bin`.
 
   `.pt` files are read with `torch.load(weights_only=True)`, with no fallback: a pickle that
   needs anything beyond tensors and plain containers is refused, never run. A training
@@ -225,29 +224,35 @@ def load_torch_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"checkpoint path {path!r} does not exist or is not a file")
-  suffix = os.path.splitext(path)[1].lower()
-  if suffix == ".safetensors":
-    return read_safetensors(path)  # numpy, as below
-  if suffix in _TORCH_SUFFIXES:
-    with open(path, "rb") as f:
-      magic = f.read(4)
-    # torch.save writes a zip archive; before PyTorch 1.6 a pickle (protocol >= 2: 0x80).
-    if magic != b"PK\x03\x04" and magic[:1] != b"\x80":
-      raise ValueError(f"checkpoint {path!r} is not a PyTorch checkpoint: neither a zip archive "
-                       f"nor a pickle (it starts with {magic!r})")
-    try:
-      state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-      raise ValueError(
-          f"checkpoint {path!r} needs more than tensors to be unpickled, and loading it that way "
-          f"could run arbitrary code; it was refused (torch.load weights_only=True). Save a "
-          f"plain state_dict or a .safetensors file instead. Details: {e}") from e
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError) as e:
-      raise ValueError(f"checkpoint {path!r} could not be read (truncated or corrupt?): "
-                       f"{type(e).__name__}: {e}") from e
-  else:
-    raise ValueError(f"checkpoint {path!r} has suffix {suffix!r}; expected .safetensors, "
-                     f"{', '.join(_TORCH_SUFFIXES)}")
+  return _checkpoint_file(path, None).read(path)
+
+
+def save_torch_checkpoint(state_dict: Mapping[str, torch.Tensor], path: str | os.PathLike,
+                          suffix: str | None = None) -> None:
+  """Writes `state_dict` (`to_torch_state_dict`'s) to `path` as the one of CHECKPOINT_FILES
+  `suffix` names, `path`'s own where None, so that `load_torch_checkpoint` and PyTorch read it.
+  """
+  path = os.fspath(path)
+  _checkpoint_file(path, suffix).write(state_dict, path)
+
+
+def _read_torch_save(path: str) -> dict[str, np.ndarray]:
+  with open(path, "rb") as f:
+    magic = f.read(4)
+  # torch.save writes a zip archive; before PyTorch 1.6 a pickle (protocol >= 2: 0x80).
+  if magic != b"PK\x03\x04" and magic[:1] != b"\x80":
+    raise ValueError(f"checkpoint {path!r} is not a PyTorch checkpoint: neither a zip archive "
+                     f"nor a pickle (it starts with {magic!r})")
+  try:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+  except pickle.UnpicklingError as e:
+    raise ValueError(
+        f"checkpoint {path!r} needs more than tensors to be unpickled, and loading it that way "
+        f"could run arbitrary code; it was refused (torch.load weights_only=True). Save a "
+        f"plain state_dict or a .safetensors file instead. Details: {e}") from e
+  except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError) as e:
+    raise ValueError(f"checkpoint {path!r} could not be read (truncated or corrupt?): "
+                     f"{type(e).__name__}: {e}") from e
   state = _unwrap(state, path)
   weights = {}
   for name, value in state.items():
@@ -257,6 +262,40 @@ def load_torch_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
       raise ValueError(f"checkpoint {path!r}: {name!r} holds {value.dtype} values, expected "
                        f"floating-point weights")
   return weights
+
+
+def _write_safetensors(state_dict: Mapping[str, torch.Tensor], path: str) -> None:
+  import safetensors.torch
+  safetensors.torch.save_file({k: v.contiguous() for k, v in state_dict.items()}, path)
+
+
+def _write_torch_save(state_dict: Mapping[str, torch.Tensor], path: str) -> None:
+  torch.save(state_dict, path)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointFile:
+  """A file of PyTorch weights: `read(path)` -> names -> numpy arrays, as
+  `load_torch_checkpoint` returns them; `write(state_dict, path)`."""
+  read: Callable[[str], dict[str, np.ndarray]]
+  write: Callable[[Mapping[str, torch.Tensor], str], None]
+
+
+# A file's suffix (lowercase) -> how its weights are read and written: a new one is an entry here.
+CHECKPOINT_FILES = {
+    ".safetensors": CheckpointFile(read_safetensors, _write_safetensors),  # numpy, as below
+    ".pt": CheckpointFile(_read_torch_save, _write_torch_save),
+    ".pth": CheckpointFile(_read_torch_save, _write_torch_save),
+    ".bin": CheckpointFile(_read_torch_save, _write_torch_save),
+}
+
+
+def _checkpoint_file(path: str, suffix: str | None) -> CheckpointFile:
+  suffix = (suffix or os.path.splitext(path)[1]).lower()
+  if suffix not in CHECKPOINT_FILES:
+    raise ValueError(f"checkpoint {path!r} has suffix {suffix!r}; expected "
+                     f"{', '.join(CHECKPOINT_FILES)}")
+  return CHECKPOINT_FILES[suffix]
 
 
 def _unwrap(state: Any, path: str) -> Mapping[str, Any]:

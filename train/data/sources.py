@@ -3,7 +3,9 @@ text, JSON lines or Parquet; each a `Source` that reads its documents while hash
 as stored, so that `dataset.json` records what was read.
 
 `train.prepare` packs them into windows; `train.data.examples` and `train.predict` read labelled
-records from them; `train.data.dataset` checks that a run's inputs are still what it was trained on.
+records from them, `train.embed` texts; `train.data.dataset` checks that a run's inputs are still
+what it was trained on. A record is parsed in one place (`record_of_line`, `text_of`), so every
+command refuses a bad line in the same words.
 """
 
 from __future__ import annotations
@@ -130,19 +132,65 @@ def builtin_topics() -> tuple[str, ...]:
   return tuple(topics[name] for name in sorted(topics))
 
 
-COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
+# A compressed file's suffix -> a buffered binary stream of what the raw stream holds.
+COMPRESSIONS = {
+    ".gz": lambda raw: gzip.GzipFile(fileobj=raw),
+    ".bz2": bz2.BZ2File,
+    ".xz": lzma.LZMAFile,
+    ".zst": lambda raw: io.BufferedReader(_ZstdFrames(raw), _READ_BYTES),
+}
+
+# What a file holds, by the suffix before its compression's; any other name is text.
+FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 
 
 def stored_format(path: str) -> tuple[str, str | None]:
   """(what the file holds: 'text', 'jsonl' or 'parquet'; its compression or None), from its
-  name: a `.gz`, `.bz2`, `.xz` or `.zst` ending, before it `.jsonl` / `.json` or `.parquet`."""
+  name: a COMPRESSIONS ending, before it one of FORMATS."""
   name = path.lower()
   compression = next((c for c in COMPRESSIONS if name.endswith(c)), None)
   if compression:
     name = name[:-len(compression)]
-  if name.endswith(".parquet"):
-    return "parquet", compression
-  return ("jsonl" if name.endswith((".jsonl", ".json")) else "text"), compression
+  return next((f for suffix, f in FORMATS.items() if name.endswith(suffix)), "text"), compression
+
+
+@contextlib.contextmanager
+def decompressed(path: str) -> Iterator[io.BufferedIOBase]:
+  """The bytes of the file `path`, decompressed where its name ends in one of COMPRESSIONS
+  (read through, never entered in the middle), else the file itself, which can seek."""
+  compression = stored_format(path)[1]
+  with open(path, "rb") as stored:
+    if compression is None:
+      yield stored
+      return
+    with _decompressing(stored, compression) as f:
+      yield f
+
+
+def record_of_line(line: str, where: str) -> dict:
+  """The JSON object a line of a JSON-lines file holds; PrepareError "`where`: ..." (the file
+  and the line) where it holds none."""
+  try:
+    record = json.loads(line)
+  except ValueError as e:
+    raise PrepareError(f"{where}: not valid JSON ({e})") from None
+  except RecursionError:  # json's decoder recurses once per level of nesting
+    raise PrepareError(f"{where}: JSON nested too deeply to read, expected a JSON object of a "
+                       f"few levels") from None
+  if not isinstance(record, dict):
+    raise PrepareError(f"{where}: not a JSON object")
+  return record
+
+
+def text_of(record: dict, where: str, text_field: str,
+            id_field: str | None = None) -> tuple[object, str]:
+  """(the id under `id_field`, None where absent or null; the text under `text_field`) of a
+  record or a Parquet row; PrepareError "`where`: ..." where the text is not a string."""
+  text = record.get(text_field)
+  if not isinstance(text, str):
+    raise PrepareError(f"{where}: {text_field!r} (--text-field) is {type(text).__name__}, "
+                       f"expected a string")
+  return (record.get(id_field) if id_field is not None else None), text
 
 
 class _Hashing(io.RawIOBase):
@@ -162,15 +210,9 @@ class _Hashing(io.RawIOBase):
 
 def _decompressing(raw, compression: str | None):
   """A buffered binary stream of what `raw` holds, decompressed."""
-  if compression == ".gz":
-    return gzip.GzipFile(fileobj=raw)
-  if compression == ".bz2":
-    return bz2.BZ2File(raw)
-  if compression == ".xz":
-    return lzma.LZMAFile(raw)
-  if compression == ".zst":
-    return io.BufferedReader(_ZstdFrames(raw), _READ_BYTES)
-  return io.BufferedReader(raw, _READ_BYTES)
+  if compression is None:
+    return io.BufferedReader(raw, _READ_BYTES)
+  return COMPRESSIONS[compression](raw)
 
 
 class _ZstdFrames(io.RawIOBase):
@@ -249,11 +291,7 @@ class Source:
         yield self.first, text, True
     elif self.format == "parquet":
       for part, (number, row) in self._parts(self._parquet_rows(text_field)):
-        text = row[text_field]
-        if not isinstance(text, str):
-          raise PrepareError(f"{self.path}: row {number}: {text_field!r} (--text-field) is "
-                             f"{type(text).__name__}, expected a string")
-        yield part, text, True
+        yield part, text_of(row, f"{self.path}: row {number}", text_field)[1], True
     elif self.format == "jsonl":
       for part, (number, record) in self._parts(self.records()):
         text = record.get(text_field)
@@ -277,18 +315,8 @@ class Source:
       yield from self._parquet_rows()
       return
     for number, line in self._lines():
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except ValueError as e:
-        raise PrepareError(f"{self.path}:{number}: not valid JSON ({e})") from None
-      except RecursionError:  # json's decoder recurses once per level of nesting
-        raise PrepareError(f"{self.path}:{number}: JSON nested too deeply to read, expected "
-                           f"a JSON object of a few levels") from None
-      if not isinstance(record, dict):
-        raise PrepareError(f"{self.path}:{number}: not a JSON object")
-      yield number, record
+      if line.strip():
+        yield number, record_of_line(line, f"{self.path}:{number}")
 
   def count(self) -> int:
     """How many records `records()` yields (a progress bar's total): the non-blank lines, read
@@ -296,7 +324,7 @@ class Source:
     if self.format == "parquet":
       with self._parquet() as table:
         return table.metadata.num_rows
-    with open(self.path, "rb") as stored, _decompressing(stored, self.compression) as f:
+    with decompressed(self.path) as f:
       return sum(1 for line in f if line.strip())
 
   def _parts(self, records: Iterator) -> Iterator[tuple[int, object]]:
@@ -360,7 +388,7 @@ class Source:
           return
 
   def _invalid_utf8(self, at: int, reason: str):
-    with open(self.path, "rb") as stored, _decompressing(stored, self.compression) as f:
+    with decompressed(self.path) as f:
       line = f.read(at).count(b"\n") + 1
     where = "of the file" if not self.compression else "decompressed"
     raise PrepareError(f"{self.path}:{line}: invalid UTF-8 at byte {at} {where} ({reason})")

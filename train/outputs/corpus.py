@@ -307,8 +307,8 @@ class _Lines:
                text_field: str, id_field: str):
     self.path, self.format, self.compression = path, fmt, compression
     self.part_bytes, self.text_field, self.id_field = part_bytes, text_field, id_field
-    self.stored = open(path, "rb")
-    self.file = sources._decompressing(self.stored, compression) if compression else self.stored
+    self._open = contextlib.ExitStack()
+    self.file = self._open.enter_context(sources.decompressed(path))
     self.at = 0  # where the next line starts
     self.ahead = None  # (start, line) read past the part asked for
     size = os.path.getsize(path)
@@ -317,8 +317,7 @@ class _Lines:
     self._lines, self._done = {}, {}
 
   def close(self) -> None:
-    self.file.close()
-    self.stored.close()
+    self._open.close()
 
   def parts(self, index: int, count: int) -> Iterator[int]:
     """This process's parts, in order, while there are parts."""
@@ -386,25 +385,13 @@ class _Lines:
       if self.format == "text":
         yield number, None, line.rstrip("\r\n")
         continue
-      yield (number, *texts_of_record_line(line, self.path, begins, self.text_field,
-                                           self.id_field))
-
-
-def texts_of_record_line(line: str, path: str, begins: int, text_field: str,
-                         id_field: str) -> tuple[object, str]:
-  """(id or None, text) of a JSON line; RunError naming the line by its byte."""
-  where = f"--input {path}: the line at byte {begins}"
-  try:
-    record = json.loads(line)
-  except (ValueError, RecursionError) as e:
-    raise RunError(f"{where}: not a JSON object ({type(e).__name__})") from None
-  if not isinstance(record, dict):
-    raise RunError(f"{where}: not a JSON object")
-  text = record.get(text_field)
-  if not isinstance(text, str):
-    raise RunError(f"{where}: {text_field!r} (--text-field) is {type(text).__name__}, "
-                   f"expected a string")
-  return record.get(id_field), text
+      where = f"--input {self.path}: the line at byte {begins}"  # its number is not known
+      try:
+        id_, text = sources.text_of(sources.record_of_line(line, where), where,
+                                    self.text_field, self.id_field)
+      except sources.PrepareError as e:
+        raise RunError(str(e)) from None
+      yield number, id_, text
 
 
 class _RowGroups:
@@ -460,15 +447,14 @@ class _RowGroups:
     self._done[k] = 0
     number = 0
     for batch in self.file.iter_batches(row_groups=self.groups[k], columns=self.columns):
-      texts = batch.column(0).to_pylist()
-      ids = batch.column(1).to_pylist() if len(self.columns) > 1 else [None] * len(texts)
-      for text, id_ in zip(texts, ids):
+      for row in batch.to_pylist():
         number += 1
         self._done[k] = number
-        if not isinstance(text, str):
-          raise RunError(f"--input {self.path}: row {self.span(k)[0] + number}: "
-                         f"{self.text_field!r} (--text-field) is {type(text).__name__}, "
-                         f"expected a string")
+        where = f"--input {self.path}: row {self.span(k)[0] + number}"
+        try:
+          id_, text = sources.text_of(row, where, self.text_field, self.id_field)
+        except sources.PrepareError as e:
+          raise RunError(str(e)) from None
         yield number, id_, text
 
 

@@ -15,14 +15,8 @@ newest checkpoint, pooling and normalization, its texts cut as its pairs were).
             ("id") where the line has one (not null), else the line number
   .parquet  the same columns; the id the row number where the column is absent
 
-(each maybe compressed: .gz, .bz2, .xz, .zst). --out, by its suffix:
-
-  .npy      float32 [texts, dim], in input order
-  .parquet  columns id (a string) and embedding (float32 [dim]), in input order
-  .jsonl    {"id": ..., "embedding": [...]} a line, in input order
-  DIR/      (a name ending in /, or a directory) parts of --part-mb MiB of input each, and a
-            manifest (train.outputs.corpus; read back with
-            flax_encoder.corpus.read_embeddings): resumable, and shared by the processes
+(each maybe compressed: .gz, .bz2, .xz, .zst). --out is a file whose suffix names its format,
+or a folder of parts (OUT_FORMATS, listed at the end of --help).
 
 Texts are embedded 1024 at a time, fewer where they are long (packed several to a row by
 `flax_encoder.embeddings.SentenceEncoder`) and each chunk is written before the next is read,
@@ -41,13 +35,15 @@ the same command continues where one was stopped, however it was.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import json
 import lzma
 import os
 import signal
 import sys
-from collections.abc import Iterator
+import textwrap
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -58,7 +54,7 @@ from train.errors import RunError
 from train.files import special_kind, unwritable_kind, written_whole
 
 _CHUNK = 1024  # texts in memory at once, and between moves of the progress bar
-OUT_FORMATS = (".npy", ".parquet", ".jsonl")
+_FOLDER = "/"  # OUT_FORMATS' key of a folder of parts, which --out names by a trailing /
 
 
 def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
@@ -71,8 +67,8 @@ def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
   once this process is done). An embedding that is not finite is a RunError before it is
   written, unless `allow_nonfinite` (then written, and warned of on stderr). `process`:
   (this process's index, the process count); `barrier`: waits for every process."""
-  suffix = check_arguments(input_path, out_path)
-  if suffix == "/":
+  writer = OUT_FORMATS[check_arguments(input_path, out_path)].writer
+  if writer is None:
     check_folder(out_path)
   elif process[1] > 1:
     raise RunError(f"--out {out_path}: a file, which one of {process[1]} processes cannot "
@@ -84,7 +80,7 @@ def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
   if prompt_name is not None and prompt_name not in encoder.prompts:
     raise RunError(f"--prompt-name {prompt_name}: not among the model's prompts "
                    f"{sorted(encoder.prompts)}")
-  if suffix == "/":
+  if writer is None:
     try:
       corpus.embed_parts(encoder, model, input_path, out_path, text_field, id_field, prompt,
                          prompt_name, dtype, show, allow_nonfinite, part_mb, batch_tokens,
@@ -99,7 +95,7 @@ def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
   from tqdm import tqdm
   count, nonfinite = 0, NonFinite()
   try:  # an error, Ctrl-C or SIGTERM (main) leave no half-written file behind
-    with written_whole(out_path) as tmp, _WRITERS[suffix](tmp, total, encoder.dim) as writer, \
+    with written_whole(out_path) as tmp, writer(tmp, total, encoder.dim) as written, \
         tqdm(desc="embed", unit="text", total=total, dynamic_ncols=True,
              disable=not show) as bar:
       for chunk in examples.chunked(texts_of(source, input_path, text_field, id_field),
@@ -114,7 +110,7 @@ def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
         # checked a chunk at a time, so that a broken model stops before hours of NaN
         if nonfinite.add(ids, vectors) and not allow_nonfinite:
           raise nonfinite.error(model, encoder.params, count, total)
-        writer.write(list(ids), vectors)
+        written.write(list(ids), vectors)
         bar.update(len(chunk))
       if count != total:
         raise RunError(f"--input {input_path}: {count} texts read, {total} counted before: "
@@ -246,14 +242,11 @@ def texts_of(source: sources.Source, input_path: str, text_field: str,
         if line.strip():
           yield number, line.rstrip("\r\n")
       return
+    unit = "row" if source.format == "parquet" else "line"
     for number, record in source.records():
-      text = record.get(text_field)
-      if not isinstance(text, str):
-        where = f"row {number}" if source.format == "parquet" else f"line {number}"
-        raise RunError(f"--input {input_path}: {where}: {text_field!r} (--text-field) is "
-                       f"{type(text).__name__}, expected a string")
-      given = record.get(id_field)  # null is no id
-      yield (number if given is None else given), text
+      given, text = sources.text_of(record, f"--input {input_path}: {unit} {number}",
+                                    text_field, id_field)
+      yield (number if given is None else given), text  # null is no id
   except sources.PrepareError as e:
     raise RunError(str(e)) from None
   except OSError as e:
@@ -340,12 +333,46 @@ class _Jsonl:
     self.file.close()
 
 
-_WRITERS = {".npy": _Npy, ".parquet": _Parquet, ".jsonl": _Jsonl}
+@dataclasses.dataclass(frozen=True)
+class OutFormat:
+  """What --out writes: its description (--help's), and the writer of a file of the format,
+  `writer(path, total, dim)`, a context manager whose `write(ids, vectors)` adds a chunk; None
+  for a folder of parts (train.outputs.corpus)."""
+  description: str
+  writer: Callable | None
+
+
+# --out's suffix -> its format: a new one is an entry here.
+OUT_FORMATS = {
+    ".npy": OutFormat("float32 [texts, dim], in input order", _Npy),
+    ".parquet": OutFormat("columns id (a string) and embedding (float32 [dim]), in input order",
+                          _Parquet),
+    ".jsonl": OutFormat('{"id": ..., "embedding": [...]} a line, in input order', _Jsonl),
+    _FOLDER: OutFormat("(a name ending in /, or a directory) parts of --part-mb MiB of input "
+                       "each, and a manifest (train.outputs.corpus; read back with "
+                       "flax_encoder.corpus.read_embeddings): resumable, and shared by the "
+                       "processes", None),
+}
+
+
+def file_suffixes() -> tuple[str, ...]:
+  """The suffixes of OUT_FORMATS that name a file."""
+  return tuple(s for s, f in OUT_FORMATS.items() if f.writer is not None)
+
+
+def formats_help() -> str:
+  """--help's list of OUT_FORMATS."""
+  lines = ["--out, by its suffix:", ""]
+  for suffix, fmt in OUT_FORMATS.items():
+    shown = "DIR/" if suffix == _FOLDER else suffix
+    lines += textwrap.wrap(fmt.description, 94, initial_indent=f"  {shown:<8}  ",
+                           subsequent_indent=" " * 12, break_on_hyphens=False)
+  return "\n".join(lines)
 
 
 def check_arguments(input_path: str, out_path: str) -> str:
-  """--out's format (its suffix); RunError naming the argument where the paths cannot be used,
-  before the model is loaded and before the input could be overwritten."""
+  """--out's format (its key in OUT_FORMATS); RunError naming the argument where the paths
+  cannot be used, before the model is loaded and before the input could be overwritten."""
   kind = special_kind(input_path)
   if kind == "a directory":
     raise RunError(f"--input {input_path}: a directory, expected a .txt, .jsonl or .parquet "
@@ -359,11 +386,11 @@ def check_arguments(input_path: str, out_path: str) -> str:
         os.path.realpath(out_path) + os.sep):
       raise RunError(f"--out {out_path}: holds --input {input_path}, expected a folder of "
                      f"its own")
-    return "/"
+    return _FOLDER
   suffix = os.path.splitext(out_path)[1].lower()
-  if suffix not in OUT_FORMATS:
+  if suffix not in file_suffixes():
     raise RunError(f"--out {out_path}: ends in {suffix or 'no suffix'!r}, expected one of "
-                   f"{', '.join(OUT_FORMATS)}, or a folder (a name ending in /)")
+                   f"{', '.join(file_suffixes())}, or a folder (a name ending in /)")
   kind = unwritable_kind(out_path)
   if kind:
     raise RunError(f"--out {out_path}: {kind}, expected the name of a file to write")
@@ -418,11 +445,13 @@ def _join(args) -> tuple[tuple[int, int], object]:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m train.embed", description=__doc__,
+                                   epilog=formats_help(),
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--model", required=True,
                       help="a sentence-transformers folder or Hugging Face model directory")
   parser.add_argument("--input", required=True, help=".txt, .jsonl or .parquet of texts")
-  parser.add_argument("--out", required=True, help=".npy, .parquet, .jsonl or a folder DIR/")
+  parser.add_argument("--out", required=True,
+                      help=f"{', '.join(file_suffixes())} or a folder DIR/ (below)")
   parser.add_argument("--text-field", default="text")
   parser.add_argument("--id-field", default="id")
   parser.add_argument("--prompt", help="text put before each text (e.g. 'query: ')")
