@@ -250,6 +250,21 @@ def read_type_separator(module: str, hf: dict, config: EncoderConfig, template: 
   return template.between[0]
 
 
+def read_classifier(directory: families.HFDirectory, state: dict, config: EncoderConfig,
+                    variables: dict) -> tuple[int, str, dict]:
+  """(labels, pooling, the head's parameters) of the *ForSequenceClassification `directory`
+  (`families.open_hf`'s) whose weights `state` read as `config` and `variables` (load_hf's):
+  its head pooled as its family's classifier pools."""
+  check_classifier(directory.hf, directory.config_file)
+  num_labels = read_num_labels(directory.hf, directory.config_file)
+  family = families.of_config(directory.hf)
+  pooling = family.pooling(directory.hf)
+  classifier = SequenceClassifier(config, num_labels, pooling, max_segments=1)
+  expected = nn.unbox(jax.eval_shape(lambda: classifier.init(
+      jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))["params"])
+  return num_labels, pooling, read_head(family, state, expected, variables, directory.module)
+
+
 def read_head(family, state: dict, expected: dict, variables: dict, where: str) -> dict:
   """The *ForSequenceClassification head's parameters of the state dict `state`: the dense
   layers the family's classifier names, and ModernBERT's prediction head, each checked against
@@ -328,21 +343,17 @@ class Reranker(SentenceEncoder):
     hf_file = os.path.join(module, "config.json")
     settings = {"dtype": dtype} | ({"attention_impl": attention_impl} if attention_impl else {})
     hf = RerankerError.read(hf_file, required=False)
-    if hf is not None:  # else read_hf_config says what is wrong
+    if hf is not None:  # else open_hf says what is wrong
       check_classifier(hf, hf_file)
     try:
-      hf = families.read_hf_config(module)
-      config = families.config_from_hf(hf, file=hf_file, **settings)
-      state = families.read_hf_weights(module)
+      directory = families.open_hf(module, hf)
+      state = families.read_hf_weights(directory)
+      config, variables = families.read_hf(directory, state, **settings)[1:]
       tokenizer = tokenizer_from_directory(path)
     except (HFError, TokenizerError) as e:
       raise RerankerError(str(e)) from None
-    try:
-      variables = families.from_hf_state_dict(state, hf, config)
-    except HFError as e:  # it names a tensor, not where it is
-      raise RerankerError(f"{module}: {e}") from None
-    family = families.of_config(hf)
-    num_labels = read_num_labels(hf, hf_file)
+    hf = directory.hf
+    num_labels, pooling, head = read_classifier(directory, state, config, variables)
     settings_file = os.path.join(path, "config_sentence_transformers.json")
     st_settings = (RerankerError.read(settings_file, required=False) or {}) if st_folder else {}
     activation = read_activation(hf, hf_file, st_settings, settings_file, num_labels)
@@ -352,14 +363,10 @@ class Reranker(SentenceEncoder):
       template = tokenizer.template() or Template()
     except (TokenizerFailure, ValueError) as e:
       raise RerankerError(f"{tokenizer_file}: {e}") from None
-    pooling = family.pooling(hf)
     model = RerankerModel(config, num_labels, pooling,
                           read_type_separator(module, hf, config, template, tokenizer_file),
                           activation)
-    expected = nn.unbox(jax.eval_shape(lambda: model.classifier(1).init(
-        jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))["params"])
-    params = {"encoder": variables["params"],
-              **read_head(family, state, expected, variables, module)}
+    params = {"encoder": variables["params"], **head}
     try:
       prompts, default, _ = read_settings(path) if st_folder else ({}, None, None)
       max_length = read_max_seq_length(module, config.max_len)

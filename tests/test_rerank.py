@@ -197,18 +197,18 @@ def test_a_bad_line_is_one_line_naming_file_line_and_field(line, said, groups, h
   assert f"{bad}:2" in message and said in message
 
 
-def test_a_reranker_start_goes_on_from_its_own_classifier(groups, hf_dir):
+def test_a_reranker_start_goes_on_from_its_own_classifier(groups, hf_dir, tmp_path):
   from safetensors.numpy import load_file
 
   from flax_encoder import families
   from train.tasks import rerank
+  from train.tasks.start import start_of
   cfg, _ = families.load_hf(hf_dir)
   state = load_file(os.path.join(hf_dir, "model.safetensors"))
-  params = rerank._with_start_classifier({"encoder": {}}, _config(groups, hf_dir), cfg,
-                                         "pooler")
+  start = start_of(_config(groups, hf_dir), str(tmp_path))
+  params = rerank._with_start_classifier({"encoder": {}}, start, cfg, "pooler")
   np.testing.assert_array_equal(params["classifier"]["kernel"], state["classifier.weight"].T)
   np.testing.assert_array_equal(params["pooler"]["dense"]["bias"],
                                 state["bert.pooler.dense.bias"])
   # pooled otherwise than the checkpoint's classifier: a new one
-  assert rerank._with_start_classifier({"encoder": {}}, _config(groups, hf_dir), cfg,
-                                       "mean") == {"encoder": {}}
+  assert rerank._with_start_classifier({"encoder": {}}, start, cfg, "mean") == {"encoder": {}}

@@ -35,9 +35,11 @@ import os
 from flax_encoder.families.config_json import config_from_hf, hf_config
 from flax_encoder.families.directory import (
     WEIGHT_FILES,
+    HFDirectory,
     HFModel,
     load_hf,
     model_directory,
+    open_hf,
     read_hf,
     read_hf_config,
     read_hf_weights,
@@ -55,7 +57,7 @@ def of_directory(path: str | os.PathLike) -> Family:
 
 
 __all__ = ["FAMILIES", "MODEL_TYPES", "SLOW_TOKENIZERS", "TOKEN_TYPE_CLASSES", "WEIGHT_FILES",
-           "Family", "HFError", "HFModel", "SequenceClassifier", "Tokenizers", "config_from_hf",
-           "from_hf_state_dict", "get", "hf_config", "load_hf", "model_directory",
-           "of_architecture", "of_config", "of_directory", "read_hf", "read_hf_config",
-           "read_hf_weights", "to_hf_state_dict", "tokenizer_class"]
+           "Family", "HFDirectory", "HFError", "HFModel", "SequenceClassifier", "Tokenizers",
+           "config_from_hf", "from_hf_state_dict", "get", "hf_config", "load_hf",
+           "model_directory", "of_architecture", "of_config", "of_directory", "open_hf", "read_hf",
+           "read_hf_config", "read_hf_weights", "to_hf_state_dict", "tokenizer_class"]

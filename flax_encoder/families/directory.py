@@ -44,6 +44,28 @@ class HFModel(NamedTuple):
   variables: dict
 
 
+class HFDirectory(NamedTuple):
+  """A Hugging Face directory found and its config.json read and checked, once (`open_hf`):
+  what every reader of it takes instead of its path, so that none finds or reads it again."""
+  path: str  # the directory as given (a sentence-transformers folder, or the model's own)
+  module: str  # the directory holding config.json, the weights and the tokenizer
+  hf: dict  # config.json, of a family load_hf takes
+
+  @property
+  def config_file(self) -> str:
+    return os.path.join(self.module, "config.json")
+
+
+def open_hf(path: str | os.PathLike | HFDirectory, hf: dict | None = None) -> HFDirectory:
+  """The Hugging Face directory `path` (or a sentence-transformers folder of one:
+  `model_directory`), its config.json read and checked (`read_hf_config`), or, where given, its
+  contents `hf` read already, checked; `path` itself where it is one already."""
+  if isinstance(path, HFDirectory):
+    return path
+  module = model_directory(path)
+  return HFDirectory(os.fspath(path), module, _read_config(module, hf))
+
+
 def model_directory(path: str | os.PathLike) -> str:
   """The directory that holds config.json and the weights of `path`: `path` itself, or, where
   `path` is a sentence-transformers folder (one with modules.json), the folder of its first
@@ -56,15 +78,21 @@ def model_directory(path: str | os.PathLike) -> str:
   return os.fspath(path) if folder is None else folder
 
 
-def read_hf_config(path: str | os.PathLike) -> dict:
+def read_hf_config(path: str | os.PathLike | HFDirectory) -> dict:
   """config.json of the directory `path` (of its Transformer's, where it is a
   sentence-transformers folder: `model_directory`), checked to be a family load_hf takes."""
-  path = model_directory(path)
+  return open_hf(path).hf
+
+
+def _read_config(path: str, hf: dict | None = None) -> dict:
+  """config.json of the model's directory `path` (`hf`: its contents, where read already),
+  checked to be a family load_hf takes."""
   file = os.path.join(path, "config.json")
   if not os.path.isdir(path):
     raise HFError(f"{path}: not a directory (expected a Hugging Face model directory with "
                   f"config.json and its weights)")
-  hf = read_json(file, HFError, dict)
+  if hf is None:
+    hf = read_json(file, HFError, dict)
   if hf is None:
     raise HFError(f"{file}: no such file (a Hugging Face model directory has one)")
   model_type = hf.get("model_type")
@@ -91,12 +119,12 @@ def _read_file(file: str) -> dict:
                   f"'flax-encoder[{EXTRAS[e.name]}]'") from None
 
 
-def read_hf_weights(path: str | os.PathLike) -> dict:
+def read_hf_weights(path: str | os.PathLike | HFDirectory) -> dict:
   """The state dict (names -> numpy arrays, as the files hold them: float16 stays float16) of
   the directory `path` (`model_directory`'s): model.safetensors, pytorch_model.bin (torch.save's
   zip format, read without torch), or either's shards through their index, each shard a file of
   the directory (`_shard`)."""
-  path = model_directory(path)
+  path = path.module if isinstance(path, HFDirectory) else model_directory(path)
   for name in WEIGHT_FILES:
     file = os.path.join(path, name)
     what = not_a_file(file)
@@ -152,17 +180,20 @@ def _shard(directory: str, name: Any, index: str) -> str:
   return file
 
 
-def read_hf(path: str | os.PathLike, **settings) -> HFModel:
-  """`load_hf`, with the name of the directory's family (which a run records)."""
-  path = model_directory(path)
-  hf = read_hf_config(path)
-  config = config_from_hf(hf, file=os.path.join(path, "config.json"), **settings)
-  state = read_hf_weights(path)
+def read_hf(path: str | os.PathLike | HFDirectory, state: dict | None = None,
+            **settings) -> HFModel:
+  """`load_hf`, with the name of the directory's family (which a run records); of a directory
+  opened already (`open_hf`) and its weights read already (`state`, `read_hf_weights`'), where
+  given."""
+  directory = open_hf(path)
+  config = config_from_hf(directory.hf, file=directory.config_file, **settings)
+  if state is None:
+    state = read_hf_weights(directory)
   try:
-    variables = from_hf_state_dict(state, hf, config)
+    variables = from_hf_state_dict(state, directory.hf, config)
   except HFError as e:
-    raise HFError(f"{os.fspath(path)}: {e}") from None
-  return HFModel(registry.of_config(hf).name, config, variables)
+    raise HFError(f"{directory.module}: {e}") from None
+  return HFModel(registry.of_config(directory.hf).name, config, variables)
 
 
 def load_hf(path: str | os.PathLike, **settings) -> tuple[EncoderConfig, dict]:

@@ -174,13 +174,12 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
       paths = {s: os.path.join(workdir, "builtin", f"{s}.jsonl") for s in paths}
   prepared = finetune.prepare_texts(config, workdir, resume, paths, "class")
   cfg, meta, loaded = prepared.encoder, prepared.meta, prepared.loaded
-  labels = meta["labels"]
-  params = start_params(prepared.start, cfg, config, len(labels), pooling(config),
-                                 labels)
+  labels, pooled_by = meta["labels"], pooling(config, prepared.start)
+  params = start_params(prepared.start, cfg, config, len(labels), pooled_by, labels)
   train_labels = np.asarray(loaded["train"]["labels"]).ravel()
   counts = np.bincount(train_labels[train_labels >= 0], minlength=len(labels))
   packed = meta.get("packed")
-  model = Classifier(cfg, len(labels), pooling(config), type_separator(meta),
+  model = Classifier(cfg, len(labels), pooled_by, type_separator(meta),
                      packed and packed["max_segments"], check_traced_ids=False)
   task = ClassifyTask(model, config.optim.label_smoothing, int(np.argmax(counts)))
   note = ""

@@ -50,7 +50,7 @@ from train.run.load import load_params, recorded_encoder_config
 from train.task import FREE, Definition, Field, HFModel, Plots, Resume, Setup, boolean, choice
 from train.task import integer, number, string
 from train.tasks import finetune, packed_pairs, tokenizing
-from train.tasks.start import start_params, start_pooler
+from train.tasks.start import opened, start_params, start_pooler
 
 POOLINGS = ("mean", "cls")
 FORMAT = "flax-encoder pairs 1"
@@ -522,9 +522,9 @@ def start_max_seq_length(config) -> int | None:
   if not start:
     return None
   try:
-    folder = families.model_directory(start)
-    positions = families.config_from_hf(families.read_hf_config(start)).max_len
-    return read_max_seq_length(folder, positions)
+    directory = opened(start)
+    positions = families.config_from_hf(directory.hf).max_len
+    return read_max_seq_length(directory.module, positions)
   except (ValueError, TypeError, OSError):
     return None
 

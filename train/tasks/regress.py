@@ -151,7 +151,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   prepared = finetune.prepare_texts(config, workdir, resume, paths, "number")
   cfg, meta, loaded = prepared.encoder, prepared.meta, prepared.loaded
   train_mean = float(np.mean(loaded["train"]["labels"], dtype=np.float64))
-  model = SequenceClassifier(cfg, 1, pooling(config), type_separator(meta),
+  model = SequenceClassifier(cfg, 1, pooling(config, prepared.start), type_separator(meta),
                              check_traced_ids=False)
   count = meta["examples"]["eval"]
   task = RegressTask(model, train_mean, count)

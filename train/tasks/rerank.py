@@ -39,7 +39,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder import families
 from flax_encoder.classifier import SequenceClassifier
 from flax_encoder.tokenizer import example_ids
 from train.data import dataset, examples, sources
@@ -48,7 +47,7 @@ from train.files import sha256_bytes
 from train.task import FREE, Definition, Field, Plots, Resume, Setup, choice, integer, string
 from train.tasks import finetune
 from train.tasks.regress import Regressor
-from train.tasks.start import pooling, start_params
+from train.tasks.start import Start, pooling, start_params
 from train.tasks.supervised import (SupervisedTask, hf_model, line_texts, read_run,
                                     sequence_classifier)
 from train.tasks.tokenizing import run_tokenizer, type_separator
@@ -310,7 +309,7 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
               "separator_id": config.data.separator_id},
       load=load_groups)
   cfg, meta, loaded = prepared.encoder, prepared.meta, prepared.loaded
-  model = SequenceClassifier(cfg, 1, pooling(config), type_separator(meta),
+  model = SequenceClassifier(cfg, 1, pooling(config, prepared.start), type_separator(meta),
                              check_traced_ids=False)
   finetune.say_prepared(prepared, f"queries, each against {1 + task.negatives} documents "
                         f"({task.loss} loss)", config.train.seq_len,
@@ -324,37 +323,29 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                        "start": prepared.start.source, "pooling": model.pooling,
                        "family": prepared.start.family},
                start_params=_with_start_classifier(
-                   start_params(prepared.start, cfg, config, 1, model.pooling), config, cfg,
-                   model.pooling))
+                   start_params(prepared.start, cfg, config, 1, model.pooling), prepared.start,
+                   cfg, model.pooling))
 
 
-def _with_start_classifier(params: dict | None, config, cfg, pooling: str) -> dict | None:
-  """`params` with the classifier of config.init.hf where it is a reranker (a
+def _with_start_classifier(params: dict | None, start: Start, cfg, pooling: str
+                           ) -> dict | None:
+  """`params` with the classifier of the start where it is a reranker (a
   *ForSequenceClassification of one label, as flax_encoder.cross_encoder reads it) pooled as
   the run pools: fine-tuning goes on from its scores rather than from a new classifier."""
-  start = config.init.get("hf")
-  if not start or params is None:
+  classifier = start.hf and start.hf.get("classifier")
+  if not classifier or params is None:
     return params
-  try:
-    architectures = families.read_hf_config(start).get("architectures") or []
-  except ValueError:
-    return params  # the start was read already: what is wrong with it was said
-  if not any(str(a).endswith("ForSequenceClassification") for a in architectures):
-    return params
-  from flax_encoder.cross_encoder import Reranker
-  try:
-    reranker = Reranker.load(start)
-  except ValueError as e:
-    raise RunError(f"config.init.hf: {e}") from None
-  said = f"config.init.hf: {start} is a classifier of {reranker.num_labels} labels"
-  if reranker.num_labels != 1 or reranker.model.pooling != pooling:
+  if "error" in classifier:
+    raise RunError(f"config.init.hf: {classifier['error']}")
+  said = (f"config.init.hf: {start.source} is a classifier of {classifier['num_labels']} "
+          f"labels")
+  if classifier["num_labels"] != 1 or classifier["pooling"] != pooling:
     if jax.process_index() == 0:
-      print(f"{said} pooled by {reranker.model.pooling!r}: the reranker's score starts from a "
+      print(f"{said} pooled by {classifier['pooling']!r}: the reranker's score starts from a "
             f"new classifier (pooled by {pooling!r})", file=sys.stderr)
     return params
   dtype = np.dtype(cfg.param_dtype)
-  head = {k: jax.tree.map(lambda x: np.asarray(x).astype(dtype), v)
-          for k, v in reranker.params.items() if k != "encoder"}
+  head = jax.tree.map(lambda x: np.asarray(x).astype(dtype), classifier["params"])
   return {**params, **head}
 
 

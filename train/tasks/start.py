@@ -58,8 +58,11 @@ class Start:
   tokenizer: TokenizerSpec | None  # None: config.data.tokenizer decides
   source: str
   head: dict | None = None  # the classifier's parameters, from a PyTorch Linear
-  # A Hugging Face checkpoint's: its ids as they are (offset 0), its padding id, its family,
-  # its pooler's parameters (BERT's) and its prediction head's (ModernBERT's, "head"), or None.
+  # A Hugging Face checkpoint's, read once: its ids as they are (offset 0), its padding id, its
+  # family, its config.json ("config"), its pooler's parameters (BERT's), its prediction
+  # head's (ModernBERT's, "head"), its masked-LM head's, and, where it is a
+  # *ForSequenceClassification, its classifier ("classifier": labels, pooling, parameters);
+  # None for any other start.
   hf: dict | None = None
 
   @property
@@ -106,14 +109,46 @@ def _from_torch(config) -> Start:
   return Start(fields, params, None, path, head)
 
 
+# config.init.hf's directories opened in this process: realpath -> (config.json's stat, it)
+_OPENED: dict[str, tuple[tuple, families.HFDirectory]] = {}
+
+
+def opened(path: str) -> families.HFDirectory:
+  """The Hugging Face directory `path` (config.init.hf) found and its config.json read and
+  checked (`families.open_hf`) once in this process: the task's defaults, its checks and the
+  start read it here. Read again where config.json is no longer the file it was (another
+  inode, size or time of change)."""
+  key = os.path.realpath(path)
+  seen = _OPENED.get(key)
+  if seen is not None:
+    signature, directory = seen
+    if signature == _signature(directory.config_file):
+      return directory
+  directory = families.open_hf(path)
+  _OPENED[key] = (_signature(directory.config_file), directory)
+  return directory
+
+
+def _signature(file: str) -> tuple:
+  try:
+    stat = os.stat(file)
+  except OSError:
+    return ()
+  return stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
+
+
 def _from_hf(config, workdir: str) -> Start:
   """A Hugging Face (or sentence-transformers) directory's encoder, heads and tokenizer: its
-  tokenizer.json, or one built from its vocabulary files into WORKDIR/vocabulary/hf."""
+  tokenizer.json, or one built from its vocabulary files into WORKDIR/vocabulary/hf. Its
+  config.json and weights are read here once, for every reader of the run."""
   path = config.init.hf
   copied = read_start(path)
   try:
-    model = families.read_hf(path)
+    directory = opened(path)
+    state = families.read_hf_weights(directory)
+    model = families.read_hf(directory, state)
     tokenizer = hf_tokenizer_file(path, os.path.join(workdir, "vocabulary", "hf"))
+    classifier = _classifier(directory, state, model)
   except (FileNotFoundError, ValueError, TypeError) as e:
     raise RunError(f"config.init.hf: {e}".splitlines()[0]) from None
   cfg, heads = model.config, model.variables.get("heads", {})
@@ -123,13 +158,34 @@ def _from_hf(config, workdir: str) -> Start:
   from_pooler = families.get(model.family).classifier.from_pooler
   return Start(fields, model.variables["params"],
                TokenizerSpec("huggingface", os.path.abspath(tokenizer)), os.path.abspath(path),
-               hf={"pad_id": cfg.pad_id, "family": model.family,
+               hf={"pad_id": cfg.pad_id, "family": model.family, "config": directory.hf,
                    "pooler": heads.get("pooler") if from_pooler else None,
                    # transformers' classifiers that apply a prediction head read the
                    # masked-LM head's dense and norm as theirs (ModernBERT's)
                    "head": heads.get("prediction_head"),
                    # its masked-LM head, where it has one (a sparse encoder's vectors)
-                   "masked_lm": heads.get("masked_lm")})
+                   "masked_lm": heads.get("masked_lm"),
+                   "classifier": classifier})
+
+
+def _classifier(directory: families.HFDirectory, state: dict, model: families.HFModel
+                ) -> dict | None:
+  """{'num_labels', 'pooling', 'params'} of the start's classifier where it is a
+  *ForSequenceClassification (a CrossEncoder folder's checked as Reranker.load checks it), or
+  {'error': why it cannot be read}, which a task that goes on from it says; None where it is
+  another model."""
+  from flax_encoder import cross_encoder
+  architectures = directory.hf.get("architectures") or []
+  if not any(str(a).endswith("ForSequenceClassification") for a in architectures):
+    return None
+  try:
+    if os.path.lexists(os.path.join(directory.path, "modules.json")):
+      cross_encoder.read_modules(directory.path)
+    num_labels, pooling, params = cross_encoder.read_classifier(directory, state, model.config,
+                                                                model.variables)
+  except ValueError as e:  # the tasks that start a classifier afresh never read it
+    return {"error": str(e)}
+  return {"num_labels": num_labels, "pooling": pooling, "params": params}
 
 
 def start_files(directory: str) -> dict[str, list[str]]:
@@ -266,20 +322,16 @@ def start_of(config, workdir: str) -> Start:
   return Start({}, None, None, "scratch")
 
 
-def pooling(config) -> str:
+def pooling(config, start: Start) -> str:
   """config.task.pooling, or where unset the starting checkpoint's family's (`Family.pooling`:
   BERT's pooler, RoBERTa's head of its shape, DistilBERT's pre-classifier, ModernBERT's first
   token or mean through its prediction head, as its classifier_pooling says); the mean from
   anything else."""
   if config.task.pooling:
     return config.task.pooling
-  if not config.init.get("hf"):
+  if start.hf is None:
     return "mean"
-  try:
-    hf = families.read_hf_config(config.init.hf)
-  except ValueError as e:
-    raise RunError(f"config.init.hf: {e}") from None
-  return families.of_config(hf).pooling(hf)
+  return families.of_config(start.hf["config"]).pooling(start.hf["config"])
 
 
 def ids(config, start: Start) -> tuple[int, int]:
