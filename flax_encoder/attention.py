@@ -53,8 +53,9 @@ class MultiHeadAttention(nn.Module):
         default 0 … seq - 1).
       is_global: False: a layer of config.local_attention's window (a Python bool, or a traced
         one under nn.scan), with config.local_rope_theta.
-      bias: float [batch or 1, heads, q, k], added to the scores before the softmax (the
-        Encoder's `RelativePositionBias`); only with a kernel of `takes_bias`.
+      bias: float [batch or 1, heads, q, k], added to the scores before the softmax; with
+        config.relative_attention, the state the Encoder computed of its part, from which the
+        part gives this layer's bias. Only with a kernel of `takes_bias`.
 
     Returns:
       [batch, q, d_model].

@@ -45,6 +45,11 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 ROLES = ("architecture", "parameters", "training", "execution")
+# Fields records held that are no longer fields, which `read_former_fields` reads as today's
+# fields say them: runs saved then load as the model they were.
+FORMER_FIELDS = ("relative_attention_buckets",)
+# relative_attention_buckets = n > 0 (MPNet's bias): the relative attention part it is now.
+FORMER_BUCKETS = "t5_bias,buckets={}"
 
 
 class ConfigError(ValueError):
@@ -95,12 +100,9 @@ class EncoderConfig:
   position_embedding: str = _field("sinusoidal", "architecture")
   position_offset: int = _field(0, "architecture")
   type_vocab_size: int = _field(0, "architecture")  # > 0: token-type (segment A/B) embeddings
-  # MPNet's: > 0, a learned score per head for each of this many buckets of relative position
-  # (T5's, both directions, log-spaced to a distance of 128), computed once from the positions
-  # and added to every layer's attention scores. Only kernels that take a bias run it.
-  relative_attention_buckets: int = _field(0, "architecture")
   # A relative attention scheme a family brings (flax_encoder.relative.PARTS), as its spec:
-  # "disentangled,buckets=256,…" (DeBERTa's). "": none. Only kernels that take a bias run it.
+  # "t5_bias,buckets=32" (MPNet's), "disentangled,buckets=256,…" (DeBERTa's). "": none. Only
+  # kernels that take a bias run it.
   relative_attention: str = _field("", "architecture")
   embedding_scale: bool = _field(True, "architecture")  # embeddings * sqrt(d_model) (paper)
   embedding_norm: bool = _field(False, "architecture")  # LayerNorm on the embeddings' sum (BERT)
@@ -155,7 +157,7 @@ class EncoderConfig:
         0 <= self.pad_id < self.vocab_size):
       raise ConfigError("pad_id", self.pad_id, f"an id in [0, vocab_size={self.vocab_size})")
     for name in ("position_offset", "type_vocab_size", "local_attention", "embedding_size",
-                 "relative_attention_buckets", "kv_heads"):
+                 "kv_heads"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ConfigError(name, value, "an integer >= 0")
@@ -163,11 +165,6 @@ class EncoderConfig:
       raise ConfigError("kv_heads", self.kv_heads,
                         f"0 or a divisor of n_heads ({self.n_heads}): each key and value head "
                         f"serves as many query heads")
-    buckets = self.relative_attention_buckets
-    if buckets and (buckets % 2 or not 4 <= buckets <= 510):
-      raise ConfigError("relative_attention_buckets", buckets,
-                        "0 or an even number from 4 to 510 (T5's buckets: a quarter of them one "
-                        "distance each, below the distance 128 where the rest end)")
     if self.embedding_width % 2 and self.position_embedding == "sinusoidal":
       width = "embedding_size" if self.embedding_size else "d_model"
       raise ConfigError(width, getattr(self, width),
@@ -227,8 +224,6 @@ class EncoderConfig:
     for field, wrong, expected in (
         ("position_offset", self.position_offset and self.position_embedding != "learned",
          "0 with position_embedding='sinusoidal' (an offset is a row of a learned table)"),
-        ("relative_attention", self.relative_attention and self.relative_attention_buckets,
-         "'' with relative_attention_buckets > 0 (one relative position scheme)"),
         ("norm_bias", self.norm_bias and self.norm_type == "rms",
          "False with norm_type='rms' (RMSNorm has a scale only)"),
         ("first_attention_norm", not self.first_attention_norm and self.norm_position != "pre",
@@ -259,11 +254,6 @@ class EncoderConfig:
       raise ConfigError("attention_impl", kernel.name,
                         f"{kernel.alternatives(lambda other: other.takes_bias)} with "
                         f"relative_attention={self.relative_attention.split(',')[0]!r}: "
-                        f"{kernel.title} takes no bias on the attention scores")
-    if self.relative_attention_buckets and not kernel.takes_bias:
-      raise ConfigError("attention_impl", kernel.name,
-                        f"{kernel.alternatives(lambda other: other.takes_bias)} with "
-                        f"relative_attention_buckets={self.relative_attention_buckets}: "
                         f"{kernel.title} takes no bias on the attention scores")
     if not kernel.has_dropout and self.attention_dropout > 0:
       with_dropout = " or ".join(repr(k.name) for k in KERNELS.values() if k.has_dropout)
@@ -305,9 +295,10 @@ class EncoderConfig:
   def from_record(cls, record: dict, **settings) -> EncoderConfig:
     """The config of a model of `record` (`record()`), run as `settings` say: training and
     execution fields (dropout, dtype, attention_impl, remat), each defaulting to the
-    library's. A setting of another role, or a field the record should not hold, is a
-    ConfigError naming it."""
-    own = set(cls.record_fields())
+    library's. A field records held before (FORMER_FIELDS) is read as today's fields say it;
+    a setting of another role, or a field the record should not hold, is a ConfigError naming
+    it."""
+    own = set(cls.record_fields()) | set(FORMER_FIELDS)
     free = set(cls.fields("training") + cls.fields("execution"))
     for name, value in settings.items():
       if name not in free:
@@ -316,7 +307,7 @@ class EncoderConfig:
     for name, value in record.items():
       if name not in own:
         raise ConfigError(name, value, f"a record of the fields {sorted(own)} only")
-    return cls(**record, **settings)
+    return cls(**read_former_fields(record), **settings)
 
   @property
   def embedding_width(self) -> int:
@@ -361,3 +352,25 @@ class EncoderConfig:
     """The paper's big model: d_model 1024, 16 heads, d_ff 4096, 6 layers, dropout 0.3."""
     sizes = dict(d_model=1024, n_heads=16, d_ff=4096, n_layers=6, dropout=0.3)
     return cls(vocab_size=vocab_size, **{**sizes, **overrides})
+
+
+def read_former_fields(fields: dict) -> dict:
+  """`fields` (EncoderConfig's, by name) with those of FORMER_FIELDS read as today's: a
+  relative_attention_buckets of n > 0 as relative_attention FORMER_BUCKETS of n, 0 as none.
+  ConfigError naming the field where its value says no model."""
+  fields = dict(fields)
+  buckets = fields.pop("relative_attention_buckets", 0)
+  if isinstance(buckets, bool) or not isinstance(buckets, (int, np.integer)) or buckets < 0:
+    raise ConfigError("relative_attention_buckets", buckets, "an integer >= 0")
+  if buckets:
+    spec = FORMER_BUCKETS.format(buckets)
+    try:
+      relative.part(spec)
+    except ValueError as e:
+      raise ConfigError("relative_attention_buckets", buckets, f"0, or N of {e}") from None
+    if fields.get("relative_attention"):
+      raise ConfigError("relative_attention", fields["relative_attention"],
+                        "'' with relative_attention_buckets > 0 (one relative position scheme)")
+    fields["relative_attention"] = spec
+  return fields
+

@@ -1,6 +1,6 @@
 """The encoder stack: embedding (* sqrt(d_model)) + positions (+ token types), (LayerNorm),
-dropout, (a projection to d_model), (a bias on the scores by relative position), N layers (or
-one layer N times), (final LayerNorm)."""
+dropout, (a projection to d_model), (a relative attention part's state, shared by the layers),
+N layers (or one layer N times), (final LayerNorm)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from flax_encoder import relative
 from flax_encoder.config import EncoderConfig
 from flax_encoder.dense import dense
 from flax_encoder.dropout import Dropout
-from flax_encoder.embedding import PositionalEncoding, RelativePositionBias
+from flax_encoder.embedding import PositionalEncoding
 from flax_encoder.inputs import (check_packing, check_token_shape, check_token_types,
                                  check_token_values)
 from flax_encoder.kernels import KERNELS
@@ -53,8 +53,9 @@ class Encoder(nn.Module):
   """The Transformer encoder of "Attention Is All You Need", as the PyTorch tutorial port has it,
   or, by EncoderConfig's switches, as BERT, RoBERTa and DistilBERT have it (learned positions,
   token types, a LayerNorm on the embeddings, no final LayerNorm), ALBERT (narrower embeddings
-  projected to d_model, one layer's parameters at every depth), MPNet (a bias on every layer's
-  scores by relative position) or ModernBERT.
+  projected to d_model, one layer's parameters at every depth) or ModernBERT, plus the
+  relative attention part a family registers (flax_encoder.relative: MPNet's bias by T5's
+  buckets, DeBERTa's disentangled attention).
 
   Attributes:
     config: sizes and options.
@@ -90,9 +91,9 @@ class Encoder(nn.Module):
       positions: int [batch, seq], each token's position in its sequence, in [0, max_len);
         defaults to 0 … seq - 1 (with a position_offset, the count of real tokens before it,
         as transformers' RoBERTa has it). For packed rows,
-        `packing.segment_positions(segment_ids)`. The relative position bias
-        (relative_attention_buckets) is of their differences, by default of the tokens'
-        indices (as transformers' MPNet has it, padding or not).
+        `packing.segment_positions(segment_ids)`. A relative attention part
+        (config.relative_attention) reads their differences, by default of the tokens' indices
+        (padding or not, as transformers has it).
       token_types: int [batch, seq] in [0, type_vocab_size) (BERT's segment A = 0, B = 1);
         defaults to zeros. Only for a config with type_vocab_size > 0.
       deterministic: no dropout when True; otherwise dropout draws from the 'dropout' rng.
@@ -153,7 +154,7 @@ class Encoder(nn.Module):
     if cfg.embedding_size:  # [batch, seq, embedding_size] -> [batch, seq, d_model]
       x = dense(cfg, cfg.d_model, ("embed_factor", "embed"), "embedding_projection")(x)
     x = nn.with_logical_constraint(x, ACTIVATION_AXES)
-    bias = _relative_bias(cfg, positions, seq)
+    bias = _relative_state(cfg, positions, seq)
 
     layer = _layer_class(cfg)
     if cfg.shared_layers:
@@ -216,20 +217,14 @@ def _table(cfg: EncoderConfig, rows: int, name: str) -> Embed:
                    nn.initializers.normal(stddev=0.02), (None, "embed")), name=name)
 
 
-def _relative_bias(cfg: EncoderConfig, positions: jax.Array | None, seq: int):
-  """[batch or 1, heads, seq, seq]: the bias every layer adds to its scores, from the
-  positions' differences (MPNet's "relative_attention_bias"); or the state of a relative
-  attention scheme (config.relative_attention, flax_encoder.relative), from which each layer
-  computes its own; None without either."""
-  if cfg.relative_attention:
-    return relative.part(cfg.relative_attention).shared(cfg, "relative_attention")(
-        positions, seq)
-  if not cfg.relative_attention_buckets:
+def _relative_state(cfg: EncoderConfig, positions: jax.Array | None, seq: int):
+  """What every layer's attention reads of the relative attention part
+  (config.relative_attention, flax_encoder.relative), computed once from the positions and
+  its parameters, which sit under the part's `scope`; None without one."""
+  if not cfg.relative_attention:
     return None
-  if positions is None:
-    positions = jnp.arange(seq)[None]
-  return RelativePositionBias(cfg.relative_attention_buckets, cfg.n_heads, cfg.dtype,
-                              cfg.param_dtype, name="relative_attention_bias")(positions)
+  part = relative.part(cfg.relative_attention)
+  return part.shared(cfg, part.scope)(positions, seq)
 
 
 def _position_rows(cfg: EncoderConfig, tokens: jax.Array, positions: jax.Array | None):

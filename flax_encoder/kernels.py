@@ -53,7 +53,7 @@ class Kernel:
     takes_window: runs the local layers of config.local_attention; False: refused with them.
     has_dropout: dropout on the attention weights (config.attention_dropout).
     takes_bias: adds a float `bias` [batch or 1, heads, q, k] to the scores before the softmax
-      (config.relative_attention_buckets: MPNet's relative positions); False: refused with it.
+      (config.relative_attention: a relative position scheme's); False: refused with it.
     dtypes: the compute dtypes it takes; None: any.
     block: its tiles: sequence lengths must be a multiple of this; None: any length.
     short_powers_of_two: also lengths that are a power of two below `block`.

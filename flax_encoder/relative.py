@@ -6,8 +6,10 @@ importing the encoder or its config imports no family. A part module defines `Pa
 
   Part.parse(spec) -> Part     its settings, ValueError(what was expected) where wrong
   part.spec() -> str           the spec, canonical (what a config records)
-  part.shared(cfg, positions, seq) -> nn.Module call: the state every layer reads (its
-                               parameters: once, under the encoder's "relative_attention")
+  Part.scope: str              where its parameters sit among the encoder's (once, for all
+                               the layers): the name its checkpoints give them
+  part.shared(cfg, name) -> nn.Module, named `name`, whose call (positions, seq) gives the
+                               state every layer reads
   part.scores(cfg, q, k, w_q, w_k, state, deterministic) -> (bias, q): the bias every head
                                adds to its scores [batch, heads, q, k], and q as the kernel's
                                1/sqrt(head_dim) should scale it
@@ -24,7 +26,8 @@ from __future__ import annotations
 import importlib
 
 # name -> the module that defines its Part
-PARTS = {"disentangled": "flax_encoder.families.disentangled"}  # DeBERTa's c2p and p2c
+PARTS = {"disentangled": "flax_encoder.families.disentangled",  # DeBERTa's c2p and p2c
+         "t5_bias": "flax_encoder.families.t5_bias"}  # MPNet's bias by T5's buckets
 
 
 def part(spec: str):

@@ -1,4 +1,6 @@
 import dataclasses
+import os
+import re
 
 import jax.numpy as jnp
 import pytest
@@ -105,3 +107,63 @@ def test_the_default_configs_model_is_the_librarys_but_for_its_sizes():
             if name != "pad_id" and model[name] != value}
   assert differ == {"d_model", "n_heads", "d_ff", "n_layers", "dropout", "max_len"}
   assert model.vocab_size is None  # the data's
+
+
+def test_a_record_of_a_former_field_loads_as_todays_fields_say_it():
+  # MPNet's bias was relative_attention_buckets before it was a relative attention part: a
+  # run saved then holds it beside an empty relative_attention.
+  from flax_encoder import ConfigError
+  from flax_encoder.config import FORMER_FIELDS
+  now = EncoderConfig(64, d_model=8, n_heads=2, relative_attention="t5_bias,buckets=32")
+  record = {**now.record(), "relative_attention": "", "relative_attention_buckets": 32}
+  assert EncoderConfig.from_record(record, dropout=0.1) == now
+  assert set(FORMER_FIELDS).isdisjoint(now.record())
+  none = {**record, "relative_attention_buckets": 0}
+  assert EncoderConfig.from_record(none).relative_attention == ""
+  with pytest.raises(ConfigError) as e:
+    EncoderConfig.from_record({**record, "relative_attention_buckets": 7})
+  assert (e.value.field, e.value.value) == ("relative_attention_buckets", 7)
+  assert "N even from 4 to 510" in str(e.value)
+  with pytest.raises(ConfigError, match="^EncoderConfig.relative_attention: 'disentangled', "
+                                        "expected '' with relative_attention_buckets > 0"):
+    EncoderConfig.from_record({**record, "relative_attention": "disentangled"})
+  # dataclasses.replace does not carry the former field back in beside a new spec
+  assert dataclasses.replace(now, relative_attention="").relative_attention == ""
+
+
+# The fields of the paper's encoder ("Attention Is All You Need", section 3): every model has
+# them, whichever families set them.
+PAPER_FIELDS = ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len", "pad_id",
+                "position_embedding", "embedding_scale", "norm_position", "final_norm",
+                "layer_norm_eps", "activation")
+DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                    "huggingface.md")
+TABLE = "| field | set by | why a switch of the shared encoder |"
+
+
+def _justified_fields() -> list[str]:
+  """The fields of docs/huggingface.md's table of fields one family sets."""
+  text = open(DOCS, encoding="utf-8").read()
+  assert TABLE in text, f"{DOCS}: no table headed {TABLE!r}"
+  rows = []
+  for line in text[text.index(TABLE):].splitlines()[2:]:
+    if not line.startswith("|"):
+      break
+    rows.append(re.match(r"\| `(\w+)` \|", line).group(1))
+  return rows
+
+
+def test_a_field_one_family_sets_is_a_switch_the_docs_justify():
+  # A family's own machinery is a part it registers (flax_encoder.relative) in its module; a
+  # field of the shared encoder that one family alone sets says why in the docs.
+  from flax_encoder import families
+  defaults = EncoderConfig.defaults()
+  presets = [family.preset(64, pad_id=0) for family in families.FAMILIES.values()]
+  set_by = {name: sum(getattr(p, name) != defaults.get(name) for p in presets)
+            for name in EncoderConfig.fields("architecture")}
+  justified = _justified_fields()
+  assert set(justified) <= set(set_by), "a row of a field EncoderConfig does not have"
+  unexplained = sorted(name for name, n in set_by.items()
+                       if n < 2 and name not in PAPER_FIELDS and name not in justified)
+  assert not unexplained, (f"architecture fields one family sets, with no row in {DOCS}'s "
+                           f"table: {unexplained}")

@@ -166,7 +166,7 @@ def test_a_config_json_transformers_computes_otherwise_is_refused_naming_the_fie
 
 
 @pytest.mark.parametrize("spec, expected", [
-    ("rotary", "one of ['disentangled']"),
+    ("rotary", "one of ['disentangled', 't5_bias']"),
     ("disentangled,buckets=7", "',buckets=N' (N >= 0, even)"),
     ("disentangled,types=c2p|x2y", "',types=' some of c2p|p2c"),
     ("disentangled,colour=red", "',buckets=N'"),
@@ -185,7 +185,8 @@ def test_a_kernel_that_takes_no_bias_and_a_second_relative_scheme_are_refused():
     EncoderConfig(64, relative_attention="disentangled", attention_impl="cudnn",
                   dtype="bfloat16")
   with pytest.raises(ConfigError, match="^EncoderConfig.relative_attention: .*one relative"):
-    EncoderConfig(64, relative_attention="disentangled", relative_attention_buckets=32)
+    record = EncoderConfig(64, relative_attention="disentangled").record()
+    EncoderConfig.from_record({**record, "relative_attention_buckets": 32})
 
 
 def test_a_spec_is_kept_in_its_canonical_form_and_a_record_before_it_loads_as_it_was():

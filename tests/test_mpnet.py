@@ -6,6 +6,7 @@ gradient, the parity report, the export back, and the refusals; and through the 
 contrastive and classifier fine-tuning whose exports sentence-transformers and transformers
 load as the run's own model."""
 
+import dataclasses
 import json
 import os
 
@@ -21,7 +22,7 @@ transformers = pytest.importorskip("transformers")
 from flax_encoder import ConfigError, Encoder, EncoderConfig, segment_positions  # noqa: E402
 from flax_encoder import families, sharding  # noqa: E402
 from flax_encoder.attention import MultiHeadAttention  # noqa: E402
-from flax_encoder.embedding import relative_buckets  # noqa: E402
+from flax_encoder.families.t5_bias import relative_buckets  # noqa: E402
 from flax_encoder.families import (HFError, hf_config, load_hf,  # noqa: E402
                                    to_hf_state_dict)
 from flax_encoder.families.mpnet import preset as mpnet_preset  # noqa: E402
@@ -99,8 +100,8 @@ def test_the_encoder_and_pooler_compute_what_transformers_computes(base, precisi
   atol = TOLERANCE[precision]
   with jax.enable_x64(precision == "float64"):
     config, variables = load_hf(base, dtype=precision, param_dtype=precision)
-    assert (config.relative_attention_buckets, config.position_offset, config.pad_id,
-            config.type_vocab_size, config.max_len) == (32, 2, PAD, 0, 158)
+    assert (config.relative_attention, config.position_offset, config.pad_id,
+            config.type_vocab_size, config.max_len) == ("t5_bias,buckets=32", 2, PAD, 0, 158)
     hidden = np.asarray(Encoder(config).apply({"params": variables["params"]}, ids))
     pooled = np.asarray(Pooler(config).apply({"params": variables["heads"]["pooler"]}, hidden))
     # XLA's attention takes the bias too, and computes the same model.
@@ -238,7 +239,7 @@ def test_a_model_from_scratch_with_a_relative_bias_exports_as_mpnet():
   roberta = families.get("roberta").preset(64, d_model=16, n_heads=2, d_ff=24, n_layers=2,
                                            max_len=32)
   with pytest.raises(HFError, match=r"^this model is not an? mpnet model: it has .*"
-                                    r"relative_attention_buckets=0"):
+                                    r"relative_attention=''"):
     hf_config(roberta, "mpnet")
   with pytest.raises(HFError, match=r"^this model is not an mpnet model: it has pad_id=0, an "
                                     r"mpnet model 1 "):
@@ -259,11 +260,11 @@ def test_a_kernel_that_takes_no_bias_is_refused_naming_both_fields(base, impl, d
     mpnet_preset(64, d_model=16, n_heads=2, attention_impl=impl, dtype=dtype,
                  attention_dropout=0.0)
   assert str(e.value) == (f"EncoderConfig.attention_impl: {impl!r}, expected 'xla' with "
-                          f"relative_attention_buckets=32: {title} takes no bias on the "
+                          f"relative_attention='t5_bias': {title} takes no bias on the "
                           f"attention scores")
   with pytest.raises(HFError) as e:
     load_hf(base, attention_impl=impl, dtype=dtype)
-  assert "attention_impl" in str(e.value) and "relative_attention_buckets=32" in str(e.value)
+  assert "attention_impl" in str(e.value) and "relative_attention='t5_bias'" in str(e.value)
   assert "\n" not in str(e.value)
 
 
@@ -276,10 +277,21 @@ def test_attention_given_a_bias_its_kernel_cannot_take_is_refused():
                                           "scores: use attention_impl='reference' or 'xla'")
 
 
-@pytest.mark.parametrize("buckets", [2, 31, 512, -2, True])
+@pytest.mark.parametrize("buckets", [2, 31, 512, -2, "x", ""])
 def test_a_bucket_count_t5_has_no_buckets_for_is_refused(buckets):
+  spec = f"t5_bias,buckets={buckets}"
   with pytest.raises(ConfigError) as e:
-    mpnet_preset(64, d_model=16, n_heads=2, relative_attention_buckets=buckets)
+    mpnet_preset(64, d_model=16, n_heads=2, relative_attention=spec)
+  assert e.value.field == "relative_attention" and e.value.value == spec
+  assert "N even from 4 to 510" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("buckets", [2, 31, 512, -2, True])
+def test_a_bucket_count_of_the_former_field_is_refused_naming_it(buckets):
+  record = {**EncoderConfig(64, d_model=16, n_heads=2).record(),
+            "relative_attention_buckets": buckets}
+  with pytest.raises(ConfigError) as e:
+    EncoderConfig.from_record(record)
   assert e.value.field == "relative_attention_buckets" and e.value.value is buckets
   assert "\n" not in str(e.value)
 
@@ -302,11 +314,30 @@ def test_a_config_json_transformers_computes_otherwise_is_refused_naming_the_fie
 
 def test_a_record_written_before_mpnet_loads_as_the_model_it_was():
   config = families.get("roberta").preset(64, d_model=16, n_heads=2, d_ff=24, n_layers=2)
-  record = {k: v for k, v in config.record().items() if k != "relative_attention_buckets"}
+  record = {k: v for k, v in config.record().items() if k != "relative_attention"}
   assert EncoderConfig.from_record(record, dropout=0.1) == config
-  assert config.relative_attention_buckets == 0
+  assert config.relative_attention == ""
   params = Encoder(config).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
   assert "relative_attention_bias" not in params  # and no bias parameter is made
+
+
+@pytest.mark.parametrize("buckets", [0, 32])
+def test_a_record_of_the_bias_as_a_field_loads_as_the_relative_attention_part(buckets):
+  # Runs saved while the bias was EncoderConfig.relative_attention_buckets hold it beside an
+  # empty relative_attention; their parameters are where they were.
+  config = mpnet_preset(64, d_model=16, n_heads=2, d_ff=24, n_layers=2)
+  if not buckets:
+    config = dataclasses.replace(config, relative_attention="")
+  record = {**config.record(), "relative_attention": "",
+            "relative_attention_buckets": buckets}
+  loaded = EncoderConfig.from_record(record, dropout=0.1)
+  assert loaded == config and "relative_attention_buckets" not in loaded.record()
+  assert loaded.relative_attention == ("t5_bias,buckets=32" if buckets else "")
+  params = Encoder(loaded).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
+  assert ("relative_attention_bias" in params) == bool(buckets)
+  with pytest.raises(ConfigError, match="^EncoderConfig.relative_attention: .*one relative"):
+    EncoderConfig.from_record({**record, "relative_attention": "disentangled",
+                               "relative_attention_buckets": 32})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@
   distilbert          distilbert                       distilbert.py
   modernbert          modernbert                       modernbert.py
   albert              albert                           albert.py
-  mpnet               mpnet                            mpnet.py
+  mpnet               mpnet                            mpnet.py (and t5_bias.py)
   nomic_bert          nomic_bert                       nomic_bert.py
   gte                 gte                              gte.py
   jina_embeddings_v3  jina_embeddings_v3               jina_embeddings_v3.py
@@ -20,7 +20,8 @@
 
 Each module holds one `Family` (family.py): its preset, config.json both ways, its tensor
 names both ways, its heads, its fine-tuning defaults and its parity stages; a family whose
-attention is its own brings it in a module of its own (disentangled.py: DeBERTa's). The
+attention is its own brings it in a module of its own, a relative attention part
+(flax_encoder.relative: disentangled.py, DeBERTa's; t5_bias.py, MPNet's). The
 generic machinery reads them: config_json.py (config.json <-> EncoderConfig), tensors.py
 (state dict <-> variables), directory.py (a directory's files; safetensors_file.py and
 torch_zip.py read its weights without torch). Adding a family is one module, one line of

@@ -1,7 +1,9 @@
 """ALBERT: BERT's Post-LN encoder whose embeddings are embedding_size wide, normalised there and
 projected to hidden_size, and whose layers are one layer's parameters applied at every depth
 (`preset`). Its pooler is one dense layer; its masked-LM head maps back to the
-embedding's width before the decoder tied to the word embeddings."""
+embedding's width before the decoder tied to the word embeddings. A config.json of several
+sets of layer parameters (num_hidden_groups or inner_group_num other than 1) is refused, and
+so is the export of a model without a factorised embedding."""
 
 from __future__ import annotations
 

@@ -23,8 +23,7 @@ SIZES = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_
 # What a BERT-family model has as `preset` has it (config.json says the rest).
 SWITCHES = ("position_embedding", "embedding_scale", "embedding_norm", "final_norm",
             "norm_position", "glu", "dense_bias", "norm_bias", "local_attention",
-            "position_offset", "embedding_size", "shared_layers", "relative_attention_buckets",
-            "relative_attention", "unbiased")
+            "position_offset", "embedding_size", "shared_layers", "relative_attention", "unbiased")
 # transformers 4's relative positions are another model.
 FIXED = {"position_embedding_type": ("absolute", "absolute")}
 EMBEDDINGS = {("embedding",): "embeddings.word_embeddings",

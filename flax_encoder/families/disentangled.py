@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
@@ -50,6 +51,8 @@ class Part:
   max_relative: int = 512
   types: tuple[str, ...] = TYPES
   norm: str = "layer_norm"
+  # Where its table and norm sit among the encoder's params.
+  scope: ClassVar[str] = "relative_attention"
 
   @classmethod
   def parse(cls, spec: str) -> Part:

@@ -22,8 +22,7 @@ from flax_encoder.families.family import (
 SIZES = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers")
 SWITCHES = ("position_embedding", "position_offset", "type_vocab_size", "embedding_scale",
             "embedding_norm", "final_norm", "norm_position", "first_attention_norm", "glu",
-            "embedding_size", "shared_layers", "relative_attention_buckets",
-            "relative_attention", "unbiased")
+            "embedding_size", "shared_layers", "relative_attention", "unbiased")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 _EMBEDDINGS = {("embedding",): "embeddings.tok_embeddings", ("embedding_norm",): "embeddings.norm",
                ("norm",): "final_norm"}

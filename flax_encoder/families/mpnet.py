@@ -1,7 +1,9 @@
 """MPNet (all-mpnet-base-v2's architecture): BERT's Post-LN encoder without token types, whose
-learned positions start after padding id 1 as RoBERTa's do, plus one table of scores per head
-and bucket of relative position (T5's buckets) that the encoder adds to every layer's
-attention scores (`preset`). Its masked-LM head and classifier are RoBERTa's."""
+learned positions start after padding id 1 as RoBERTa's do, plus T5's relative position bias
+(families/t5_bias.py: one table of scores per head and bucket of relative position that the
+encoder adds to every layer's attention scores) (`preset`). Its masked-LM head and classifier
+are RoBERTa's. A config.json transformers' MPNet reads otherwise than it says (another
+pad_token_id or relative_attention_num_buckets) is refused."""
 
 from __future__ import annotations
 
@@ -18,14 +20,18 @@ from flax_encoder.families.family import (
     SequenceClassifier,
     Tokenizers,
 )
+from flax_encoder.families.t5_bias import Part
 
 # transformers' MPNet counts positions from padding id 1 and buckets relative positions by 32,
 # whatever config.json's pad_token_id and relative_attention_num_buckets say.
 PAD_ID = 1
 BUCKETS = 32
+# What an MPNet model has as `preset` has it: BERT's switches (its relative attention among
+# them) and no token types.
+SWITCHES = (*bert.SWITCHES, "type_vocab_size")
 EMBEDDINGS = {path: name for path, name in bert.EMBEDDINGS.items()
               if path != ("token_type_embedding",)}
-RELATIVE_BIAS = "encoder.relative_attention_bias"
+RELATIVE_BIAS = {(Part.scope,): "encoder.relative_attention_bias"}  # the bias's table
 
 
 def preset(vocab_size: int, **overrides) -> EncoderConfig:
@@ -33,7 +39,7 @@ def preset(vocab_size: int, **overrides) -> EncoderConfig:
   positions start after padding id 1 (pad_id 1, position_offset 2, as RoBERTa's), with a
   relative position bias of 32 buckets shared by its layers, LayerNorm eps 1e-5."""
   fields = dict(pad_id=PAD_ID, position_offset=PAD_ID + 1, type_vocab_size=0,
-                relative_attention_buckets=BUCKETS, layer_norm_eps=1e-5)
+                relative_attention=Part(buckets=BUCKETS).spec(), layer_norm_eps=1e-5)
   return bert.preset(vocab_size, **{**fields, **overrides})
 
 
@@ -53,7 +59,7 @@ def names(config: EncoderConfig) -> Iterator[tuple[tuple, str]]:
   """(flax path under params, module name) of each module: the embeddings, the relative
   position bias the layers share, and each layer's modules."""
   yield from EMBEDDINGS.items()
-  yield ("relative_attention_bias",), RELATIVE_BIAS
+  yield from RELATIVE_BIAS.items()
   for i in range(config.n_layers):
     for path, name in _layer(i).items():
       yield (f"layers_{i}", *path), name
@@ -87,7 +93,7 @@ def write(config: EncoderConfig, act: str) -> dict:
               max_position_embeddings=config.max_len + config.position_offset,
               layer_norm_eps=config.layer_norm_eps, hidden_dropout_prob=config.dropout,
               attention_probs_dropout_prob=config.attention_dropout,
-              relative_attention_num_buckets=config.relative_attention_buckets,
+              relative_attention_num_buckets=Part.parse(config.relative_attention).buckets,
               pad_token_id=config.pad_id, bos_token_id=None, eos_token_id=None)
 
 
@@ -95,7 +101,7 @@ FAMILY = Family(
     name="mpnet", title="MPNet", stem="MPNet",
     model_types={"mpnet": "mpnet."},
     preset=preset, sizes=bert.SIZES, pad_id=PAD_ID, null_pad_id=False, read=read,
-    switches=(*bert.SWITCHES, "type_vocab_size", "relative_attention_buckets"), write=write,
+    switches=SWITCHES, write=write,
     carried=("bos_token_id", "eos_token_id"),
     names=names, word_embeddings=bert.EMBEDDINGS[("embedding",)], layers="encoder.layer.",
     masked_lm={("dense",): "lm_head.dense", ("norm",): "lm_head.layer_norm",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from flax_encoder import relative
 from flax_encoder.config import EncoderConfig
 from flax_encoder.families import (albert, bert, deberta_v2, distilbert, eurobert, gte,
                                    jina_embeddings_v3, modernbert, mpnet, nomic_bert, roberta)
@@ -67,7 +68,8 @@ def of_architecture(config: EncoderConfig) -> Family:
     return modernbert.FAMILY
   if config.shared_layers:
     return albert.FAMILY
-  if config.relative_attention_buckets:
+  if config.relative_attention and isinstance(relative.part(config.relative_attention),
+                                             mpnet.Part):
     return mpnet.FAMILY
   if config.position_offset:
     return roberta.FAMILY

@@ -66,7 +66,7 @@ def _expected_shape(config: EncoderConfig, path: tuple, what: str) -> tuple[int,
   d, e, kind, name = config.d_model, config.embedding_width, _kind(path), path[-1]
   if kind == "table":
     if name == "relative_attention_bias":  # a score per bucket and head (MPNet's)
-      return (config.relative_attention_buckets, config.n_heads)
+      return (relative.part(config.relative_attention).buckets, config.n_heads)
     if name == "rel_embeddings":  # a relative attention scheme's table (DeBERTa's)
       return (2 * relative.part(config.relative_attention).span, config.d_model)
     rows = {"embedding": config.vocab_size, "token_type_embedding": config.type_vocab_size,
