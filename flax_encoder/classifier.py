@@ -33,15 +33,17 @@ from flax_encoder.dropout import Dropout
 from flax_encoder.encoder import Encoder
 from flax_encoder.heads import Pooler, PredictionHead
 from flax_encoder.packing import segment_positions
+from flax_encoder.pooling import one_text_a_row, pool
 
-POOLINGS = ("mean", "first", "pooler", "pre_classifier", "first_head", "mean_head",
-            "first_gelu", "mean_gelu")
-# ModernBERT's: the pooling before its prediction head.
-HEAD_POOLINGS = {"first_head": "first", "mean_head": "mean"}
-# A dense layer ({"pooler": {"dense": …}}) and its activation on the first token or the mean:
-# BERT's pooler, DistilBERT's pre-classifier, EuroBERT's dense layer and GELU.
-_POOLER = {"pooler": ("first", "tanh"), "pre_classifier": ("first", "relu"),
-           "first_gelu": ("first", "gelu"), "mean_gelu": ("mean", "gelu")}
+# A classifier's pooling -> the pooling mode it starts from (flax_encoder.pooling's names).
+MODES = {"mean": "mean", "first": "cls", "pooler": "cls", "pre_classifier": "cls",
+         "first_head": "cls", "mean_head": "mean", "first_gelu": "cls", "mean_gelu": "mean"}
+POOLINGS = tuple(MODES)
+# ModernBERT's: the pooled state then its prediction head.
+HEAD_POOLINGS = {name: MODES[name] for name in ("first_head", "mean_head")}
+# A dense layer ({"pooler": {"dense": …}}) and its activation on the pooled state: BERT's
+# pooler, DistilBERT's pre-classifier, EuroBERT's dense layer and GELU.
+_POOLER = {"pooler": "tanh", "pre_classifier": "relu", "first_gelu": "gelu", "mean_gelu": "gelu"}
 # Ids a packed example takes at least, as the packing counts on: a row of seq_len ids holds
 # seq_len // 8 segments at most (16 in 128), which short texts (tens of ids) never reach.
 SEGMENT_IDS = 8
@@ -63,30 +65,6 @@ def pair_token_types(tokens: jax.Array, separator: int,
     first = jnp.arange(tokens.shape[1]) - segment_positions(segment_ids)
     seen = seen - jnp.take_along_axis(seen, first, axis=1)
   return (seen > 0).astype(jnp.int32)
-
-
-def pool(hidden: jax.Array, real: jax.Array, pooling: str) -> jax.Array:
-  """[batch, seq, d] -> [batch, d]: the mean over the real tokens (`real`: bool [batch, seq];
-  a row without one pools to 0), or the first token."""
-  if pooling == "first":
-    return hidden[:, 0]
-  weights = real.astype(hidden.dtype)[..., None]
-  return jnp.sum(hidden * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1)
-
-
-def pool_segments(hidden: jax.Array, segment_ids: jax.Array, segments: int,
-                  pooling: str) -> jax.Array:
-  """[batch, seq, d] -> [batch, segments, d]: each segment's (ids 1 … `segments`) first token
-  ("first") or the mean over its tokens ("mean"); a segment a row lacks pools to 0."""
-  member = segment_ids[:, None, :] == jnp.arange(1, segments + 1)[None, :, None]
-  if pooling == "first":
-    first = jnp.argmax(member, axis=-1)  # the first True; 0 where the segment is absent
-    pooled = jnp.take_along_axis(hidden, first[..., None], axis=1)
-    return jnp.where(jnp.any(member, axis=-1)[..., None], pooled, 0).astype(hidden.dtype)
-  weights = member.astype(hidden.dtype)
-  # HIGHEST: as exact as the unpacked sum, which an accelerator's default would round.
-  total = jnp.einsum("bks,bsd->bkd", weights, hidden, precision=jax.lax.Precision.HIGHEST)
-  return total / jnp.maximum(jnp.sum(weights, axis=-1), 1)[..., None]
 
 
 def macro_f1(true_positives, true, predicted) -> float:
@@ -130,16 +108,16 @@ class SequenceClassifier(nn.Module):
         tokens, segment_ids=segment_ids, positions=positions, token_types=types,
         deterministic=deterministic)
     head = self.pooling in HEAD_POOLINGS
-    first_or_mean = _POOLER[self.pooling][0] if self.pooling in _POOLER else HEAD_POOLINGS.get(
-        self.pooling, self.pooling)
-    if segment_ids is None:
-      pooled = pool(hidden, tokens != cfg.pad_id, first_or_mean)
+    if segment_ids is None:  # a text a row; ids equal to pad_id are padding, as the encoder's
+      ids, at = one_text_a_row(tokens, cfg.pad_id)
+      pooled, _ = pool((MODES[self.pooling],), hidden, ids, at, 1)
     else:
-      pooled = pool_segments(hidden, segment_ids,
-                             self.max_segments or segments_per_row(tokens.shape[1]),
-                             first_or_mean)
+      segments = self.max_segments or segments_per_row(tokens.shape[1])
+      pooled, present = pool((MODES[self.pooling],), hidden, segment_ids, positions, segments)
+      pooled = jnp.where(present[:, None], pooled, 0).reshape(tokens.shape[0], segments, -1)
+    pooled = pooled.astype(hidden.dtype)
     if self.pooling in _POOLER:  # a dense layer on each sequence's pooled state
-      pooler = Pooler(cfg, _POOLER[self.pooling][1], name="pooler")
+      pooler = Pooler(cfg, _POOLER[self.pooling], name="pooler")
       pooled = pooler(pooled.reshape(-1, 1, pooled.shape[-1])).reshape(pooled.shape)
     if head:
       pooled = PredictionHead(cfg, name="head")(pooled)

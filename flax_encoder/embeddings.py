@@ -61,6 +61,8 @@ from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
 from flax_encoder import modules_json
 from flax_encoder.modules_json import (TRANSFORMER_CONFIGS, TRANSFORMERS, ModulesError,
                                        transformer_folder)
+from flax_encoder.pooling import MODES as POOLING_MODES
+from flax_encoder.pooling import one_text_a_row, pool
 from flax_encoder.router import ROUTERS, Router, read_router
 from flax_encoder.tokenizer import Template, Tokenizer, TokenizerFailure, encode_examples
 
@@ -77,7 +79,6 @@ MODULE_KINDS = {
     "sentence_transformers.base.modules.normalize.Normalize": "Normalize",
     **dict.fromkeys(ROUTERS, "Router"),
 }
-POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 # Pooling's config.json before sentence-transformers 6: a flag per mode, concatenated in this
 # order whichever order the file lists them in.
 POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
@@ -181,8 +182,7 @@ class SentenceEmbedding(nn.Module):
         tokens, segment_ids=segment_ids, positions=positions, deterministic=deterministic)
     padded = segment_ids is None
     if padded:
-      segment_ids = (tokens != self.model.config.pad_id).astype(jnp.int32)
-      positions = jnp.broadcast_to(jnp.arange(length), tokens.shape)
+      segment_ids, positions = one_text_a_row(tokens, self.model.config.pad_id)
       segments = 1
     segments = segments or segments_per_row(length)
     x, present = pool(self.model.pooling.modes, hidden, segment_ids, positions, segments,
@@ -249,52 +249,6 @@ def embed(model: SentenceModel, params: dict, tokens: jax.Array, segment_ids: ja
   """
   return SentenceEmbedding(model).apply({"params": params}, tokens, segment_ids, positions,
                                         pool_from, segments)
-
-
-def pool(modes: Sequence[str], hidden: jax.Array, segment_ids: jax.Array, positions: jax.Array,
-         segments: int, pool_from: jax.Array | int = 0) -> tuple[jax.Array, jax.Array]:
-  """[r, s, d] -> ([r * segments, len(modes) * d] float32, bool [r * segments]: whether the row
-  has that segment), each segment pooled as sentence-transformers pools a text alone.
-
-  A segment whose ids are all left out (`pool_from`) pools as sentence-transformers' text
-  whose mask is all zeros: mean 0, max -inf, cls its first id, lasttoken 0."""
-  rows, length, width = hidden.shape
-  slots = rows * segments  # segment j + 1 of row i is slot i * segments + j
-  x = hidden.astype(jnp.float32).reshape(rows * length, width)
-  real = (segment_ids > 0) & (segment_ids <= segments)
-  slot = jnp.where(real, jnp.arange(rows)[:, None] * segments + segment_ids - 1, slots)
-  pooled = (real & (positions >= pool_from)).reshape(-1)
-  slot, index = slot.reshape(-1), jnp.arange(rows * length)
-  # the ids a segment does not pool go to one slot past the rest, dropped after
-  pooled_slot = jnp.where(pooled, slot, slots)
-
-  def over(values, reduce, where=pooled_slot):
-    return reduce(values, where, num_segments=slots + 1)[:slots]
-
-  count = over(pooled.astype(jnp.float32), jax.ops.segment_sum)[:, None]
-  present = over(jnp.ones(rows * length), jax.ops.segment_sum, slot) > 0
-  out = []
-  for mode in modes:
-    if mode in ("mean", "mean_sqrt_len_tokens"):
-      total = over(x, jax.ops.segment_sum)
-      denominator = jnp.maximum(count, 1e-9)
-      out.append(total / (denominator if mode == "mean" else jnp.sqrt(denominator)))
-    elif mode == "weightedmean":  # weights 1, 2, … from each text's first id
-      weights = (positions.reshape(-1, 1) + 1).astype(jnp.float32)
-      total = over(x * weights, jax.ops.segment_sum)
-      out.append(total / jnp.maximum(over(weights, jax.ops.segment_sum), 1e-9))
-    elif mode == "max":
-      out.append(over(x, jax.ops.segment_max))
-    elif mode == "cls":  # its first pooled id; its first id where it pools none
-      first = over(index, jax.ops.segment_min)
-      first = jnp.where(count[:, 0] > 0, first, over(index, jax.ops.segment_min, slot))
-      out.append(x[jnp.clip(first, 0, rows * length - 1)])
-    elif mode == "lasttoken":  # its last pooled id; zeros where it pools none
-      last = over(index, jax.ops.segment_max)
-      out.append(jnp.where(count > 0, x[jnp.clip(last, 0, rows * length - 1)], 0))
-    else:
-      raise ValueError(f"pooling mode {mode!r}, expected one of {POOLING_MODES}")
-  return jnp.concatenate(out, axis=-1), present
 
 
 def normalize(x: jax.Array) -> jax.Array:

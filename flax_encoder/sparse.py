@@ -47,6 +47,7 @@ from flax_encoder.embeddings import EmbeddingError, SentenceEncoder, segments_pe
 from flax_encoder.families import HFError, read_hf, read_hf_weights
 from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
 from flax_encoder.masked_lm import MaskedLM
+from flax_encoder.pooling import one_text_a_row
 from flax_encoder.modules_json import TRANSFORMER_CONFIGS, TRANSFORMERS, ModulesError
 from flax_encoder.router import ROUTERS, Router, read_router
 from flax_encoder.tokenizer import Tokenizer, TokenizerFailure
@@ -135,7 +136,7 @@ class SpladeEmbedding(nn.Module):
     logits = self.language_model(tokens, segment_ids=segment_ids, positions=positions,
                                  deterministic=deterministic)
     if segment_ids is None:
-      padded = (tokens != model.config.pad_id).astype(jnp.int32)
+      padded, _ = one_text_a_row(tokens, model.config.pad_id)
       return splade_pool(logits, padded, 1, model.pooling, model.activation)[:, 0]
     segments = segments or segments_per_row(length)
     return splade_pool(logits, segment_ids, segments, model.pooling, model.activation)

@@ -189,8 +189,7 @@ FAMILY = Family(
     classifier=SequenceClassifier(
         poolings=tuple(HEAD_POOLINGS), pools="through its prediction head",
         denses=(("classifier", ("classifier",)),),
-        config=lambda pooling: {"classifier_pooling": {"first": "cls", "mean": "mean"}[
-            HEAD_POOLINGS[pooling]]}),
+        config=lambda pooling: {"classifier_pooling": HEAD_POOLINGS[pooling]}),
     tags_through_head=True,
     stages=stages,
     # a generic tokenizer.json (registry.TOKEN_TYPE_CLASSES says its token types)
