@@ -212,3 +212,34 @@ def test_a_reranker_start_goes_on_from_its_own_classifier(groups, hf_dir, tmp_pa
                                 state["bert.pooler.dense.bias"])
   # pooled otherwise than the checkpoint's classifier: a new one
   assert rerank._with_start_classifier({"encoder": {}}, start, cfg, "mean") == {"encoder": {}}
+
+
+def test_a_run_reads_its_start_folder_once(groups, hf_dir, tmp_path, monkeypatch):
+  # config.init.hf parsed into one value: config.json copied into the run and read once, the
+  # weights read once, whatever the pooling, the classifier and the start's checks ask of it.
+  import builtins
+
+  from flax_encoder.families import directory
+  from train import tasks
+  from train.task import Resume
+  from train.tasks import rerank
+  config_json = os.path.realpath(os.path.join(hf_dir, "config.json"))
+  opened, weights = [], []
+  real_open, real_read = builtins.open, directory._read_file
+
+  def counting_open(file, *args, **kwargs):
+    if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == config_json:
+      opened.append(file)
+    return real_open(file, *args, **kwargs)
+
+  def counting_read(file):
+    weights.append(file)
+    return real_read(file)
+
+  monkeypatch.setattr(builtins, "open", counting_open)
+  monkeypatch.setattr(directory, "_read_file", counting_read)
+  config = _config(groups, hf_dir, **{"train.num_steps": 2})
+  tasks.checked(config)
+  setup = rerank.setup(config, str(tmp_path / "run"), Resume())
+  assert len(opened) == 2 and len(weights) == 1, (opened, weights)
+  assert "classifier" in setup.start_params  # the start's own, read from those weights
