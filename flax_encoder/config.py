@@ -15,26 +15,18 @@ trained with cuDNN attention in bfloat16 loads, exports and predicts on a CPU.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from flax_encoder import relative
+from flax_encoder.activations import FEED_FORWARD
 from flax_encoder.kernels import KERNELS, Kernel
 
 NORM_POSITIONS = ("post", "pre")
 NORM_TYPES = ("layer", "rms")  # LayerNorm; RMSNorm (no centring, no bias: T5's, Llama's)
 POSITION_EMBEDDINGS = ("sinusoidal", "learned", "rotary", "none")
-ACTIVATIONS = {
-    "relu": jax.nn.relu,
-    # PyTorch's nn.GELU default is the exact erf form; jax.nn.gelu defaults to the tanh one.
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),
-    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),  # GPT-2's, "gelu_new"
-    "silu": jax.nn.silu,  # x * sigmoid(x): SwiGLU's gate (NomicBERT)
-}
 # The layer's dense modules, by name, and an untied masked-LM decoder's (EuroBERT's): what
 # `EncoderConfig.unbiased` may list.
 LAYER_DENSES = ("w_q", "w_k", "w_v", "w_o", "w_1", "w_2")
@@ -189,7 +181,7 @@ class EncoderConfig:
       raise ConfigError("layer_norm_eps", self.layer_norm_eps, "a number > 0")
     for name, allowed in (("norm_position", NORM_POSITIONS), ("norm_type", NORM_TYPES),
                           ("position_embedding", POSITION_EMBEDDINGS),
-                          ("activation", tuple(ACTIVATIONS)),
+                          ("activation", FEED_FORWARD),
                           ("attention_impl", ATTENTION_IMPLS), ("remat", REMAT_POLICIES)):
       value = getattr(self, name)
       if value not in allowed:

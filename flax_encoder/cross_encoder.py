@@ -47,10 +47,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder import families, modules_json
+from flax_encoder import activations, families, modules_json
 from flax_encoder.classifier import SequenceClassifier
 from flax_encoder.config import EncoderConfig
-from flax_encoder.embeddings import (ACTIVATIONS as DENSE_ACTIVATIONS, EmbeddingError,
+from flax_encoder.embeddings import (EmbeddingError,
                                      SentenceEncoder, read_max_seq_length, read_settings,
                                      segments_per_row, torch_activation)
 from flax_encoder.families import HFError
@@ -62,7 +62,8 @@ from flax_encoder.tokenizer import Template, Tokenizer, TokenizerFailure, encode
 
 # CrossEncoder's activation_fn (a torch.nn class, by its last name) -> the function on the
 # logits [..., l]. torch's Softmax() with no dim takes the last of a 2-d input: the labels.
-ACTIVATIONS = {**DENSE_ACTIVATIONS, "Softmax": lambda x: jax.nn.softmax(x, axis=-1)}
+# activation_fn: the torch.nn classes (by their last name) it may be.
+ACTIVATIONS = tuple(activations.TORCH)
 TASK = "sequence-classification"  # sentence_bert_config.json's transformer_task of a reranker
 MODEL_TYPE = "CrossEncoder"  # config_sentence_transformers.json's model_type of one
 LOGIT_SCORE = "sentence_transformers.cross_encoder.modules.logit_score.LogitScore"
@@ -111,7 +112,7 @@ def score(model: RerankerModel, params: dict, tokens: jax.Array, segment_ids: ja
   """
   segments = segments or segments_per_row(tokens.shape[1])
   logits = model.classifier(segments).apply({"params": params}, tokens, segment_ids)
-  return ACTIVATIONS[model.activation](logits) if activation else logits
+  return activations.torch_class(model.activation)(logits) if activation else logits
 
 
 def gives_token_types(module: str, hf: dict) -> bool | None:
@@ -432,7 +433,7 @@ class Reranker(SentenceEncoder):
     out = np.zeros((len(pairs), self.num_labels), np.float32)
     self._encode_chunks(pairs, lambda chunk: self.tokenize(chunk, prompt), batch_tokens, 0, out)
     if apply_activation:
-      out = np.asarray(ACTIVATIONS[self.model.activation](out), np.float32)
+      out = np.asarray(activations.torch_class(self.model.activation)(out), np.float32)
     return out[:, 0] if self.num_labels == 1 else out
 
   __call__ = predict
@@ -504,7 +505,7 @@ def save_cross_encoder_modules(path: str | os.PathLike, max_length: int,
   directory has that file."""
   path = os.fspath(path)
   if activation not in ACTIVATIONS:
-    raise RerankerError(f"activation={activation!r}, expected one of {tuple(ACTIVATIONS)}")
+    raise RerankerError(f"activation={activation!r}, expected one of {ACTIVATIONS}")
   if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 3:
     raise RerankerError(f"max_length={max_length!r}, expected an integer >= 3")
   try:

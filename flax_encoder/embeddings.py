@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -53,6 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_encoder import activations
 from flax_encoder.config import EncoderConfig
 from flax_encoder.encoder import Encoder
 from flax_encoder.families import HFError, read_hf, read_hf_weights
@@ -86,10 +86,8 @@ POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "ma
                  "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
                  "pooling_mode_weightedmean_tokens": "weightedmean",
                  "pooling_mode_lasttoken": "lasttoken"}
-# Dense's activation_function (the torch.nn class, by its last name) -> the function.
-ACTIVATIONS = {"Tanh": jnp.tanh, "Identity": lambda x: x, "ReLU": jax.nn.relu,
-               "GELU": functools.partial(jax.nn.gelu, approximate=False),
-               "Sigmoid": jax.nn.sigmoid, "SiLU": jax.nn.silu}
+# Dense's activation_function: the torch.nn classes (by their last name) it may be.
+ACTIVATIONS = tuple(name for name in activations.TORCH if name != "Softmax")
 SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
 # Ids a packed text takes at least ([CLS] x [SEP] is 3): a row of s ids holds s // 4 texts.
 SEGMENT_IDS = 4
@@ -208,7 +206,7 @@ class DenseStep(nn.Module):
       bound = 1 / math.sqrt(step.in_features)
       bias = lambda key, s, dtype=jnp.float32: jax.random.uniform(key, s, dtype, -bound, bound)
       y = y + self.param("bias", weight(("mlp",), bias), shape[1:])
-    y = ACTIVATIONS[step.activation](y)
+    y = activations.torch_class(step.activation)(y)
     if step.residual:
       y = y + (x @ self.param("residual", weight(("embed", "mlp")), shape)
                if step.in_features != step.out_features else x)

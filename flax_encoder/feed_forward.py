@@ -6,7 +6,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from flax_encoder.config import ACTIVATIONS, EncoderConfig
+from flax_encoder.activations import FUNCTIONS
+from flax_encoder.config import EncoderConfig
 from flax_encoder.dropout import Dropout
 from flax_encoder.dense import dense
 
@@ -22,7 +23,7 @@ class PositionwiseFeedForward(nn.Module):
   def __call__(self, x: jax.Array, *, deterministic: bool = True) -> jax.Array:
     """[batch, seq, d_model] -> [batch, seq, d_model]."""
     cfg = self.config
-    act = ACTIVATIONS[cfg.activation]
+    act = FUNCTIONS[cfg.activation]
     if cfg.glu:
       h, gate = jnp.split(dense(cfg, 2 * cfg.d_ff, ("embed", "mlp"), "w_1")(x), 2, axis=-1)
       h = act(h) * gate

@@ -21,7 +21,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from flax_encoder.config import ACTIVATIONS, EncoderConfig
+from flax_encoder.activations import FUNCTIONS
+from flax_encoder.config import EncoderConfig
 from flax_encoder.dense import dense
 from flax_encoder.layer import layer_norm
 
@@ -29,7 +30,7 @@ from flax_encoder.layer import layer_norm
 def _transform(cfg: EncoderConfig, hidden: jax.Array, width: int) -> jax.Array:
   """LayerNorm(activation(dense(hidden))), d -> width: its modules "dense" and "norm" belong
   to the module that calls it."""
-  h = ACTIVATIONS[cfg.activation](dense(cfg, width, ("embed", "mlp"), "dense")(hidden))
+  h = FUNCTIONS[cfg.activation](dense(cfg, width, ("embed", "mlp"), "dense")(hidden))
   return layer_norm(cfg, "norm")(h)
 
 
@@ -77,7 +78,7 @@ class Pooler(nn.Module):
   @nn.compact
   def __call__(self, hidden: jax.Array) -> jax.Array:
     """[batch, seq, d_model] -> [batch, d_model]."""
-    act = {"tanh": jnp.tanh, "relu": jax.nn.relu, "gelu": ACTIVATIONS["gelu"]}[self.activation]
+    act = FUNCTIONS[self.activation]
     return act(dense(self.config, self.config.d_model, ("embed", "mlp"), "dense")(hidden[:, 0]))
 
 

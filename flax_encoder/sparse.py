@@ -53,7 +53,7 @@ from flax_encoder.router import ROUTERS, Router, read_router
 from flax_encoder.tokenizer import Tokenizer, TokenizerFailure
 
 POOLING_STRATEGIES = ("max", "sum")
-ACTIVATIONS = ("relu", "log1p_relu")
+SPLADE_ACTIVATIONS = ("relu", "log1p_relu")  # SpladePooling's activation_function
 SIMILARITIES = ("dot", "cosine")  # of sentence-transformers' four, those `similarity` computes
 # modules.json's (and router_config.json's) type of each module read -> its kind: where
 # sentence-transformers keeps the class, which 5.4 and 6 moved.
@@ -97,8 +97,8 @@ class SpladeModel:
   def __post_init__(self):
     if self.pooling not in POOLING_STRATEGIES:
       raise SparseError(f"pooling={self.pooling!r}, expected one of {POOLING_STRATEGIES}")
-    if self.activation not in ACTIVATIONS:
-      raise SparseError(f"activation={self.activation!r}, expected one of {ACTIVATIONS}")
+    if self.activation not in SPLADE_ACTIVATIONS:
+      raise SparseError(f"activation={self.activation!r}, expected one of {SPLADE_ACTIVATIONS}")
 
   @property
   def dim(self) -> int:
@@ -563,9 +563,9 @@ def _read_splade(module: str, pooling: str | None,
     if strategy not in POOLING_STRATEGIES:
       raise SparseError(f"{file}: pooling_strategy={strategy!r}, expected one of "
                         f"{POOLING_STRATEGIES}")
-    if activation not in ACTIVATIONS:
+    if activation not in SPLADE_ACTIVATIONS:
       raise SparseError(f"{file}: activation_function={activation!r}, expected one of "
-                        f"{ACTIVATIONS}")
+                        f"{SPLADE_ACTIVATIONS}")
   try:
     hf = read_hf(module, **settings)
     tokenizer = tokenizer_from_directory(module)
@@ -696,8 +696,8 @@ def save_splade(path: str | os.PathLike, pooling: str = "max", activation: str =
   path = os.fspath(path)
   if pooling not in POOLING_STRATEGIES:
     raise SparseError(f"pooling={pooling!r}, expected one of {POOLING_STRATEGIES}")
-  if activation not in ACTIVATIONS:
-    raise SparseError(f"activation={activation!r}, expected one of {ACTIVATIONS}")
+  if activation not in SPLADE_ACTIVATIONS:
+    raise SparseError(f"activation={activation!r}, expected one of {SPLADE_ACTIVATIONS}")
   if similarity not in embeddings.SIMILARITIES:
     raise SparseError(f"similarity={similarity!r}, expected one of {embeddings.SIMILARITIES}")
   if max_seq_length is not None and (isinstance(max_seq_length, bool) or not isinstance(

@@ -15,13 +15,11 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from flax_encoder import activations
 from flax_encoder.config import EncoderConfig
 
-# transformers' hidden_act -> EncoderConfig.activation
-ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-               "relu": "relu", "silu": "silu", "swish": "silu"}
-# EncoderConfig.activation -> the hidden_act written
-HIDDEN_ACTS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+# transformers' hidden_act -> EncoderConfig.activation, and back
+ACTIVATIONS, HIDDEN_ACTS = activations.TRANSFORMERS, activations.HIDDEN_ACTS
 
 
 class HFError(ValueError):
