@@ -32,6 +32,7 @@ from flax_encoder.dense import dense
 from flax_encoder.dropout import Dropout
 from flax_encoder.encoder import Encoder
 from flax_encoder.heads import Pooler, PredictionHead
+from flax_encoder import packing
 from flax_encoder.packing import segment_positions
 from flax_encoder.pooling import one_text_a_row, pool
 
@@ -44,14 +45,11 @@ HEAD_POOLINGS = {name: MODES[name] for name in ("first_head", "mean_head")}
 # A dense layer ({"pooler": {"dense": …}}) and its activation on the pooled state: BERT's
 # pooler, DistilBERT's pre-classifier, EuroBERT's dense layer and GELU.
 _POOLER = {"pooler": "tanh", "pre_classifier": "relu", "first_gelu": "gelu", "mean_gelu": "gelu"}
-# Ids a packed example takes at least, as the packing counts on: a row of seq_len ids holds
-# seq_len // 8 segments at most (16 in 128), which short texts (tens of ids) never reach.
-SEGMENT_IDS = 8
 
 
 def segments_per_row(seq_len: int) -> int:
   """The examples a packed row of `seq_len` ids holds at most: its logits' second axis."""
-  return max(1, seq_len // SEGMENT_IDS)
+  return packing.segments_per_row(seq_len, "example")
 
 
 def pair_token_types(tokens: jax.Array, separator: int,

@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder import activations
+from flax_encoder import activations, packing
 from flax_encoder.config import EncoderConfig
 from flax_encoder.encoder import Encoder
 from flax_encoder.families import HFError, read_hf, read_hf_weights
@@ -89,8 +89,6 @@ POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "ma
 # Dense's activation_function: the torch.nn classes (by their last name) it may be.
 ACTIVATIONS = tuple(name for name in activations.TORCH if name != "Softmax")
 SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
-# Ids a packed text takes at least ([CLS] x [SEP] is 3): a row of s ids holds s // 4 texts.
-SEGMENT_IDS = 4
 ROW_LENGTHS = (64, 128, 256, 512)
 BATCH_TOKENS = 2048  # ids a call encodes on a CPU: 32 rows of 64, 16 of 128, 8 of 256, 4 of 512
 MAX_BATCH_TOKENS = 1 << 17  # on an accelerator: at most this many ids a device a call
@@ -152,7 +150,7 @@ class SentenceModel:
 
 def segments_per_row(length: int) -> int:
   """The texts a packed row of `length` ids holds at most: `embed`'s second axis."""
-  return max(1, length // SEGMENT_IDS)
+  return packing.segments_per_row(length, "text")
 
 
 class SentenceEmbedding(nn.Module):

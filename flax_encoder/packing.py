@@ -13,6 +13,21 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+# The ids a packed text takes at least, which bounds the texts a row of s ids holds (s // it,
+# `segments_per_row`): what each packs, and why its bound is where it is.
+LEAST_IDS = {
+    "text": 4,  # a text embedded or scored ([CLS] x [SEP] is 3): the sentence encoders
+    # an example fine-tuned (classify, regress, tag): 16 in 128, which short texts (tens of
+    # ids) never reach, in half the logits of 4's
+    "example": 8,
+}
+
+
+def segments_per_row(length: int, packs: str = "text") -> int:
+  """The texts (`packs`: "text", "example": LEAST_IDS) a packed row of `length` ids holds at
+  most: the second axis of what is computed of them."""
+  return max(1, length // LEAST_IDS[packs])
+
 
 def segment_mask(segment_ids: jax.Array) -> jax.Array:
   """bool [batch, 1, q, k]: True where query and key belong to the same segment and the key is

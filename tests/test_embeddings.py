@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from flax_encoder import embeddings
+from flax_encoder import embeddings, packing
 from flax_encoder.embeddings import EmbeddingError, SentenceEncoder
 
 MAX_SEQ = 24  # ids a text is cut to: many of TEXTS are longer
@@ -184,7 +184,7 @@ def test_embed_in_a_jit_of_ones_own(loaded):
   rows = ours.pack(ours.tokenize(TEXTS, "the query: "))
   out = jax.jit(ours.apply)(ours.params, rows.tokens, rows.segment_ids, rows.positions,
                             ours.prompt_length("the query: "))
-  assert out.shape == (len(rows.tokens), MAX_SEQ // embeddings.SEGMENT_IDS, ours.dim)
+  assert out.shape == (len(rows.tokens), MAX_SEQ // packing.LEAST_IDS["text"], ours.dim)
   np.testing.assert_allclose(np.asarray(out)[rows.where[:, 0], rows.where[:, 1]], ours(TEXTS),
                              rtol=0, atol=2e-6)
 

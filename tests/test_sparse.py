@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from flax_encoder import embeddings, modules_json, sparse
+from flax_encoder import embeddings, modules_json, packing, sparse
 from flax_encoder.embeddings import EmbeddingError
 from flax_encoder.sparse import SparseEncoder, SparseError, SparseVectors, save_splade
 
@@ -287,7 +287,7 @@ def test_splade_in_a_jit_of_ones_own(loaded):
   ours, _ = loaded["bert-sum-log1p"]
   rows = ours.pack(ours.tokenize(TEXTS))
   out = jax.jit(ours.apply)(ours.params, rows.tokens, rows.segment_ids, rows.positions)
-  assert out.shape == (len(rows.tokens), MAX_SEQ // embeddings.SEGMENT_IDS, ours.dim)
+  assert out.shape == (len(rows.tokens), MAX_SEQ // packing.LEAST_IDS["text"], ours.dim)
   assert out.dtype == np.float32
   np.testing.assert_allclose(np.asarray(out)[rows.where[:, 0], rows.where[:, 1]],
                              ours.encode(TEXTS).toarray(), rtol=0, atol=2e-6)
