@@ -173,8 +173,8 @@ def task(config, cfg: EncoderConfig, baseline_token: int, ids: SpecialIds = PROJ
   and data of special `ids`; `checkpoint_head`: a Hugging Face checkpoint's head (`decoder_head`:
   an untied decoder)."""
   return MaskedLMTask(
-      model=MaskedLM(cfg, tie_embeddings=_tied(config, cfg, checkpoint_head), checkpoint_head=checkpoint_head,
-                     decoder_head=decoder_head,
+      model=MaskedLM(cfg, tie_embeddings=_tied(config, cfg, checkpoint_head),
+                     checkpoint_head=checkpoint_head, decoder_head=decoder_head,
                      check_traced_ids=False),  # the windows' ids are checked as read
       mask_rate=config.task.mask_rate,
       predictions=predictions_per_row(config.task.mask_rate, config.train.seq_len,

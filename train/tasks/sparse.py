@@ -31,7 +31,8 @@ import numpy as np
 from flax_encoder import families
 from flax_encoder import modules_json
 from flax_encoder.masked_lm import MaskedLM
-from flax_encoder.sparse import ACTIVATIONS, POOLING_STRATEGIES, SpladeEmbedding, SpladeModel
+from flax_encoder.sparse import (POOLING_STRATEGIES, SPLADE_ACTIVATIONS, SpladeEmbedding,
+                                 SpladeModel)
 from flax_encoder.tokenizer import Template
 from train.errors import RunError
 from train.run.load import load_params, recorded_encoder_config
@@ -240,7 +241,7 @@ DEFINITION = Definition(
     name="sparse",
     fields={**contrastive.PAIR_FIELDS,
             "task.pooling": Field(choice(POOLING_STRATEGIES)),
-            "task.activation": Field(choice(ACTIVATIONS)),
+            "task.activation": Field(choice(SPLADE_ACTIVATIONS)),
             "task.document_regularizer": Field(number(0, low_open=False)),
             "task.query_regularizer": Field(number(0, low_open=False)),
             "init.fresh_head": Field(boolean)},
