@@ -222,8 +222,9 @@ def test_a_run_reads_its_start_folder_once(groups, hf_dir, tmp_path, monkeypatch
   from flax_encoder.families import directory
   from train import tasks
   from train.task import Resume
-  from train.tasks import rerank
+  from train.tasks import rerank, start
   config_json = os.path.realpath(os.path.join(hf_dir, "config.json"))
+  monkeypatch.setattr(start, "_OPENED", {})  # as in a process of its own
   opened, weights = [], []
   real_open, real_read = builtins.open, directory._read_file
 

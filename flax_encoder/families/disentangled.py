@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_encoder.dropout import Dropout
+from flax_encoder.families.part_spec import read_spec
 from flax_encoder.norm import layer_norm
 
 TYPES = ("c2p", "p2c")
@@ -59,19 +60,12 @@ class Part:
     """The Part of "disentangled[,key=value…]"; ValueError saying what was expected."""
     expected = ("'disentangled' then ',buckets=N' (N >= 0, even), ',max_relative=N' (N >= 2), "
                 f"',types=' some of {'|'.join(TYPES)}, ',norm=' one of {'|'.join(NORMS)}")
-    name, *items = [item.strip() for item in spec.split(",")]
-    settings: dict = {}
-    try:
-      for item in items:
-        key, value = item.split("=")
-        if key in settings or key not in ("buckets", "max_relative", "types", "norm"):
-          raise ValueError(key)
-        settings[key] = (int(value) if key in ("buckets", "max_relative") else
-                         tuple(value.split("|")) if key == "types" else value)
-      part = cls(**settings)
-    except (ValueError, TypeError):
-      raise ValueError(expected) from None
-    if (name != "disentangled" or part.buckets < 0 or part.buckets % 2
+    settings = read_spec(spec, "disentangled", {"buckets": int, "max_relative": int, "norm": str,
+                                                "types": lambda v: tuple(v.split("|"))})
+    if settings is None:
+      raise ValueError(expected)
+    part = cls(**settings)
+    if (part.buckets < 0 or part.buckets % 2
         or part.max_relative < 2 or not set(part.types) <= set(TYPES)
         or len(set(part.types)) != len(part.types) or part.norm not in NORMS):
       raise ValueError(expected)

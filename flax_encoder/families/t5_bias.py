@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_encoder.families.part_spec import read_spec
+
 # T5's and MPNet's: distances from this on share one direction's farthest bucket.
 MAX_DISTANCE = 128
 
@@ -66,18 +68,11 @@ class Part:
     expected = ("'t5_bias' then ',buckets=N', N even from 4 to 510 (T5's buckets: a quarter "
                 f"of them one distance each, below the distance {MAX_DISTANCE} where the rest "
                 f"end)")
-    name, *items = [item.strip() for item in spec.split(",")]
-    settings: dict = {}
-    try:
-      for item in items:
-        key, value = item.split("=")
-        if key in settings or key != "buckets":
-          raise ValueError(key)
-        settings[key] = int(value)
-      part = cls(**settings)
-    except (ValueError, TypeError):
-      raise ValueError(expected) from None
-    if name != "t5_bias" or part.buckets % 2 or not 4 <= part.buckets <= 510:
+    settings = read_spec(spec, "t5_bias", {"buckets": int})
+    if settings is None:
+      raise ValueError(expected)
+    part = cls(**settings)
+    if part.buckets % 2 or not 4 <= part.buckets <= 510:
       raise ValueError(expected)
     return part
 

@@ -592,15 +592,22 @@ def summary(metrics: dict) -> str:
 # sentence-transformers.
 
 
-def read_trained(workdir: str, **settings) -> tuple[EncoderConfig, dict, dict]:
-  """(the encoder's config, run as `settings` say; the parameters {'encoder': …}; the
-  checkpoint's record) of the newest verified checkpoint of the contrastive run `workdir`."""
+def read_run(workdir: str, model_of, **settings) -> tuple[EncoderConfig, dict, dict]:
+  """(the encoder's config, run as `settings` say; the parameters; the checkpoint's record) of
+  the newest verified checkpoint of the run of pairs `workdir`, whose model `model_of(record)`
+  is (the pair tasks' read_trained)."""
   def init_for(record):
-    model = sentence_model(recorded_encoder_config(record), record["pooling"])
+    model = model_of(record)
     return lambda: model.init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
 
   params, record = load_params(workdir, init_for)
   return recorded_encoder_config(record, **settings), params, record
+
+
+def read_trained(workdir: str, **settings) -> tuple[EncoderConfig, dict, dict]:
+  """`read_run` of the contrastive run `workdir`: the parameters {'encoder': …}."""
+  return read_run(workdir, lambda record: sentence_model(recorded_encoder_config(record),
+                                                         record["pooling"]), **settings)
 
 
 def sentence_encoder(workdir: str, dtype: str = "float32"):

@@ -55,7 +55,7 @@ from flax_encoder.multi_vector import (EMPTY_DOCUMENT_SCORE, SCORE_ELEMENTS, Mul
                                        TokenVectors, _vocabulary, maxsim)
 from flax_encoder.tokenizer import Template
 from train.errors import RunError
-from train.run.load import load_params, recorded_encoder_config
+from train.run.load import recorded_encoder_config
 from train.task import (FIXES_STATE, Definition, Field, Plots, Resume, Setup, boolean, integer,
                         optional)
 from train.tasks import contrastive, finetune, tokenizing
@@ -354,15 +354,10 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
 
 
 def read_trained(workdir: str, **settings) -> tuple[EncoderConfig, dict, dict]:
-  """(the encoder's config, run as `settings` say; the parameters {'encoder': …, 'dense_0': …};
-  the checkpoint's record) of the newest verified checkpoint of the multi-vector run
-  `workdir`."""
-  def init_for(record):
-    model = token_model(recorded_encoder_config(record), record["dim"])
-    return lambda: model.init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
-
-  params, record = load_params(workdir, init_for)
-  return recorded_encoder_config(record, **settings), params, record
+  """`contrastive.read_run` of the multi-vector run `workdir`: the parameters {'encoder': …,
+  'dense_0': …}."""
+  return contrastive.read_run(workdir, lambda record: token_model(
+      recorded_encoder_config(record), record["dim"]), **settings)
 
 
 def multi_vector_encoder(workdir: str, dtype: str = "float32") -> MultiVectorEncoder:

@@ -35,7 +35,7 @@ from flax_encoder.sparse import (POOLING_STRATEGIES, SPLADE_ACTIVATIONS, SpladeE
                                  SpladeModel)
 from flax_encoder.tokenizer import Template
 from train.errors import RunError
-from train.run.load import load_params, recorded_encoder_config
+from train.run.load import recorded_encoder_config
 from train.task import (Definition, Field, HFModel, Plots, Resume, Setup, boolean, choice,
                         number)
 from train.tasks import contrastive, finetune, tokenizing
@@ -202,15 +202,11 @@ def summary(metrics: dict) -> str:
 
 
 def read_trained(workdir: str, **settings) -> tuple:
-  """(the encoder's config, run as `settings` say; the parameters {'encoder', 'masked_lm'};
-  the checkpoint's record) of the newest verified checkpoint of the sparse run `workdir`."""
-  def init_for(record):
-    model = MaskedLM(recorded_encoder_config(record), checkpoint_head=True,
-                     decoder_head=_untied(record.get("family")))
-    return lambda: model.init(jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32))["params"]
-
-  params, record = load_params(workdir, init_for)
-  return recorded_encoder_config(record, **settings), params, record
+  """`contrastive.read_run` of the sparse run `workdir`: the parameters {'encoder',
+  'masked_lm'}."""
+  return contrastive.read_run(workdir, lambda record: MaskedLM(
+      recorded_encoder_config(record), checkpoint_head=True,
+      decoder_head=_untied(record.get("family"))), **settings)
 
 
 def sparse_encoder(workdir: str, dtype: str = "float32"):
