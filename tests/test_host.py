@@ -66,6 +66,8 @@ def test_jemalloc_is_preloaded_where_installed_unless_glibc_is_asked_for(tmp_pat
   given = host.jemalloc_environment({"MALLOC_CONF": "narenas:1"})  # the user's come last
   assert given["MALLOC_CONF"] == f"{host.JEMALLOC_CONF},narenas:1"
   assert host.jemalloc_environment({host.MALLOC_ENV: "glibc"}) is None
+  assert host.jemalloc_environment({host.MALLOC_ENV: "GLIBC"}) is None  # case aside
+  assert host.jemalloc_environment({host.MALLOC_ENV: "jemalloc"})["LD_PRELOAD"] == str(library)
   assert host.jemalloc_environment({"LD_PRELOAD": str(library)}) is None  # preloaded already
 
 
@@ -81,3 +83,17 @@ def test_the_program_runs_itself_again_with_jemalloc_and_says_when_it_cannot(tmp
   ran = runs.train(str(tmp_path / "glibc"), "--config.train.num_steps=1",
                    env={**runs.environment(), "FLAX_ENCODER_MALLOC": "glibc"})
   assert "(host malloc: glibc)" in ran.stderr
+
+
+@pytest.mark.parametrize("value", ["tcmalloc", "mimalloc", "glib"])
+def test_a_malloc_the_program_does_not_load_is_refused_in_one_line(value):
+  # It was taken for jemalloc, silently.
+  with pytest.raises(ValueError, match=f"^FLAX_ENCODER_MALLOC='{value}', expected one of "
+                                       f"jemalloc, glibc "):
+    host.jemalloc_environment({host.MALLOC_ENV: value})
+  env = {**os.environ, host.MALLOC_ENV: value}
+  result = subprocess.run([sys.executable, "-m", "train", "--workdir", "unused"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, check=False)
+  assert result.returncode == 2 and result.stdout == ""
+  (line,) = result.stderr.strip().splitlines()
+  assert line.startswith(f"error: FLAX_ENCODER_MALLOC='{value}', expected one of")

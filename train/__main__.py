@@ -137,7 +137,11 @@ def main(argv, given: dict | None = None):
 
 
 if __name__ == "__main__":
-  with_jemalloc = jemalloc_environment()  # see train/run/host.py
+  try:
+    with_jemalloc = jemalloc_environment()  # see train/run/host.py
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
   if with_jemalloc is not None:
     os.execve(sys.executable, sys.orig_argv, with_jemalloc)  # the same command, same pid
   app.run(main, flags_parser=parse_flags)

@@ -43,16 +43,24 @@ JEMALLOC = tuple(f"/usr/lib/{arch}-linux-gnu/libjemalloc.so.2" for arch in ("x86
 # Huge pages (2 MiB) for jemalloc's blocks: a step's block of temporaries, mapped afresh each
 # step, then faults in 512 times fewer pages (module docstring).
 JEMALLOC_CONF = "thp:always"
-# FLAX_ENCODER_MALLOC=glibc keeps glibc's malloc (bound_freed_memory) where jemalloc is there.
+# FLAX_ENCODER_MALLOC=glibc keeps glibc's malloc (bound_freed_memory) where jemalloc is there;
+# jemalloc (or unset) preloads it where it is installed. Case aside, nothing else is taken.
 MALLOC_ENV = "FLAX_ENCODER_MALLOC"
+MALLOCS = ("jemalloc", "glibc")
 
 
 def jemalloc_environment(environ=None) -> dict | None:
   """The environment to run this program again in with jemalloc preloaded; None where it is
-  preloaded already, is not installed, or MALLOC_ENV says glibc."""
+  preloaded already, is not installed, or MALLOC_ENV says glibc. ValueError (one line) where
+  MALLOC_ENV names another malloc, which this program does not load."""
   environ = dict(os.environ if environ is None else environ)
   preloaded = environ.get("LD_PRELOAD", "")
-  if environ.get(MALLOC_ENV) == "glibc" or "jemalloc" in preloaded:
+  asked = environ.get(MALLOC_ENV, "").strip().lower()
+  if asked and asked not in MALLOCS:
+    raise ValueError(f"{MALLOC_ENV}={environ[MALLOC_ENV]!r}, expected one of {', '.join(MALLOCS)} "
+                     f"(jemalloc where it is installed, the default; glibc's malloc); another "
+                     f"malloc is yours to preload with LD_PRELOAD")
+  if asked == "glibc" or "jemalloc" in preloaded:
     return None
   found = next((path for path in JEMALLOC if os.path.isfile(path)), None)
   if found is None:
