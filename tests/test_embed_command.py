@@ -3,6 +3,7 @@
 time; bad arguments and lines refused in one line, leaving no output behind."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -155,3 +156,26 @@ def test_a_new_out_format_is_one_entry_of_the_table(folder, expected, tmp_path, 
     embed.main(["--help"])
   said = capsys.readouterr().out
   assert "  .tsv      id and numbers a line\n" in said and "  DIR/      (a name ending in /" in said
+
+
+@pytest.mark.parametrize("part_mb", ["1e-6", "0", "-1", "inf", "nan", "2e6"])
+def test_a_part_size_that_cannot_serve_is_refused_naming_the_range(part_mb, tmp_path, capsys):
+  # 1e-6 made one-byte parts (3,000 parts, 9,001 files of a 3 KB input); inf an OverflowError.
+  with pytest.raises(SystemExit) as e:
+    embed.main(["--model", str(tmp_path), "--input", str(tmp_path / "t.txt"), "--out",
+                str(tmp_path / "out") + "/", "--part-mb", part_mb])
+  assert e.value.code == 2
+  error = capsys.readouterr().err.strip().splitlines()[-1]
+  assert f"--part-mb {float(part_mb)}, expected a number of MiB from 0.000244141 (256 bytes) " \
+         f"to 1048576" in error
+  assert not os.path.exists(tmp_path / "out")
+  from train.outputs import corpus
+  with pytest.raises(RunError, match="^part_mb: "):
+    corpus.embed_parts(None, "", "", str(tmp_path / "out"), part_mb=float(part_mb))
+
+
+def test_the_help_says_the_part_size_default_and_what_a_part_is_for(capsys):
+  with pytest.raises(SystemExit):
+    embed.main(["--help"])
+  said = " ".join(capsys.readouterr().out.split())
+  assert "(default 16;" in said and "the unit a stopped run resumes from" in said

@@ -190,8 +190,12 @@ def test_bad_configs_stop_before_anything_is_built(tmp_path):
     assert result.returncode == 2
     _one_error_line(result, *words)
   (tmp_path / "broken.py").write_text("x = \n")
+  # a file whose code raises as it is imported: a traceback and exit 1 it was
+  (tmp_path / "raising.py").write_text("raise RuntimeError('the cluster is not reachable')\n")
   for config, words in ((str(tmp_path / "missing.py"), ("missing.py", "No such file")),
                         (str(tmp_path / "broken.py"), ("broken.py", "line 1", "invalid syntax")),
+                        (str(tmp_path / "raising.py"),
+                         ("raising.py", "RuntimeError: the cluster is not reachable")),
                         (f"{runs.TINY}:extra", ("tiny.py:extra", "get_config() takes 0"))):
     result = runs.train(str(workdir), config=config, check=False)
     assert result.returncode == 2

@@ -8,6 +8,7 @@ disk) is one line and exit code 1. A traceback means a bug.
 import logging
 import os
 import sys
+import traceback
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -60,13 +61,25 @@ def parse_flags(argv, flag_values: flags.FlagValues = flags.FLAGS):
       lines = [f"{lines[0].rstrip(':')} ({lines[-1]})"]
     print(f"error: {' '.join(lines)}", file=sys.stderr)
     sys.exit(2)
-  except (OSError, SyntaxError, TypeError, ImportError) as e:  # what loading the file raised
+  except Exception as e:  # noqa: BLE001 - what loading the file raised, or a bug (re-raised)
     given = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "")
+    loading = (OSError, SyntaxError, TypeError, ImportError)
+    if not (isinstance(e, loading) or _raised_in(e, given.split(":", 1)[0])):
+      raise
+    said = (str(e).strip().splitlines() or [""])[-1].strip()
     why = (f"line {e.lineno}: {e.msg}" if isinstance(e, SyntaxError)
-           else str(e).strip().splitlines()[-1].strip())
+           else said if isinstance(e, loading) else f"{type(e).__name__}: {said}")
     print(f"error: --config {given}: cannot load it ({why}); expected a configs/*.py file "
           f"(or one like it) with a get_config()", file=sys.stderr)
     sys.exit(2)
+
+
+def _raised_in(error: BaseException, file: str) -> bool:
+  """Whether `error` was raised within the code of `file` (a config file: the user's code)."""
+  if not file:
+    return False
+  frames = traceback.extract_tb(error.__traceback__)
+  return any(os.path.realpath(frame.filename) == os.path.realpath(file) for frame in frames)
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> dict:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -34,11 +35,24 @@ from train.files import sha256_file, written_whole
 from train.outputs.nonfinite import NonFinite
 
 PART_MB = 16  # MiB of input a part, by default
+# The sizes a part may be, in MiB: from 256 bytes (below, a line or less a part makes thousands
+# of files of a small input) to 1 TiB (a part is embedded and written whole).
+PART_MB_RANGE = (256 / (1 << 20), 1 << 20)
 _CHUNK = 1024  # texts a device embeds at once, between writes and moves of the progress bar
 _SAMPLE = 1 << 20  # bytes of the input's head and tail its fingerprint reads
 _PROBE = ("The quick brown fox, 1234 — naïve café; 東京 ¿qué? <b>x</b> don't [MASK] "
           "e=mc^2 #hashtag @user https://example.com/a?b=c 😀")  # a fingerprint's tokenizer text
 _REFRESH_S = 2.0  # how often process 0 looks for the parts the others wrote
+
+
+def part_mb_problem(part_mb) -> str | None:
+  """What is wrong with `part_mb` as the MiB of input of a part (PART_MB_RANGE), or None."""
+  low, high = PART_MB_RANGE
+  if isinstance(part_mb, bool) or not isinstance(part_mb, (int, float)) or not (
+      math.isfinite(part_mb) and low <= part_mb <= high):
+    return (f"{part_mb}, expected a number of MiB from {low:.6g} (256 bytes) to {high} (a part "
+            f"is written whole: the unit a run resumes from and that processes share)")
+  return None
 
 
 def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: str = "text",
@@ -49,6 +63,9 @@ def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: 
   """Embeds this process's parts of `input_path` into the folder `out_dir` with `encoder`
   (a SentenceEncoder, its devices chosen); process 0 then writes the manifest, after
   `barrier()` (every process done). Returns (texts embedded now, parts written now)."""
+  wrong = part_mb_problem(part_mb)
+  if wrong:
+    raise RunError(f"part_mb: {wrong}")
   index, count = process
   prompt_text = encoder.prompt_text(prompt, prompt_name)
   part_bytes = max(1, int(part_mb * (1 << 20)))

@@ -459,8 +459,12 @@ def main(argv=None) -> int:
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   parser.add_argument("--allow-nonfinite", action="store_true",
                       help="write embeddings that are NaN or inf (warned of), not stop")
+  low, high = corpus.PART_MB_RANGE
   parser.add_argument("--part-mb", type=float, default=corpus.PART_MB,
-                      help="MiB of input a part of a folder --out holds")
+                      help=f"MiB of input a part of a folder --out holds (default "
+                      f"{corpus.PART_MB}; {low:.6g} to {high}): a part is embedded and written "
+                      f"whole, the unit a stopped run resumes from and that several processes "
+                      f"share")
   parser.add_argument("--batch-tokens", type=int,
                       help="ids a call encodes on each device (default: from its memory)")
   multihost = parser.add_argument_group("several processes (python -m train.launch gives these)")
@@ -474,10 +478,11 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if args.prompt is not None and args.prompt_name is not None:
     parser.error("--prompt and --prompt-name: both given, expected one")
-  for name in ("part_mb", "batch_tokens"):
-    value = getattr(args, name)
-    if value is not None and not value > 0:
-      parser.error(f"--{name.replace('_', '-')} {value}: expected a number > 0")
+  if args.batch_tokens is not None and not args.batch_tokens > 0:
+    parser.error(f"--batch-tokens {args.batch_tokens}: expected a number > 0")
+  wrong = corpus.part_mb_problem(args.part_mb)
+  if wrong:
+    parser.error(f"--part-mb {wrong}")
   process, barrier = (0, 1), None
   if args.multihost:
     process, barrier = _join(args)
