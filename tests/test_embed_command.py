@@ -179,3 +179,13 @@ def test_the_help_says_the_part_size_default_and_what_a_part_is_for(capsys):
     embed.main(["--help"])
   said = " ".join(capsys.readouterr().out.split())
   assert "(default 16;" in said and "the unit a stopped run resumes from" in said
+
+
+def test_a_folder_out_that_is_a_file_is_refused_as_one(tmp_path):
+  # "afile/" where afile is a file: "cannot write it (File exists)", exit 1, it was
+  (tmp_path / "afile").write_text("kept\n")
+  (tmp_path / "t.txt").write_text("a text\n")
+  with pytest.raises(RunError) as e:
+    embed.embed(str(tmp_path / "no-model"), str(tmp_path / "t.txt"), f"{tmp_path / 'afile'}/")
+  assert str(e.value) == f"--out {tmp_path / 'afile'}/: a file, expected a folder"
+  assert e.value.exit_code == 2 and (tmp_path / "afile").read_text() == "kept\n"

@@ -410,12 +410,13 @@ def is_folder(out_path: str) -> bool:
 
 def check_folder(out_path: str) -> None:
   """RunError where a folder --out cannot be made or written."""
-  parent = os.path.dirname(os.path.abspath(out_path.rstrip("/" + os.sep)))
+  # "afile/" does not exist to the system where afile is a file: look at the name without the /
+  path = out_path.rstrip("/" + os.sep) or out_path
+  parent = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(parent):
     raise RunError(f"--out {out_path}: no directory {parent} to make it in")
-  if os.path.exists(out_path) and not os.path.isdir(out_path):
-    raise RunError(f"--out {out_path}: {special_kind(out_path) or 'a file'}, expected a "
-                   f"folder")
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise RunError(f"--out {out_path}: {special_kind(path) or 'a file'}, expected a folder")
 
 
 def _interrupt(signum, frame):
