@@ -323,6 +323,8 @@ def test_a_stored_file_opens_as_its_decompressed_bytes(tmp_path, suffix):
      "JSON nested too deeply to read, expected a JSON object of a few levels"),
     ('{"text": 3}', "'text' (--text-field) is int, expected a string"),
     ('{"text": null}', "'text' (--text-field) is NoneType, expected a string"),
+    # it said "'text' (--text-field) is NoneType", of a line it named by its byte alone
+    ('{"body": "a"}', "no 'text' field (--text-field), expected the text there"),
 ])
 def test_a_record_is_refused_in_the_same_words_wherever_it_is_read(tmp_path, line, said):
   from train.data import sources
@@ -333,12 +335,29 @@ def test_a_record_is_refused_in_the_same_words_wherever_it_is_read(tmp_path, lin
     list(sources.Source(str(path)).documents("text"))
   with pytest.raises(RunError) as embedded:  # --out FILE: by line number
     list(embed.texts_of(sources.Source(str(path)), str(path), "text", "id"))
-  with pytest.raises(RunError) as parts:  # --out DIR/: by byte, its line number unknown
+  with pytest.raises(RunError) as parts:  # --out DIR/: its number counted, and its byte
     list(corpus._reader(str(path), 1 << 20, "text", "id").read(0))
-  assert str(parts.value) == f"--input {path}: the line at byte 23: {said}"
+  assert str(parts.value) == f"--input {path}: line 2 (at byte 23): {said}"
   if "--text-field" in said:  # prepare says which field it wanted its own way
     assert str(embedded.value) == f"--input {path}: line 2: {said}"
   else:
     assert str(prepared.value) == str(embedded.value) == f"{path}:2: {said}"
   assert sources.text_of(sources.record_of_line('{"text": "a", "id": 7}', "x"), "x", "text",
                          "id") == (7, "a")
+
+
+@pytest.mark.parametrize("name", ["in.jsonl", "in.jsonl.gz"])
+def test_a_bad_line_of_a_later_part_is_named_by_its_number_in_the_input(tmp_path, name):
+  from train.outputs import corpus
+  lines = [json.dumps({"text": f"text {i}", "id": i}) for i in range(50)]
+  lines[36] = json.dumps({"body": "no text here"})
+  data = ("\n".join(lines) + "\n").encode()
+  path = tmp_path / name
+  path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+  reader = corpus._reader(str(path), 200, "text", "id")
+  begins = data.index(lines[36].encode())
+  with pytest.raises(RunError) as e:
+    for k in range(len(data) // 200 + 1):
+      list(reader.read(k))
+  assert str(e.value) == (f"--input {path}: line 37 (at byte {begins}): no 'text' field "
+                          f"(--text-field), expected the text there")

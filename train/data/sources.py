@@ -185,8 +185,12 @@ def record_of_line(line: str, where: str) -> dict:
 def text_of(record: dict, where: str, text_field: str,
             id_field: str | None = None) -> tuple[object, str]:
   """(the id under `id_field`, None where absent or null; the text under `text_field`) of a
-  record or a Parquet row; PrepareError "`where`: ..." where the text is not a string."""
-  text = record.get(text_field)
+  record or a Parquet row; PrepareError "`where`: ..." where there is no text, or it is not a
+  string."""
+  if text_field not in record:
+    raise PrepareError(f"{where}: no {text_field!r} field (--text-field), expected the text "
+                       f"there")
+  text = record[text_field]
   if not isinstance(text, str):
     raise PrepareError(f"{where}: {text_field!r} (--text-field) is {type(text).__name__}, "
                        f"expected a string")

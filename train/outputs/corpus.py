@@ -402,13 +402,27 @@ class _Lines:
       if self.format == "text":
         yield number, None, line.rstrip("\r\n")
         continue
-      where = f"--input {self.path}: the line at byte {begins}"  # its number is not known
+      where = f"--input {self.path}: the line at byte {begins}"
       try:
         id_, text = sources.text_of(sources.record_of_line(line, where), where,
                                     self.text_field, self.id_field)
-      except sources.PrepareError as e:
-        raise RunError(str(e)) from None
+      except sources.PrepareError as e:  # its number, counted now that it is needed
+        said = str(e).replace(where, f"--input {self.path}: line {self._line_at(begins)} "
+                                     f"(at byte {begins})", 1)
+        raise RunError(said) from None
       yield number, id_, text
+
+  def _line_at(self, begins: int) -> int:
+    """The number (from 1) of the line of the input that begins at byte `begins` (of the
+    decompressed stream), counting the lines before it."""
+    seen, left = 0, begins
+    with sources.decompressed(self.path) as f:
+      while left > 0:
+        block = f.read(min(left, 1 << 20))
+        if not block:
+          break
+        seen, left = seen + block.count(b"\n"), left - len(block)
+    return seen + 1
 
 
 class _RowGroups:
