@@ -216,3 +216,23 @@ def test_two_processes_of_two_devices_and_eight_devices_write_what_one_device_wr
     ids, vectors = read_embeddings(written)
     assert ids == expected_ids
     np.testing.assert_allclose(vectors, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("option, value, said", [
+    # a changed --dtype was said as a change of the model's fingerprint
+    ("--dtype", "bfloat16", "--dtype was 'float32', now 'bfloat16'"),
+    # a changed --id-field was hidden by a cut of both fields at 20 characters
+    ("--id-field", "key", "--id-field was 'id', now 'key'"),
+    ("--text-field", "body", "--text-field was 'text', now 'body'"),
+])
+def test_a_changed_option_is_named_with_both_values(option, value, said, folder, tmp_path,  # noqa: F811
+                                                     capsys):
+  source = tmp_path / "in.jsonl"
+  _jsonl(source, [{**r, "key": r.get("id"), "body": r["text"]} for r in _records(8)])
+  out = str(tmp_path / "out") + "/"
+  common = ["--model", folder, "--out", out, "--part-mb", str(PART_MB), "--input", str(source)]
+  assert embed.main(common) == 0
+  capsys.readouterr()
+  assert embed.main([*common, option, value]) == 2
+  error = capsys.readouterr().err.strip().splitlines()[-1]
+  assert f"holds the embeddings of another run ({said}); expected this command's" in error

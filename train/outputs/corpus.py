@@ -186,28 +186,40 @@ def _prepare_folder(out_dir: str, header: dict, index: int) -> str:
   return key
 
 
+# What a folder's manifest records of the run that wrote it, and what each is, in the order a
+# difference is said: the options before the fingerprints they change (--dtype, the weights').
+_RECORDED = ((("model", "dtype"), "--dtype"), (("model", "prompt"), "the prompt"),
+             (("fields", "text"), "--text-field"), (("fields", "id"), "--id-field"),
+             (("part_bytes",), "a part's bytes (--part-mb)"),
+             (("input", "bytes"), "the input's size"),
+             (("input", "fingerprint"), "the input's fingerprint"),
+             (("model", "fingerprint"), "the model's fingerprint (its weights, modules and "
+                                        "tokenizer)"),
+             (("version",), "the format's version"))
+
+
 def _difference(before: dict | None, header: dict) -> str:
-  """What differs between the run that wrote a folder and this one, said briefly."""
+  """What differs between the run that wrote a folder and this one: the first field of
+  _RECORDED that does, with both values."""
   if before is None:
     return "its manifest.json is not this program's"
-  for part, field, said in (("input", "bytes", "the input's size"),
-                            ("input", "fingerprint", "the input's fingerprint"),
-                            ("model", "fingerprint", "the model's fingerprint (its weights, "
-                                                     "modules and tokenizer)"),
-                            ("model", "prompt", "the prompt"), ("model", "dtype", "--dtype")):
-    then, now = before.get(part, {}).get(field), header[part][field]
+  for path, said in _RECORDED:
+    then, now = _field(before, path), _field(header, path)
     if then != now:
       return f"{said} was {_brief(then)}, now {_brief(now)}"
-  for field, said in (("fields", "the fields"), ("part_bytes", "a part's bytes (--part-mb)"),
-                      ("version", "the format's version")):
-    if before.get(field) != header[field]:
-      return f"{said} was {_brief(before.get(field))}, now {_brief(header[field])}"
   return "its manifest differs"
 
 
+def _field(manifest: dict, path: tuple[str, ...]):
+  for key in path:
+    manifest = manifest.get(key) if isinstance(manifest, dict) else None
+  return manifest
+
+
 def _brief(value) -> str:
+  """`value` as said: a fingerprint (64 hexadecimal digits) by its first 12."""
   said = repr(value)
-  return said if len(said) <= 20 else said[:17] + "..."
+  return said[:13] + "…'" if isinstance(value, str) and len(value) == 64 else said
 
 
 def _written(out_dir: str, key: str) -> set[int]:
