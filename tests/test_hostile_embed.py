@@ -85,6 +85,20 @@ def test_what_a_killed_embed_left_is_removed_by_the_next_and_said(folder, tmp_pa
       [f"e{suffix}", live.name, elsewhere.name, "texts.txt"])
 
 
+def test_a_first_manifest_write_killed_is_removed_by_the_next_run_and_said(folder, tmp_path,
+                                                                          capsys):
+  # every later run refused the folder ("a directory holding 'manifest.tmp-…'") until the
+  # file was removed by hand
+  texts, out = _texts(tmp_path), tmp_path / "out"
+  out.mkdir()
+  left = out / f"manifest.tmp-{socket.gethostname()}-999999999.json"  # kill -9's
+  left.write_text('{"format": "flax-encoder embeddings", "key": "hal')
+  assert embed.main(["--model", folder, "--input", texts, "--out", f"{out}/"]) == 0
+  assert (f"removed {left}, left by a process that was stopped before it finished"
+          in capsys.readouterr().err)
+  assert not left.exists() and (out / "manifest.json").is_file()
+
+
 # --- Embeddings that are not finite ----------------------------------------------------------
 
 

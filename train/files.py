@@ -59,6 +59,14 @@ def left_by_killed(stem: str, suffix: str = "") -> list[str]:
                 if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)))
 
 
+def remove_left_by_killed(stem: str, suffix: str = "") -> None:
+  """Removes the files of `left_by_killed(stem, suffix)`, saying so on stderr."""
+  for left in left_by_killed(stem, suffix):
+    if os.path.isfile(left) and not os.path.islink(left):
+      os.remove(left)
+      _said_removed(left)
+
+
 def _said_removed(left: str) -> None:
   print(f"removed {left}, left by a process that was stopped before it finished",
         file=sys.stderr)
@@ -131,10 +139,7 @@ def written_whole(path: str):
   into_stream = stream(path)
   stem, suffix = os.path.splitext(os.path.join(tempfile.gettempdir(), os.path.basename(path))
                                   if into_stream else path)
-  for left in left_by_killed(stem, suffix):
-    if os.path.isfile(left) and not os.path.islink(left):
-      os.remove(left)
-      _said_removed(left)
+  remove_left_by_killed(stem, suffix)
   tmp = f"{stem}.tmp-{_host()}-{os.getpid()}{suffix}"
   try:
     yield tmp

@@ -31,7 +31,7 @@ import numpy as np
 from flax_encoder import corpus
 from train.data import examples, sources
 from train.errors import RunError
-from train.files import sha256_file, written_whole
+from train.files import remove_left_by_killed, sha256_file, written_whole
 from train.outputs.nonfinite import NonFinite
 
 PART_MB = 16  # MiB of input a part, by default
@@ -175,6 +175,8 @@ def _prepare_folder(out_dir: str, header: dict, index: int) -> str:
                      f"command's: give another --out, or remove {out_dir} to start over")
     return key
   if os.path.isdir(out_dir):
+    # the first manifest's write, killed (kill -9), left its temporary file: not another's
+    remove_left_by_killed(*os.path.splitext(manifest))
     others = [n for n in os.listdir(out_dir) if not n.startswith("part-")]
     if others:
       raise RunError(f"--out {out_dir}: a directory holding {others[0]!r} and no "
