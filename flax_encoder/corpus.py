@@ -36,6 +36,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from flax_encoder.modules_json import read_json
+
 MANIFEST = "manifest.json"
 FORMAT = "flax-encoder embeddings"
 VERSION = 1
@@ -89,29 +91,51 @@ def sha256_of(path: str) -> str:
 
 
 def _json(path: str) -> dict:
-  try:
-    with open(path, encoding="utf-8") as f:
-      value = json.load(f)
-  except FileNotFoundError:
-    raise CorpusError(f"{path}: no such file") from None
-  except (OSError, ValueError) as e:
-    raise CorpusError(f"{path}: not readable JSON ({e})") from None
-  if not isinstance(value, dict):
-    raise CorpusError(f"{path}: a JSON {type(value).__name__}, expected an object")
-  return value
+  return read_json(path, CorpusError, dict, required=True)
+
+
+# What the manifest says of each part, and its type.
+_PART = {"file": str, "rows": int, "first_line": int, "sha256": str, "ids_sha256": str}
 
 
 def read_manifest(directory: str) -> dict:
-  """The manifest of a folder of parts; CorpusError where it is not one, or not complete."""
-  manifest = _json(os.path.join(directory, MANIFEST))
+  """The manifest of a folder of parts, checked as far as the readers read it; CorpusError
+  naming the file and the field where it is not one, or not complete."""
+  file = os.path.join(directory, MANIFEST)
+  manifest = _json(file)
   if manifest.get("format") != FORMAT:
-    raise CorpusError(f"{os.path.join(directory, MANIFEST)}: format "
-                      f"{manifest.get('format')!r}, expected {FORMAT!r}")
+    raise CorpusError(f"{file}: format {manifest.get('format')!r}, expected {FORMAT!r}")
   if not manifest.get("complete"):
     done = len(done_parts(os.listdir(directory)))
     raise CorpusError(f"{directory}: incomplete ({done} parts written so far): run the same "
                       f"`python -m train.embed` again to finish it")
+  model, parts = manifest.get("model"), manifest.get("parts")
+  dim = model.get("dim") if isinstance(model, dict) else None
+  if not _integer(dim) or dim < 1:
+    raise CorpusError(f"{file}: model.dim={_excerpt(dim)}, expected an integer >= 1")
+  if not isinstance(parts, list):
+    raise CorpusError(f"{file}: parts={_excerpt(parts)}, expected a list of the parts")
+  for i, part in enumerate(parts):
+    if not isinstance(part, dict):
+      raise CorpusError(f"{file}: parts[{i}]={_excerpt(part)}, expected an object")
+    for key, kind in _PART.items():
+      value = part.get(key)
+      if not (_integer(value) and value >= 0 if kind is int else isinstance(value, kind)):
+        raise CorpusError(f"{file}: parts[{i}].{key}={_excerpt(value)}, expected "
+                          f"{'an integer >= 0' if kind is int else 'a string'}")
+    if part["file"] != os.path.basename(part["file"]) or not part["file"].endswith(".npy"):
+      raise CorpusError(f"{file}: parts[{i}].file={part['file']!r}, expected the name of a "
+                        f".npy file of the folder")
   return manifest
+
+
+def _integer(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _excerpt(value) -> str:
+  said = repr(value)
+  return said if len(said) <= 60 else said[:57] + "..."
 
 
 def iter_embeddings(directory: str, verify: bool = True) -> Iterator[tuple[list, np.ndarray]]:
@@ -129,7 +153,10 @@ def iter_embeddings(directory: str, verify: bool = True) -> Iterator[tuple[list,
     if verify and sha256_of(path) != part["sha256"]:
       raise CorpusError(f"{path}: its SHA-256 differs from the manifest's: changed or damaged "
                         f"since it was written")
-    vectors = np.load(path)
+    try:
+      vectors = np.load(path)
+    except (OSError, ValueError, EOFError) as e:
+      raise CorpusError(f"{path}: not a .npy file numpy reads ({e})") from None
     if vectors.shape != (part["rows"], dim) or vectors.dtype != np.float32:
       raise CorpusError(f"{path}: {vectors.dtype} {list(vectors.shape)}, expected float32 "
                         f"[{part['rows']}, {dim}]")
@@ -137,9 +164,15 @@ def iter_embeddings(directory: str, verify: bool = True) -> Iterator[tuple[list,
       raise CorpusError(f"{ids_file}: its SHA-256 differs from the manifest's: changed or "
                         f"damaged since it was written")
     about = _json(ids_file)
-    given = about["ids"] or [None] * len(about["line"])
-    ids = [i if i is not None else part["first_line"] + line
-           for i, line in zip(given, about["line"])]
+    lines, given = about.get("line"), about.get("ids")
+    if not (isinstance(lines, list) and len(lines) == part["rows"] and all(map(_integer, lines))):
+      raise CorpusError(f"{ids_file}: line={_excerpt(lines)}, expected the line numbers of its "
+                        f"{part['rows']} texts")
+    if given is not None and not (isinstance(given, list) and len(given) == len(lines)):
+      raise CorpusError(f"{ids_file}: ids={_excerpt(given)}, expected null or the ids of its "
+                        f"{part['rows']} texts")
+    given = given or [None] * len(lines)
+    ids = [i if i is not None else part["first_line"] + line for i, line in zip(given, lines)]
     yield ids, vectors
 
 

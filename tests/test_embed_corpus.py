@@ -236,3 +236,64 @@ def test_a_changed_option_is_named_with_both_values(option, value, said, folder,
   assert embed.main([*common, option, value]) == 2
   error = capsys.readouterr().err.strip().splitlines()[-1]
   assert f"holds the embeddings of another run ({said}); expected this command's" in error
+
+
+@pytest.mark.parametrize("damage", ["npy", "ids", "list", "no rows"])
+def test_a_part_damaged_since_it_was_written_is_embedded_again_and_said(damage, folder, tmp_path,  # noqa: F811
+                                                                         capsys):
+  # A .npy overwritten in place (same size) counted as done, and read_embeddings then refused
+  # the "complete" folder; a marker that is a list, or lacks rows, was an AttributeError or a
+  # KeyError.
+  source = tmp_path / "in.jsonl"
+  _jsonl(source, _records(20))
+  out = tmp_path / "out"
+  assert embed.embed(folder, str(source), f"{out}/", part_mb=PART_MB) == 20
+  want_ids, want = read_embeddings(str(out))
+  part = out / "part-00001"
+  if damage == "npy":  # the same size, other values
+    data = bytearray((out / "part-00001.npy").read_bytes())
+    data[-4:] = np.float32(7).tobytes()
+    (out / "part-00001.npy").write_bytes(bytes(data))
+  elif damage == "ids":
+    about = json.loads((out / "part-00001.ids.json").read_text())
+    (out / "part-00001.ids.json").write_text(json.dumps({**about, "ids": None}))
+  else:
+    about = json.loads(part.with_suffix(".json").read_text())
+    part.with_suffix(".json").write_text(json.dumps(
+        list(about) if damage == "list" else {k: v for k, v in about.items() if k != "rows"}))
+  capsys.readouterr()
+  assert embed.embed(folder, str(source), f"{out}/", part_mb=PART_MB) == 20
+  assert "embed: part-00001 is embedded again: its " in capsys.readouterr().err
+  ids, vectors = read_embeddings(str(out))
+  assert ids == want_ids
+  np.testing.assert_allclose(vectors, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda m: {**m, "parts": [{k: v for k, v in p.items() if k != "file"} for p in m["parts"]]},
+     "parts[0].file=None, expected a string"),
+    (lambda m: {**m, "parts": [{**p, "file": "../elsewhere.npy"} for p in m["parts"]]},
+     "parts[0].file='../elsewhere.npy', expected the name of a .npy file of the folder"),
+    (lambda m: {**m, "parts": "all"}, "parts='all', expected a list of the parts"),
+    (lambda m: {**m, "model": {**m["model"], "dim": "32"}}, "model.dim='32', expected an "
+                                                             "integer >= 1"),
+])
+def test_a_damaged_manifest_is_one_corpus_error_naming_the_field(change, said, folder,  # noqa: F811
+                                                                 tmp_path):
+  # a manifest part without file was a KeyError
+  source = tmp_path / "in.jsonl"
+  _jsonl(source, _records(12))
+  out = tmp_path / "out"
+  embed.embed(folder, str(source), f"{out}/", part_mb=PART_MB)
+  manifest = out / "manifest.json"
+  manifest.write_text(json.dumps(change(json.loads(manifest.read_text()))))
+  with pytest.raises(CorpusError) as e:
+    read_embeddings(str(out))
+  assert str(e.value) == f"{manifest}: {said}"
+
+
+def test_a_manifest_nested_too_deep_is_one_corpus_error(tmp_path):
+  # a RecursionError it was
+  (tmp_path / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+  with pytest.raises(CorpusError, match=r"manifest.json: not readable JSON \(nested too "):
+    read_embeddings(str(tmp_path))

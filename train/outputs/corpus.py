@@ -73,7 +73,7 @@ def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: 
   header = _header(encoder, model, input_path, reader, text_field, id_field, prompt_text,
                    dtype, part_bytes)
   key = _prepare_folder(out_dir, header, index)
-  written = _written(out_dir, key)
+  written = _written(out_dir, key, say=index == 0)
   nonfinite, embedded, made = NonFinite(), 0, 0
   chunk = _CHUNK * len(encoder.devices)
   if index == 0:
@@ -224,27 +224,57 @@ def _brief(value) -> str:
   return said[:13] + "…'" if isinstance(value, str) and len(value) == 64 else said
 
 
-def _written(out_dir: str, key: str) -> set[int]:
-  """The parts already written by this run; RunError naming a part of another run."""
+# A part's marker (part-K.json): the fields the program reads of it, and their types.
+_MARKER = {"part": int, "run": str, "rows": int, "dim": int, "lines": int, "sha256": str,
+           "ids_sha256": str}
+
+
+def _marker(path: str) -> dict | None:
+  """The part's marker at `path` as a part writes it; None where it is not one (torn by a
+  crash, or changed since)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      about = json.load(f)
+  except (OSError, ValueError, RecursionError):
+    return None
+  if not isinstance(about, dict) or not all(
+      isinstance(about.get(k), kind) and not isinstance(about.get(k), bool)
+      for k, kind in _MARKER.items()):
+    return None
+  return about
+
+
+def _written(out_dir: str, key: str, say: bool = False) -> set[int]:
+  """The parts already written by this run, each checked as `flax_encoder.corpus` reads it
+  (its files' SHA-256); RunError naming a part of another run. A part torn or changed since it
+  was written is not among them: it is written again, and (`say`) said so."""
   done = set()
   for k in corpus.done_parts(os.listdir(out_dir)):
-    name = corpus.part_name(k) + ".json"
-    path = os.path.join(out_dir, name)
-    try:
-      with open(path, encoding="utf-8") as f:
-        about = json.load(f)
-    except (OSError, ValueError):
-      continue  # torn by a crash of the file system: written again
-    if about.get("run") != key:
-      raise RunError(f"--out {out_dir}: {name} was written by another run (its key "
-                     f"{about.get('run')!r}, this run's {key!r}): give another --out, or "
-                     f"remove {out_dir} to start over")
-    npy = path[:-len(".json")] + ".npy"
-    if os.path.isfile(npy) and os.path.getsize(npy) == (
-        corpus.HEADER_BYTES + about["rows"] * about["dim"] * 4) and os.path.isfile(
-            path[:-len(".json")] + ".ids.json"):
-      done.add(about["part"])
+    name = corpus.part_name(k)
+    stem = os.path.join(out_dir, name)
+    about = _marker(stem + ".json")
+    if about is not None and about["run"] != key:
+      raise RunError(f"--out {out_dir}: {name}.json was written by another run (its key "
+                     f"{about['run']!r}, this run's {key!r}): give another --out, or remove "
+                     f"{out_dir} to start over")
+    why = ("its record (.json) is not one a part writes" if about is None or about["part"] != k
+           else next((f"its {suffix} is missing or differs from what was written"
+                      for suffix, digest in ((".npy", about["sha256"]),
+                                             (".ids.json", about["ids_sha256"]))
+                      if _sha256(stem + suffix) != digest), None))
+    if why is None:
+      done.add(k)
+    elif say:
+      print(f"embed: {name} is embedded again: {why} (torn by a crash, or changed since)",
+            file=sys.stderr)
   return done
+
+
+def _sha256(path: str) -> str | None:
+  try:
+    return sha256_file(path)
+  except OSError:
+    return None
 
 
 def _finish(out_dir: str, header: dict, key: str, count: int) -> None:
@@ -252,12 +282,10 @@ def _finish(out_dir: str, header: dict, key: str, count: int) -> None:
   parts, first = [], 0
   for k in range(count):
     name = corpus.part_name(k)
-    try:
-      with open(os.path.join(out_dir, name + ".json"), encoding="utf-8") as f:
-        about = json.load(f)
-    except OSError:
-      raise RunError(f"--out {out_dir}: {name}.json is missing after every process finished: "
-                     f"run the same command again") from None
+    about = _marker(os.path.join(out_dir, name + ".json"))
+    if about is None:
+      raise RunError(f"--out {out_dir}: {name}.json is missing or torn after every process "
+                     f"finished: run the same command again")
     parts.append({"file": name + ".npy", "rows": about["rows"], "lines": about["lines"],
                   "first_line": first, "sha256": about["sha256"],
                   "ids_sha256": about["ids_sha256"]})
