@@ -297,3 +297,48 @@ def test_a_manifest_nested_too_deep_is_one_corpus_error(tmp_path):
   (tmp_path / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
   with pytest.raises(CorpusError, match=r"manifest.json: not readable JSON \(nested too "):
     read_embeddings(str(tmp_path))
+
+
+def test_an_input_changed_in_its_middle_is_embedded_again_where_it_changed(folder, tmp_path,  # noqa: F811
+                                                                           monkeypatch, capsys):
+  # Same size, the change between the head and the tail its fingerprint reads (a few bytes
+  # here, a MiB of each in a run): it kept the old vectors and said complete.
+  monkeypatch.setattr(parts, "_SAMPLE", 40)
+  source = tmp_path / "in.jsonl"
+  rows = _records(20)
+  _jsonl(source, rows)
+  out = tmp_path / "out"
+  assert embed.embed(folder, str(source), f"{out}/", part_mb=PART_MB) == 20
+  rows[10] = {**rows[10], "text": rows[10]["text"][::-1]}  # the same bytes, reversed
+  _jsonl(source, rows)
+  capsys.readouterr()
+  assert embed.embed(folder, str(source), f"{out}/", part_mb=PART_MB) == 20
+  err = capsys.readouterr().err
+  assert err.count("is embedded again: its input differs from what it embedded") == 1
+  ids, vectors = read_embeddings(str(out))
+  expected_ids, expected = _single(folder, str(source), tmp_path)
+  assert ids == expected_ids
+  np.testing.assert_allclose(vectors, expected, atol=1e-6)
+
+
+def test_an_input_that_grows_while_it_is_read_is_said_and_the_folder_left_incomplete(
+    folder, tmp_path, monkeypatch):  # noqa: F811
+  # 266 of 1,000 appended lines went in, the rest dropped, and the folder said complete.
+  source = tmp_path / "in.jsonl"
+  _jsonl(source, _records(20))
+  finish = parts._Part.finish
+
+  def finish_then_grow(self, *args):
+    finish(self, *args)
+    if self.k == 0:
+      with open(source, "a") as f:
+        f.write(json.dumps({"text": "appended while the run reads"}) + "\n")
+
+  monkeypatch.setattr(parts._Part, "finish", finish_then_grow)
+  out = tmp_path / "out"
+  with pytest.raises(RunError) as e:
+    embed.embed(folder, str(source), f"{out}/", part_mb=PART_MB)
+  assert str(e.value).startswith(f"--input {source}: changed while it was read (")
+  assert e.value.exit_code == 1
+  with pytest.raises(CorpusError, match="incomplete"):
+    read_embeddings(str(out))

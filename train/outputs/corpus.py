@@ -86,12 +86,21 @@ def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: 
   bar = _Bar(out_dir, reader, written, show and index == 0)
   with contextlib.closing(reader), bar:
     for k in reader.parts(index, count):
+      items = None
       if k in written:
-        reader.skip(k)
-        continue
+        if written[k] is None:  # a part of an older version, which kept no digest of its input
+          reader.skip(k)
+          continue
+        items = list(reader.read(k))  # its input as it is now, against what it embedded
+        if _input_digest(items) == written[k]:
+          continue
+        print(f"embed: {corpus.part_name(k)} is embedded again: its input differs from what it "
+              f"embedded (the input changed since)", file=sys.stderr)
+      digest = hashlib.sha256()
       with _Part(out_dir, k, key, encoder.dim) as part:
         # chunks of bounded characters too, as a file --out reads them
-        for texts in examples.chunked(reader.read(k), chunk, lambda item: (item[2],)):
+        read = _digesting(reader.read(k) if items is None else items, digest)
+        for texts in examples.chunked(read, chunk, lambda item: (item[2],)):
           numbers, ids, strings = zip(*texts)
           vectors = encoder(list(strings), prompt=prompt_text, batch_tokens=batch_tokens)
           if nonfinite.add(ids, vectors) and not allow_nonfinite:
@@ -100,7 +109,7 @@ def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: 
           part.write(numbers, ids, vectors)
           embedded += len(texts)
           bar.advance(reader.done_in(k))
-        part.finish(reader.lines_in(k), reader.span(k))
+        part.finish(reader.lines_in(k), reader.span(k), digest.hexdigest())
       made += 1
       bar.part_done(k)
   if nonfinite.count:
@@ -109,8 +118,40 @@ def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: 
   if barrier is not None:
     barrier()
   if index == 0:
+    _check_unchanged(input_path, header)
     _finish(out_dir, header, key, reader.count)
   return embedded, made
+
+
+def _input_digest(items) -> str:
+  """The SHA-256 of a part's texts as read: (line number, id, text) each."""
+  digest = hashlib.sha256()
+  for _ in _digesting(items, digest):
+    pass
+  return digest.hexdigest()
+
+
+def _digesting(items, digest):
+  """`items` ((line number, id, text) of a part), each added to `digest` as it passes."""
+  for item in items:
+    digest.update(json.dumps(item, ensure_ascii=False, default=repr).encode() + b"\n")
+    yield item
+
+
+def _check_unchanged(input_path: str, header: dict) -> None:
+  """RunError where the input is no longer the file the run started on (grown, or changed
+  within the bytes its fingerprint reads): the parts hold neither file's texts."""
+  said = header["input"]
+  try:
+    size = os.path.getsize(input_path)
+    same = size == said["bytes"] and _input_fingerprint(input_path) == said["fingerprint"]
+  except OSError as e:
+    raise RunError(f"--input {input_path}: cannot read it again ({e.strerror or e})", 1) from None
+  if not same:
+    raise RunError(f"--input {input_path}: changed while it was read ({said['bytes']} bytes "
+                   f"when the run started, {size} now): the folder is left incomplete; run "
+                   f"the command again on an input that no longer changes, into a new --out",
+                   1)
 
 
 def texts_in(out_dir: str) -> int:
@@ -244,11 +285,12 @@ def _marker(path: str) -> dict | None:
   return about
 
 
-def _written(out_dir: str, key: str, say: bool = False) -> set[int]:
-  """The parts already written by this run, each checked as `flax_encoder.corpus` reads it
-  (its files' SHA-256); RunError naming a part of another run. A part torn or changed since it
-  was written is not among them: it is written again, and (`say`) said so."""
-  done = set()
+def _written(out_dir: str, key: str, say: bool = False) -> dict[int, str | None]:
+  """The parts already written by this run -> the SHA-256 of the input they embedded (None
+  from a version that kept none), each checked as `flax_encoder.corpus` reads it (its files'
+  SHA-256); RunError naming a part of another run. A part torn or changed since it was written
+  is not among them: it is written again, and (`say`) said so."""
+  done = {}
   for k in corpus.done_parts(os.listdir(out_dir)):
     name = corpus.part_name(k)
     stem = os.path.join(out_dir, name)
@@ -263,7 +305,7 @@ def _written(out_dir: str, key: str, say: bool = False) -> set[int]:
                                              (".ids.json", about["ids_sha256"]))
                       if _sha256(stem + suffix) != digest), None))
     if why is None:
-      done.add(k)
+      done[k] = about.get("input_sha256") if isinstance(about.get("input_sha256"), str) else None
     elif say:
       print(f"embed: {name} is embedded again: {why} (torn by a crash, or changed since)",
             file=sys.stderr)
@@ -323,7 +365,7 @@ class _Part:
     self.ids += ids
     self.rows += len(vectors)
 
-  def finish(self, lines: int, span: tuple[int, int]) -> None:
+  def finish(self, lines: int, span: tuple[int, int], input_sha256: str) -> None:
     self.file.seek(0)
     self.file.write(corpus.npy_header(self.rows, self.dim))
     self.file.flush()
@@ -337,7 +379,7 @@ class _Part:
     _write_json(self.path + ".json", {
         "part": self.k, "run": self.key, "rows": self.rows, "dim": self.dim, "lines": lines,
         "span": list(span), "sha256": sha256_file(self.path + ".npy"),
-        "ids_sha256": sha256_file(self.path + ".ids.json")})
+        "ids_sha256": sha256_file(self.path + ".ids.json"), "input_sha256": input_sha256})
 
   def __exit__(self, *exc):
     if self.file is not None:  # stopped before finish: nothing of the part is left
