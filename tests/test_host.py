@@ -97,3 +97,23 @@ def test_a_malloc_the_program_does_not_load_is_refused_in_one_line(value):
   assert result.returncode == 2 and result.stdout == ""
   (line,) = result.stderr.strip().splitlines()
   assert line.startswith(f"error: FLAX_ENCODER_MALLOC='{value}', expected one of")
+
+
+def test_a_closed_stdout_drops_what_is_printed_and_the_work_goes_on(tmp_path):
+  # `python -m train … | head -c0` trained and saved, then ended in a BrokenPipeError
+  # traceback and exit 1.
+  code = textwrap.dedent("""
+      import sys
+      from train.run.host import discard_stdout_once_closed
+      discard_stdout_once_closed()
+      sys.stdin.read()  # the reader of stdout is gone when this returns
+      for i in range(10000):
+        print("a line of the run's output", i)
+      open(sys.argv[1], "w").write("the work")
+      """)
+  proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "kept")], cwd=ROOT,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  proc.stdout.close()  # the reader goes before anything is written
+  _, err = proc.communicate(b"")
+  assert proc.returncode == 0 and err == b"", err.decode()[-2000:]
+  assert (tmp_path / "kept").read_text() == "the work"

@@ -17,7 +17,7 @@ from ml_collections import config_flags
 import configs
 from train.errors import RunError
 from train.run import launch
-from train.run.host import jemalloc_environment, bound_freed_memory
+from train.run.host import bound_freed_memory, discard_stdout_once_closed, jemalloc_environment
 
 
 def _no_such_field(error: BaseException) -> None:
@@ -150,6 +150,7 @@ def main(argv, given: dict | None = None):
 
 
 if __name__ == "__main__":
+  discard_stdout_once_closed()
   try:
     with_jemalloc = jemalloc_environment()  # see train/run/host.py
   except ValueError as e:

@@ -2,7 +2,9 @@
 
 import sys
 
+from train.run.host import discard_stdout_once_closed
 from train.run.launch import main
 
 if __name__ == "__main__":
+  discard_stdout_once_closed()
   sys.exit(main())

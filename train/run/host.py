@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import sys
 
 # mallopt parameters, from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
@@ -117,3 +118,45 @@ def _mallopt(*settings: tuple[int, int]) -> bool:
     return False
   # mallopt takes an int but stores the trim threshold as a size_t: -1 is "never trim".
   return all(mallopt(param, value) == 1 for param, value in settings)
+
+
+class _StdoutOnceClosed:
+  """sys.stdout, whose writes are discarded once its reader has gone (a closed pipe: `| head`):
+  what the command does goes on and is kept, as a command-line tool's output is dropped."""
+
+  def __init__(self, stream):
+    self._stream, self.gone = stream, False
+
+  def write(self, text: str) -> int:
+    if not self.gone:
+      try:
+        return self._stream.write(text)
+      except BrokenPipeError:
+        self._drop()
+    return len(text)
+
+  def flush(self) -> None:
+    if not self.gone:
+      try:
+        self._stream.flush()
+      except BrokenPipeError:
+        self._drop()
+
+  def _drop(self) -> None:
+    """From now on, stdout is /dev/null: the interpreter's last flush finds nothing to fail."""
+    self.gone = True
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+      os.dup2(devnull, self._stream.fileno())
+    finally:
+      os.close(devnull)
+
+  def __getattr__(self, name):
+    return getattr(self._stream, name)
+
+
+def discard_stdout_once_closed() -> None:
+  """Makes a closed stdout (its reader gone: `python -m train.embed … | head -c0`) no error:
+  what is printed after is dropped, and the command's work goes on and is kept."""
+  if not isinstance(sys.stdout, _StdoutOnceClosed):
+    sys.stdout = _StdoutOnceClosed(sys.stdout)
