@@ -674,3 +674,32 @@ def test_every_task_is_named_where_the_tasks_are_listed():
 def test_unnamed_finds_a_name_left_out():
   assert unnamed(["bert", "gte", "deberta-v2"], "bert, roberta; deberta-v2s gte-like") == [
       "gte", "deberta-v2"]
+
+
+@pytest.mark.parametrize("module", ["embed", "predict", "export", "prepare", "launch",
+                                    "draw_attention"])
+def test_every_commands_help_shows_its_defaults(module):
+  # the options of train.embed and train.predict said no default
+  import argparse
+  import importlib
+  from train.cli import HelpFormatter
+  main = importlib.import_module(f"train.{module}").main
+  parsers = []
+  real = argparse.ArgumentParser.__init__
+
+  def record(self, *args, **kwargs):
+    real(self, *args, **kwargs)
+    parsers.append(self)
+
+  with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit):
+    patch.setattr(argparse.ArgumentParser, "__init__", record)
+    main(["--help"])
+  parser = parsers[0]
+  assert parser.formatter_class is HelpFormatter
+  text = " ".join(parser.format_help().split())
+  for action in parser._actions:
+    if action.option_strings and not any(action.default is nothing
+                                         for nothing in (None, False, argparse.SUPPRESS)):
+      assert action.help, f"{action.option_strings[0]}: no help to say its default in"
+      assert f"(default: {action.default})" in text or "default" in action.help, (
+          action.option_strings[0])

@@ -178,7 +178,7 @@ def test_the_help_says_the_part_size_default_and_what_a_part_is_for(capsys):
   with pytest.raises(SystemExit):
     embed.main(["--help"])
   said = " ".join(capsys.readouterr().out.split())
-  assert "(default 16;" in said and "the unit a stopped run resumes from" in said
+  assert "(default: 16)" in said and "the unit a stopped run resumes from" in said
 
 
 def test_a_folder_out_that_is_a_file_is_refused_as_one(tmp_path):

@@ -58,6 +58,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from tqdm import tqdm
 
+from train.cli import HelpFormatter
 from train.data.sources import BUILTIN, PrepareError, Source, documents, expand, plan, shard_of
 from train.data.tokens import (FIRST_TOKEN_ID, PAD_ID, PROJECT_IDS, SEPARATOR_ID, UNKNOWN_WARNING,
                                SpecialIds, Tokenizer, TokenizerSpec, hf_special_ids,
@@ -422,7 +423,7 @@ def _terminate(signum, frame):
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m train.prepare", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   formatter_class=HelpFormatter)
   parser.add_argument("--input", action="append", required=True,
                       help="a file, a directory or a glob ('**' crosses directories); "
                            "repeatable")
@@ -432,11 +433,13 @@ def main(argv=None) -> int:
   parser.add_argument("--out", required=True, help="the directory to create")
   parser.add_argument("--tokenizer", default="bytes",
                       help=f"bytes, {', '.join(TRAINED)}, or a .model / tokenizer.json file")
-  parser.add_argument("--vocab-size", type=int, default=None)
+  parser.add_argument("--vocab-size", type=int, default=None,
+                      help="the entries of a vocabulary trained on the corpus")
   parser.add_argument("--vocab-only", action="store_true",
                       help="only train the tokenizer, into --out, for sharded prepares")
-  parser.add_argument("--seq-len", type=int, default=512)
-  parser.add_argument("--eval-fraction", type=float, default=0.01)
+  parser.add_argument("--seq-len", type=int, default=512, help="ids a training window holds")
+  parser.add_argument("--eval-fraction", type=float, default=0.01,
+                      help="the share of the windows held out for evaluation")
   parser.add_argument("--text-field", default="text",
                       help="the JSON-lines field or Parquet column with the text")
   parser.add_argument("--workers", type=int, default=None,
@@ -445,7 +448,8 @@ def main(argv=None) -> int:
   parser.add_argument("--sample-mb", type=float, default=100.0,
                       help="MB of text the vocabulary is trained on")
   parser.add_argument("--shard", type=int, default=0, help="which part of --num-shards to prepare")
-  parser.add_argument("--num-shards", type=int, default=1)
+  parser.add_argument("--num-shards", type=int, default=1,
+                      help="the shards the parts are prepared in, by separate commands")
   parser.add_argument("--part-mb", type=float, default=256.0,
                       help="MB (as stored) of input per part: the unit shards are made of")
   args = parser.parse_args(argv)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_encoder import Encoder
+from train.cli import HelpFormatter
 from train.data import dataset
 from train.data.tokens import Tokenizer
 from train.files import unwritable_kind, written_whole
@@ -70,7 +71,7 @@ def draw(weights: np.ndarray, labels: list[str], path: str, title: str) -> None:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m train.draw_attention", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   formatter_class=HelpFormatter)
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--text", required=True)
   parser.add_argument("--out", help="PNG path (default: WORKDIR/plots/attention.png)")

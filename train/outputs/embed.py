@@ -47,11 +47,12 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from train.cli import HelpFormatter
 from train.data import examples, sources
-from train.outputs import corpus
-from train.outputs.nonfinite import NonFinite
 from train.errors import RunError
 from train.files import special_kind, unwritable_kind, written_whole
+from train.outputs import corpus
+from train.outputs.nonfinite import NonFinite
 
 _CHUNK = 1024  # texts in memory at once, and between moves of the progress bar
 _FOLDER = "/"  # OUT_FORMATS' key of a folder of parts, which --out names by a trailing /
@@ -447,25 +448,27 @@ def _join(args) -> tuple[tuple[int, int], object]:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m train.embed", description=__doc__,
                                    epilog=formats_help(),
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   formatter_class=HelpFormatter)
   parser.add_argument("--model", required=True,
                       help="a sentence-transformers folder or Hugging Face model directory")
   parser.add_argument("--input", required=True, help=".txt, .jsonl or .parquet of texts")
   parser.add_argument("--out", required=True,
                       help=f"{', '.join(file_suffixes())} or a folder DIR/ (below)")
-  parser.add_argument("--text-field", default="text")
-  parser.add_argument("--id-field", default="id")
+  parser.add_argument("--text-field", default="text",
+                      help="the field of a .jsonl line or .parquet column holding the text")
+  parser.add_argument("--id-field", default="id",
+                      help="the field of a .jsonl line or .parquet column holding its id")
   parser.add_argument("--prompt", help="text put before each text (e.g. 'query: ')")
   parser.add_argument("--prompt-name", help="one of the model's prompts, by name")
-  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                      help="what the encoder computes in (the embeddings are float32)")
   parser.add_argument("--allow-nonfinite", action="store_true",
                       help="write embeddings that are NaN or inf (warned of), not stop")
   low, high = corpus.PART_MB_RANGE
   parser.add_argument("--part-mb", type=float, default=corpus.PART_MB,
-                      help=f"MiB of input a part of a folder --out holds (default "
-                      f"{corpus.PART_MB}; {low:.6g} to {high}): a part is embedded and written "
-                      f"whole, the unit a stopped run resumes from and that several processes "
-                      f"share")
+                      help=f"MiB of input a part of a folder --out holds ({low:.6g} to {high}): "
+                      f"a part is embedded and written whole, the unit a stopped run resumes "
+                      f"from and that several processes share (default: {corpus.PART_MB})")
   parser.add_argument("--batch-tokens", type=int,
                       help="ids a call encodes on each device (default: from its memory)")
   multihost = parser.add_argument_group("several processes (python -m train.launch gives these)")

@@ -34,6 +34,7 @@ from flax_encoder.inference import export_encoder
 from flax_encoder.pytorch.layouts import LAYOUTS as TORCH_LAYOUTS
 from flax_encoder.weights import save_weights
 from train import tasks
+from train.cli import HelpFormatter
 from train.errors import RunError
 from train.files import os_errors_of_safetensors, readable_as_umask_allows, stream, written_whole
 from train.outputs import hf_export
@@ -194,7 +195,7 @@ def formats_help() -> str:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m train.export", description=__doc__,
                                    epilog=formats_help(),
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   formatter_class=HelpFormatter)
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--out", required=True,
                       help=f"a file ({', '.join(FORMATS)}) or, with a --layout of "

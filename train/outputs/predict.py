@@ -42,6 +42,7 @@ import numpy as np
 
 from flax_encoder.tokenizer import TokenizerFailure
 from train import tasks
+from train.cli import HelpFormatter
 from train.data import examples, sources
 from train.errors import RunError
 from train.files import written_whole
@@ -160,11 +161,11 @@ def _interrupt(signum, frame):
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m train.predict", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   formatter_class=HelpFormatter)
   parser.add_argument("--workdir", required=True, help="a fine-tuning run")
   parser.add_argument("--input", required=True, help="JSON lines with the texts")
   parser.add_argument("--out", required=True, help="JSON lines of predictions, in order")
-  parser.add_argument("--batch-size", type=int, default=64)
+  parser.add_argument("--batch-size", type=int, default=64, help="examples a call predicts")
   args = parser.parse_args(argv)
   # SIGTERM as Ctrl-C: predict's cleanup runs (the default action would skip it).
   previous = signal.signal(signal.SIGTERM, _interrupt)

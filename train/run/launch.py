@@ -32,6 +32,8 @@ import sys
 import threading
 import time
 
+from train.cli import HelpFormatter
+
 # After a process fails, how long the others get to stop before SIGKILL. They cannot save
 # without it (saving is collective), and may be stuck in a collective waiting for it.
 _GRACE_S = 10
@@ -172,7 +174,7 @@ def main(argv=None) -> int:
   else:
     train_args = []
   parser = argparse.ArgumentParser(prog="python -m train.launch", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   formatter_class=HelpFormatter)
   parser.add_argument("--processes", type=int, required=True)
   parser.add_argument("--program", choices=sorted(PROGRAMS), default="train",
                       help="what each process runs: python -m train, or python -m train.embed")
