@@ -233,6 +233,9 @@ class EncoderConfig:
 
   def _check_kernel(self, kernel: Kernel) -> None:
     """ConfigError for what the attention kernel cannot do, as `kernels.KERNELS` declares it."""
+    missing = kernel.unavailable()
+    if missing:
+      raise ConfigError("attention_impl", kernel.name, f"{kernel.fallback!r} here: {missing}")
     if kernel.dtypes and self.dtype.name not in kernel.dtypes:
       raise ConfigError(
           "attention_impl", kernel.name,

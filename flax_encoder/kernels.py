@@ -59,6 +59,7 @@ class Kernel:
     short_powers_of_two: also lengths that are a power of two below `block`.
     fallback: what computes the same numbers on any backend, offered when this one is refused.
     deprecated: what replaces it and why, while it is deprecated.
+    missing: why this JAX lacks it (a function, asked when a config names it), or None.
   """
 
   name: str
@@ -76,6 +77,11 @@ class Kernel:
   short_powers_of_two: bool = False
   fallback: str | None = None
   deprecated: str | None = None
+  missing: Callable[[], str | None] | None = None
+
+  def unavailable(self) -> str | None:
+    """Why this JAX cannot run it; None where it can."""
+    return self.missing() if self.missing else None
 
   def takes_length(self, seq: int) -> bool:
     """Whether it takes sequences of `seq` tokens."""
@@ -224,12 +230,29 @@ def triton_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   a power of two below it. `window` must be 0: the kernel takes none."""
   if window:
     raise ValueError(f"window: {window}, expected 0: {KERNELS['triton'].title} takes no window")
-  with warnings.catch_warnings():  # JAX 0.12 deprecates it for tokamax, whose attention
-    warnings.simplefilter("ignore", DeprecationWarning)  # takes no segment ids
-    from jax.experimental.pallas.ops.gpu import attention as gpu_attention
+  gpu_attention = _gpu_attention()
   KERNELS["triton"].check_length(query.shape[1])
   return gpu_attention.mha(query, key, value, segment_ids.astype(jnp.int32),
                            sm_scale=1.0 / math.sqrt(query.shape[-1]), interpret=interpret)
+
+
+@functools.cache
+def _gpu_attention():
+  """JAX's Pallas attention for NVIDIA GPUs, or None where this JAX has none (0.12 removed it)."""
+  with warnings.catch_warnings():  # JAX 0.11 deprecates it for tokamax, whose attention
+    warnings.simplefilter("ignore", DeprecationWarning)  # takes no segment ids
+    try:
+      from jax.experimental.pallas.ops.gpu import attention
+    except ImportError:
+      return None
+  return attention
+
+
+def _triton_missing() -> str | None:
+  if _gpu_attention() is None:
+    return (f"this JAX ({jax.__version__}) has no Pallas GPU attention "
+            f"(jax.experimental.pallas.ops.gpu.attention, which JAX 0.12 removed)")
+  return None
 
 
 # Pallas's tiles: a sequence is split into blocks of this many positions (the TPU's 128 lanes).
@@ -256,5 +279,6 @@ KERNELS: dict[str, Kernel] = {kernel.name: kernel for kernel in (
                       "at every lowering) and will remove it; on NVIDIA GPUs use "
                       "attention_impl='cudnn' (jax.nn.dot_product_attention's cuDNN flash "
                       "attention, which takes a mask, not segment ids) until a Pallas Mosaic "
-                      "GPU kernel takes segment ids"),
+                      "GPU kernel takes segment ids",
+           missing=_triton_missing),
 )}

@@ -15,6 +15,8 @@ import sys
 import time
 import warnings
 
+import pytest
+
 from train.run.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -181,3 +183,19 @@ def full_file_system(directory):
     yield directory
   finally:
     subprocess.run(["umount", "--lazy", directory], check=False)  # even where a file is open
+
+
+def _triton_missing() -> str | None:
+  from flax_encoder.kernels import KERNELS
+  return KERNELS["triton"].unavailable()
+
+
+TRITON_MISSING = _triton_missing()
+# A mark for a test of attention_impl="triton", which a JAX without its kernel (0.12) refuses.
+NEEDS_TRITON = pytest.mark.skipif(TRITON_MISSING is not None, reason=str(TRITON_MISSING))
+
+
+def triton(*values):
+  """pytest.param of `values` (default "triton") that skips where this JAX has no Triton
+  kernel."""
+  return pytest.param(*(values or ("triton",)), marks=NEEDS_TRITON)

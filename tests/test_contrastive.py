@@ -156,7 +156,9 @@ def test_gradcache_gives_the_plain_loss_and_gradient(chunks):
   (plain_loss, plain_grads), (cached_loss, cached_grads) = grad(plain), grad(cached)
   assert float(cached_loss) == pytest.approx(float(plain_loss), rel=1e-6)
   assert _norm(plain_grads) > 1e-2  # a gradient to compare
-  chex.assert_trees_all_close(cached_grads, plain_grads, atol=1e-5, rtol=1e-5)
+  # JAX 0.12's XLA sums the chunks' products in another order: 1 of 1,024 weights' gradients
+  # then differs by 1.2e-5 (a float32 rounding of a gradient near 0)
+  chex.assert_trees_all_close(cached_grads, plain_grads, atol=3e-5, rtol=1e-5)
 
 
 def _norm(tree) -> float:

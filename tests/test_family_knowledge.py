@@ -39,6 +39,11 @@ def _docstrings(tree: ast.Module) -> set[tuple[int, int]]:
   return starts
 
 
+# The tokens that hold words: names, strings and, from Python 3.12, an f-string's text.
+_WORDS_IN = tuple(getattr(tokenize, kind) for kind in ("NAME", "STRING", "FSTRING_MIDDLE")
+                  if hasattr(tokenize, kind))
+
+
 def naming_a_family(source: str) -> list[tuple[int, str]]:
   """(line, word) of each identifier or string literal of `source` holding a family's name or
   model_type as a whole word (split at anything but letters and digits, case aside);
@@ -48,7 +53,7 @@ def naming_a_family(source: str) -> list[tuple[int, str]]:
   for token in tokenize.generate_tokens(io.StringIO(source).readline):
     if token.type == tokenize.STRING and token.start in docstrings:
       continue
-    if token.type not in (tokenize.NAME, tokenize.STRING):
+    if token.type not in _WORDS_IN:
       continue  # comments among them
     text = NOT_A_FAMILY.sub(" ", token.string)
     for word in sorted(set(re.split(r"[^a-z0-9]+", text.lower())) & WORDS):

@@ -13,6 +13,7 @@ from flax_encoder import ConfigError, Encoder, EncoderConfig, MultiHeadAttention
 from flax_encoder.inference import default_buckets
 from flax_encoder import kernels
 from flax_encoder.kernels import KERNELS, interpret_kernels
+from tests import runs
 from tests.runs import ROOT
 
 
@@ -59,6 +60,7 @@ def test_triton_alone_is_deprecated_and_says_what_replaces_it():
   assert "\n" not in message
 
 
+@runs.NEEDS_TRITON
 def test_a_model_of_triton_attention_warns_once_of_the_deprecation():
   cfg = EncoderConfig(vocab_size=20, d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=16,
                       dropout=0.0, attention_impl="triton")
@@ -108,3 +110,14 @@ def test_global_layers_lists_which_layers_attend_to_the_whole_sequence():
   assert local.global_layers == (True, False, False, True, False)
   assert EncoderConfig(vocab_size=20, n_layers=3, global_attention_every=3).global_layers == (
       True, True, True)
+
+
+@pytest.mark.skipif(runs.TRITON_MISSING is None, reason="this JAX has the Triton kernel")
+def test_triton_where_this_jax_has_no_kernel_is_refused_in_one_line():
+  # JAX 0.12 removed the Pallas GPU attention it calls: an ImportError at the first call it was
+  with pytest.raises(ConfigError) as e:
+    EncoderConfig(vocab_size=20, d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=16,
+                  dropout=0.0, attention_impl="triton")
+  assert str(e.value).startswith("EncoderConfig.attention_impl: 'triton', expected 'xla' here: "
+                                 "this JAX (")
+  assert "which JAX 0.12 removed" in str(e.value) and "\n" not in str(e.value)

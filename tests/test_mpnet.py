@@ -253,7 +253,7 @@ def test_a_model_from_scratch_with_a_relative_bias_exports_as_mpnet():
 @pytest.mark.parametrize("impl, dtype, title", [
     ("cudnn", "bfloat16", "cuDNN flash attention"),
     ("splash", "float32", "TPU Splash attention"),
-    ("triton", "float32", "JAX's Triton attention kernel"),
+    runs.triton("triton", "float32", "JAX's Triton attention kernel"),
 ])
 def test_a_kernel_that_takes_no_bias_is_refused_naming_both_fields(base, impl, dtype, title):
   with pytest.raises(ConfigError) as e:

@@ -11,6 +11,7 @@ import pytest
 
 from flax_encoder import Encoder, EncoderConfig, segment_mask, segment_positions
 from flax_encoder.inference import BucketedEncoder, export_encoder
+from tests import runs
 
 pytestmark = pytest.mark.library  # the library's own: run on accelerators too
 
@@ -110,7 +111,7 @@ def test_bucketed_and_exported_encoders_take_packed_rows(tiny_config, tmp_path):
 def _implementations():
   """Every attention implementation, those that cannot run here marked to skip."""
   gpu = jax.default_backend() == "gpu"
-  return ["reference", "xla", "splash", "triton",
+  return ["reference", "xla", "splash", runs.triton(),
           pytest.param("cudnn", marks=pytest.mark.skipif(not gpu, reason="needs an NVIDIA GPU"))]
 
 
@@ -153,7 +154,8 @@ def test_no_implementation_attends_across_a_segment_boundary(impl):
 
 
 @pytest.mark.parametrize("impl, backend, device", [("splash", "tpu", "a TPU"),
-                                                    ("triton", "gpu", "an NVIDIA GPU")])
+                                                    runs.triton("triton", "gpu",
+                                                                "an NVIDIA GPU")])
 def test_the_pallas_kernels_refuse_what_they_cannot_do(tiny_config, impl, backend, device):
   cfg = dataclasses.replace(tiny_config, attention_impl=impl, dropout=0.0)
   tokens = jnp.ones((1, 24), jnp.int32)
@@ -168,7 +170,7 @@ def test_the_pallas_kernels_refuse_what_they_cannot_do(tiny_config, impl, backen
     Encoder(cfg).init(jax.random.key(0), tokens, jnp.ones((1, 1, 1, 24), bool))
 
 
-@pytest.mark.parametrize("impl", ["splash", "triton"])
+@pytest.mark.parametrize("impl", ["splash", runs.triton()])
 def test_the_pallas_kernels_train_as_the_reference_does_and_lower_for_their_device(impl):
   from flax_encoder.kernels import interpret_kernels, splash_attention, triton_attention
   cfg = EncoderConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=1, max_len=128,

@@ -202,7 +202,7 @@ def test_bad_configs_stop_before_anything_is_built(tmp_path):
     _one_error_line(result, "--config", *words)
 
 
-@pytest.mark.parametrize("impl, backend", [("cudnn", "gpu"), ("triton", "gpu"),
+@pytest.mark.parametrize("impl, backend", [("cudnn", "gpu"), runs.triton("triton", "gpu"),
                                            ("splash", "tpu")])
 def test_an_attention_kernel_this_backend_cannot_run_is_one_line(tmp_path, impl, backend):
   if jax.default_backend() == backend:

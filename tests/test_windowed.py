@@ -15,6 +15,7 @@ from flax_encoder.kernels import fused_attention
 from flax_encoder.layer import EncoderLayer
 from flax_encoder.packing import attention_ids, ids_mask
 from flax_encoder.windowed import local_window, windowed_attention
+from tests import runs
 
 pytestmark = pytest.mark.library
 
@@ -135,6 +136,7 @@ def test_splash_takes_the_window_as_its_local_mask(scan):
   assert np.abs(np.asarray(wide) - np.asarray(want))[real].max() > 1e-3
 
 
+@runs.NEEDS_TRITON
 def test_triton_with_a_window_is_refused_naming_what_takes_one():
   from flax_encoder.config import ConfigError
   with pytest.raises(ConfigError, match="attention_impl.*'xla' or 'cudnn'.*takes no window"):
