@@ -15,7 +15,7 @@ from flax_encoder import Encoder, segment_positions  # noqa: E402
 from flax_encoder.kernels import interpret_kernels  # noqa: E402
 from flax_encoder.families import HFError, hf_config, load_hf, to_hf_state_dict  # noqa: E402
 from flax_encoder.heads import MaskedLMHead, Pooler  # noqa: E402
-from tests import runs  # noqa: E402
+from tests.runs import TRITON_MISSING  # noqa: E402
 
 pytestmark = pytest.mark.library
 
@@ -134,7 +134,7 @@ def test_every_attention_implementation_scan_and_remat_give_the_same_encoder(tmp
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, err_msg=str(settings))
   real = ids != model.config.pad_token_id
   with interpret_kernels():
-    for impl in ("splash",) + (() if runs.TRITON_MISSING else ("triton",)):
+    for impl in ("splash",) + (() if TRITON_MISSING else ("triton",)):
       config, variables = load_hf(directory, attention_impl=impl)
       got = np.asarray(Encoder(config).apply(variables, ids))
       np.testing.assert_allclose(got[real], want[real], atol=1e-5, err_msg=impl)
