@@ -73,7 +73,7 @@ def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: 
   header = _header(encoder, model, input_path, reader, text_field, id_field, prompt_text,
                    dtype, part_bytes)
   key = _prepare_folder(out_dir, header, index)
-  written = _written(out_dir, key, say=index == 0)
+  written = _written(out_dir, key, process, say=True)
   nonfinite, embedded, made = NonFinite(), 0, 0
   chunk = _CHUNK * len(encoder.devices)
   if index == 0:
@@ -285,11 +285,15 @@ def _marker(path: str) -> dict | None:
   return about
 
 
-def _written(out_dir: str, key: str, say: bool = False) -> dict[int, str | None]:
+def _written(out_dir: str, key: str, process: tuple[int, int] = (0, 1),
+             say: bool = False) -> dict[int, str | None]:
   """The parts already written by this run -> the SHA-256 of the input they embedded (None
-  from a version that kept none), each checked as `flax_encoder.corpus` reads it (its files'
-  SHA-256); RunError naming a part of another run. A part torn or changed since it was written
-  is not among them: it is written again, and (`say`) said so."""
+  from a version that kept none); RunError naming a part of another run. This process's own
+  parts (`process`: its index and the process count) are checked as `flax_encoder.corpus`
+  reads them (their files' SHA-256): one torn or changed since it was written is not among
+  them, and is written again, (`say`) said so. The others' parts are their processes' to
+  check."""
+  index, count = process
   done = {}
   for k in corpus.done_parts(os.listdir(out_dir)):
     name = corpus.part_name(k)
@@ -300,13 +304,14 @@ def _written(out_dir: str, key: str, say: bool = False) -> dict[int, str | None]
                      f"{about['run']!r}, this run's {key!r}): give another --out, or remove "
                      f"{out_dir} to start over")
     why = ("its record (.json) is not one a part writes" if about is None or about["part"] != k
+           else None if k % count != index
            else next((f"its {suffix} is missing or differs from what was written"
                       for suffix, digest in ((".npy", about["sha256"]),
                                              (".ids.json", about["ids_sha256"]))
                       if _sha256(stem + suffix) != digest), None))
     if why is None:
       done[k] = about.get("input_sha256") if isinstance(about.get("input_sha256"), str) else None
-    elif say:
+    elif say and k % count == index:  # the process whose part it is says so
       print(f"embed: {name} is embedded again: {why} (torn by a crash, or changed since)",
             file=sys.stderr)
   return done
