@@ -91,14 +91,16 @@ class SequenceClassifier(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None, *,
-               deterministic: bool = True) -> jax.Array:
+               token_types: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
     """int [batch, seq] -> logits [batch, num_labels], float32; with `segment_ids` (int
-    [batch, seq], packed rows) each segment's: [batch, max_segments, num_labels]."""
+    [batch, seq], packed rows) each segment's: [batch, max_segments, num_labels].
+    `token_types` (int [batch, seq], as the tokenizer typed a pair's texts) are taken over the
+    `type_separator` rule, which a first text that spells the separator misleads."""
     if self.pooling not in POOLINGS:
       raise ValueError(f"pooling: {self.pooling!r}, expected one of {POOLINGS}")
     cfg = self.config
-    types = positions = None
-    if self.type_separator is not None and cfg.type_vocab_size > 1:
+    types, positions = token_types, None
+    if types is None and self.type_separator is not None and cfg.type_vocab_size > 1:
       types = pair_token_types(tokens, self.type_separator, segment_ids)
     if segment_ids is not None:  # each example as if alone: positions from its first token
       positions = segment_positions(segment_ids)
@@ -106,7 +108,7 @@ class SequenceClassifier(nn.Module):
         tokens, segment_ids=segment_ids, positions=positions, token_types=types,
         deterministic=deterministic)
     head = self.pooling in HEAD_POOLINGS
-    if segment_ids is None:  # a text a row; ids equal to pad_id are padding, as the encoder's
+    if segment_ids is None:  # a text a row; the pad_id that end it are padding, as the encoder's
       ids, at = one_text_a_row(tokens, cfg.pad_id)
       pooled, _ = pool((MODES[self.pooling],), hidden, ids, at, 1)
     else:

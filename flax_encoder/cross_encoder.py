@@ -26,8 +26,10 @@ a pair's score is the one it has alone.
 
 In a jitted function of one's own, `score` (or `reranker.apply`) maps packed rows to scores:
 
-    rows = reranker.pack(reranker.tokenize(pairs))  # PackedRows: int32 [rows, max_length]
-    out = jax.jit(reranker.apply)(reranker.params, rows.tokens, rows.segment_ids)
+    ids, second_starts = reranker.encode_pairs(pairs)
+    rows = reranker.pack(ids, second_starts=second_starts)  # int32 [rows, max_length] each
+    out = jax.jit(reranker.apply)(reranker.params, rows.tokens, rows.segment_ids,
+                                  token_types=rows.token_types)
     scores = out[rows.where[:, 0], rows.where[:, 1]]  # out: [rows, segments, num_labels]
 
 `save_cross_encoder_modules` writes, beside a *ForSequenceClassification directory, the files
@@ -58,7 +60,7 @@ from flax_encoder.families.family import Fields
 from flax_encoder.families.tensors import to_numpy
 from flax_encoder.hf_tokenizer import TokenizerError, tokenizer_from_directory
 from flax_encoder.modules_json import TRANSFORMER_CONFIGS, TRANSFORMERS, ModulesError
-from flax_encoder.tokenizer import Template, Tokenizer, TokenizerFailure, encode_examples
+from flax_encoder.tokenizer import Template, Tokenizer, TokenizerFailure, encode_pairs
 
 # CrossEncoder's activation_fn (a torch.nn class, by its last name) -> the function on the
 # logits [..., l]. torch's Softmax() with no dim takes the last of a 2-d input: the labels.
@@ -95,7 +97,8 @@ class RerankerModel:
 
 
 def score(model: RerankerModel, params: dict, tokens: jax.Array, segment_ids: jax.Array,
-          segments: int | None = None, activation: bool = True) -> jax.Array:
+          segments: int | None = None, activation: bool = True,
+          token_types: jax.Array | None = None) -> jax.Array:
   """Packed rows of pairs -> each pair's scores, a pure function to jit.
 
   Args:
@@ -105,13 +108,18 @@ def score(model: RerankerModel, params: dict, tokens: jax.Array, segment_ids: ja
     segments: the segments of a row (default `segments_per_row(s)`, as `Reranker.pack`).
     activation: apply the model's activation to the logits (CrossEncoder.predict's scores);
       False: the logits.
+    token_types: int [r, s], 1 from each pair's second text on (`PackedRows.token_types`);
+      None: from the first separator of each pair (wrong where a query spells it).
 
   Returns:
     float32 [r, segments, l]: segment j + 1 of row i at [i, j]; where a row has no segment
     j + 1, scores of no pair.
   """
   segments = segments or segments_per_row(tokens.shape[1])
-  logits = model.classifier(segments).apply({"params": params}, tokens, segment_ids)
+  if model.type_separator is None:  # the model sees type 0 only
+    token_types = None
+  logits = model.classifier(segments).apply({"params": params}, tokens, segment_ids,
+                                            token_types=token_types)
   return activations.torch_class(model.activation)(logits) if activation else logits
 
 
@@ -385,29 +393,38 @@ class Reranker(SentenceEncoder):
     return self.model.num_labels
 
   def apply(self, params: dict, tokens, segment_ids, segments: int | None = None,
-            activation: bool = True) -> jax.Array:
+            activation: bool = True, token_types=None) -> jax.Array:
     """`score` with this reranker's model: packed rows -> float32 [r, segments, l]."""
-    return score(self.model, params, tokens, segment_ids, segments, activation)
+    return score(self.model, params, tokens, segment_ids, segments, activation, token_types)
 
   def tokenize(self, pairs: Sequence[tuple[str, str]], prompt: str = "") -> list[np.ndarray]:
+    """Each pair's ids (`encode_pairs`)."""
+    return self.encode_pairs(pairs, prompt)[0]
+
+  def encode_pairs(self, pairs: Sequence[tuple[str, str]], prompt: str = ""
+                   ) -> tuple[list[np.ndarray], list[int]]:
     """Each pair's ids, the prompt before its query, laid out by the tokenizer's pair template
     ([CLS] q [SEP] d [SEP]) and cut to max_seq_length as transformers cuts them
-    (`flax_encoder.tokenizer.kept`)."""
+    (`flax_encoder.tokenizer.kept`); and where each one's document starts (its token types,
+    as the tokenizer gives them, whatever special tokens the query spells)."""
     queries = [prompt + q for q, _ in pairs]
     documents = [d for _, d in pairs]
-    ids = self._tokenizers(lambda: encode_examples(self.tokenizer, queries, documents,
-                                                   self.max_seq_length, 0, self.template))
+    laid = self._tokenizers(lambda: encode_pairs(self.tokenizer, queries, documents,
+                                                 self.max_seq_length, 0, self.template))
+    ids = [i for i, _ in laid]
     vocab = self.model.config.vocab_size
     if ids and max(int(i.max(initial=0)) for i in ids) >= vocab:
       raise RerankerError(f"the tokenizer gives ids past the model's vocabulary "
                           f"(vocab_size={vocab}): not this model's tokenizer")
-    return ids
+    return ids, [start for _, start in laid]
 
-  def pack(self, ids: Sequence[np.ndarray], length: int | None = None):
+  def pack(self, ids: Sequence[np.ndarray], length: int | None = None,
+           second_starts: Sequence[int] | None = None):
     """Pairs' ids (`tokenize`) packed into rows of `length` ids (default max_seq_length),
-    first-fit, for `score`: a PackedRows."""
+    first-fit, for `score`, with their token types where `second_starts` (`encode_pairs`)
+    are given: a PackedRows."""
     try:
-      return super().pack(ids, length)
+      return super().pack(ids, length, second_starts)
     except EmbeddingError as e:
       raise RerankerError(str(e)) from None
 
@@ -431,7 +448,8 @@ class Reranker(SentenceEncoder):
     except EmbeddingError as e:
       raise RerankerError(str(e)) from None
     out = np.zeros((len(pairs), self.num_labels), np.float32)
-    self._encode_chunks(pairs, lambda chunk: self.tokenize(chunk, prompt), batch_tokens, 0, out)
+    self._encode_chunks(pairs, lambda chunk: self.encode_pairs(chunk, prompt), batch_tokens, 0,
+                        out)
     if apply_activation:
       out = np.asarray(activations.torch_class(self.model.activation)(out), np.float32)
     return out[:, 0] if self.num_labels == 1 else out
@@ -460,10 +478,12 @@ class Reranker(SentenceEncoder):
     return [(i, float(scores[i])) for i in order[:top_k]]
 
   def _encode(self, tokens: jax.Array, segment_ids: jax.Array, positions: jax.Array,
-              pool_from: int, segments: int) -> jax.Array:
+              pool_from: int, segments: int, token_types: jax.Array | None = None
+              ) -> jax.Array:
     """One call's packed rows -> their logits [r, segments, l], started on the devices: `score`,
     jitted (the positions, each pair's from its first id, are those it derives)."""
-    return _jitted_score(self.model, self.params, tokens, segment_ids, segments, False)
+    return _jitted_score(self.model, self.params, tokens, segment_ids, segments, False,
+                         token_types)
 
 
 def _checked_pairs(pairs) -> list[tuple[str, str]]:

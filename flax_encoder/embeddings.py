@@ -260,11 +260,13 @@ def normalize(x: jax.Array) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class PackedRows:
   """Texts packed into rows of one length: `embed`'s inputs (int32 [rows, length] each) and
-  where each text lies in its output: text t is [where[t, 0], where[t, 1]]."""
+  where each text lies in its output: text t is [where[t, 0], where[t, 1]]. Pairs packed with
+  where their second texts start have `token_types` (0, then 1 from each second text on)."""
   tokens: np.ndarray
   segment_ids: np.ndarray
   positions: np.ndarray
   where: np.ndarray
+  token_types: np.ndarray | None = None
 
 
 def assign_rows(lengths: Sequence[int], row_lengths: Sequence[int],
@@ -295,9 +297,12 @@ def assign_rows(lengths: Sequence[int], row_lengths: Sequence[int],
 
 
 def fill_rows(ids: Sequence[np.ndarray], texts: Sequence[int], row_of: np.ndarray,
-              rows: Sequence[int], length: int, pad_id: int) -> PackedRows:
+              rows: Sequence[int], length: int, pad_id: int,
+              second_starts: Sequence[int] | None = None) -> PackedRows:
   """The rows `rows` (indices of `assign_rows`' rows) of `length` ids, holding the `texts` (of
-  `ids`) whose row (`row_of`) is among them, in their order; `where` in the order of `texts`."""
+  `ids`) whose row (`row_of`) is among them, in their order; `where` in the order of `texts`.
+  With `second_starts` (of each of `ids`: where its pair's second text begins), token types
+  too."""
   at = {row: i for i, row in enumerate(rows)}
   tokens = np.full((len(rows), length), pad_id, np.int32)
   segment_ids = np.zeros((len(rows), length), np.int32)
@@ -305,16 +310,19 @@ def fill_rows(ids: Sequence[np.ndarray], texts: Sequence[int], row_of: np.ndarra
   used = np.zeros(len(rows), np.int64)
   count = np.zeros(len(rows), np.int64)
   where = np.zeros((len(texts), 2), np.int64)
+  types = None if second_starts is None else np.zeros((len(rows), length), np.int32)
   for j, t in enumerate(texts):
     i, n = at[row_of[t]], len(ids[t])
     start = used[i]
     tokens[i, start:start + n] = ids[t]
+    if types is not None:
+      types[i, start + second_starts[t]:start + n] = 1
     segment_ids[i, start:start + n] = count[i] + 1
     positions[i, start:start + n] = np.arange(n)
     where[j] = i, count[i]
     used[i] += n
     count[i] += 1
-  return PackedRows(tokens, segment_ids, positions, where)
+  return PackedRows(tokens, segment_ids, positions, where, types)
 
 
 def default_batch_tokens(config: EncoderConfig, device: jax.Device, length: int) -> int:
@@ -869,16 +877,17 @@ class SentenceEncoder:
     except TokenizerFailure as e:
       raise EmbeddingError(f"{self.tokenizer_file}: {e}") from None
 
-  def pack(self, ids: Sequence[np.ndarray], length: int | None = None) -> PackedRows:
+  def pack(self, ids: Sequence[np.ndarray], length: int | None = None,
+           second_starts: Sequence[int] | None = None) -> PackedRows:
     """Texts' ids (`tokenize`) packed into rows of `length` ids (default max_seq_length),
-    first-fit, for `embed`."""
+    first-fit, for `embed` (pairs' with `second_starts`: their token types too)."""
     length = length or self.max_seq_length
     if any(len(i) > length for i in ids):
       raise EmbeddingError(f"length={length}: shorter than a text's ids "
                            f"({max(map(len, ids))})")
     row_of, kinds = assign_rows([len(i) for i in ids], [length], [segments_per_row(length)])
     return fill_rows(ids, range(len(ids)), row_of, range(len(kinds)), length,
-                     self.model.config.pad_id)
+                     self.model.config.pad_id, second_starts)
 
   def default_batch_tokens(self) -> int:
     """The ids a call encodes on each device where `__call__` is not told
@@ -929,12 +938,14 @@ class SentenceEncoder:
   def _encode_chunks(self, items: Sequence, tokenize, batch_tokens: int, pool_from: int,
                      out) -> None:
     """Encodes `items` (texts, pairs) CHUNK_TEXTS at a time, each chunk's ids
-    `tokenize(chunk)`, its outputs read back into `out` (`_collect`) while the device runs the
-    chunk after it: the next chunk is tokenized as the one before is encoded."""
+    `tokenize(chunk)` (pairs': ids and where each one's second text starts), its outputs read
+    back into `out` (`_collect`) while the device runs the chunk after it: the next chunk is
+    tokenized as the one before is encoded."""
     pending = []  # chunks dispatched, not yet read back
     for start in range(0, len(items), CHUNK_TEXTS):
-      pending.append(self._dispatch(tokenize(items[start:start + CHUNK_TEXTS]), start,
-                                    batch_tokens, pool_from))
+      ids = tokenize(items[start:start + CHUNK_TEXTS])
+      ids, second_starts = ids if isinstance(ids, tuple) else (ids, None)
+      pending.append(self._dispatch(ids, start, batch_tokens, pool_from, second_starts))
       if len(pending) > 1:
         self._collect(pending.pop(0), out)
     for chunk in pending:
@@ -961,8 +972,9 @@ class SentenceEncoder:
       prompt = self.prompts.get("document", "")
     return self(texts, prompt, prompt_name, batch_tokens, task="document")
 
-  def _dispatch(self, ids: list[np.ndarray], start: int, batch_tokens: int,
-                pool_from: int) -> list[tuple[jax.Array, np.ndarray, np.ndarray]]:
+  def _dispatch(self, ids: list[np.ndarray], start: int, batch_tokens: int, pool_from: int,
+                second_starts: Sequence[int] | None = None
+                ) -> list[tuple[jax.Array, np.ndarray, np.ndarray]]:
     """Packs a chunk's texts (numbered from `start`) and starts their calls; returns each
     call's (output, where its texts lie in it, which texts). Over several devices a call's
     rows are a multiple of their number, the last call's filled up with empty rows."""
@@ -973,17 +985,21 @@ class SentenceEncoder:
       if not len(rows):
         continue
       texts = np.flatnonzero(np.isin(row_of, rows))
-      packed = fill_rows(ids, texts, row_of, rows, length, self.model.config.pad_id)
+      packed = fill_rows(ids, texts, row_of, rows, length, self.model.config.pad_id,
+                         second_starts)
       per_device = call_rows(-(-len(rows) // n), max(1, batch_tokens // length))
       row_starts = np.cumsum([0] + [c * n for c in per_device])
       pad = self.model.config.pad_id
       arrays = [_rows_to(a, row_starts[-1], fill) for a, fill in
-                ((packed.tokens, pad), (packed.segment_ids, 0), (packed.positions, 0))]
+                ((packed.tokens, pad), (packed.segment_ids, 0), (packed.positions, 0),
+                 (packed.token_types, 0)) if a is not None]
       for first, end in zip(row_starts[:-1], row_starts[1:]):
         mine = (packed.where[:, 0] >= first) & (packed.where[:, 0] < end)
         self.shapes.add((int(end - first), length))
-        output = self._encode(*(jax.device_put(a[first:end], self._rows) for a in arrays),
-                              pool_from, self.max_segments[k])
+        tokens, segment_ids, positions, *types = (jax.device_put(a[first:end], self._rows)
+                                                  for a in arrays)
+        output = self._encode(tokens, segment_ids, positions, pool_from, self.max_segments[k],
+                              *types)
         calls.append((output, packed.where[mine] - [first, 0], start + texts[mine]))
     return calls
 
@@ -998,9 +1014,11 @@ class SentenceEncoder:
                  self.prompts, self.default_prompt_name)
 
   def _encode(self, tokens: jax.Array, segment_ids: jax.Array, positions: jax.Array,
-              pool_from: int, segments: int) -> jax.Array:
+              pool_from: int, segments: int, token_types: jax.Array | None = None
+              ) -> jax.Array:
     """One call's packed rows -> its output, started on the devices (not waited for): `embed`,
-    jitted. A model type of its own (sparse, multi-vector) computes its own here."""
+    jitted. A model type of its own (sparse, multi-vector, reranker: the pairs' token types)
+    computes its own here."""
     return _jitted_embed(self.model, self.params, tokens, segment_ids, positions, pool_from,
                          segments)
 

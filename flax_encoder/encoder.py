@@ -81,16 +81,18 @@ class Encoder(nn.Module):
       tokens: int ids in [0, vocab_size), [batch, seq], seq <= max_len.
       mask: bool, True = attend, broadcastable to [batch, heads, seq, seq]
         ([batch, 1, 1, seq] or [batch, 1, seq, seq]); defaults to the padding mask
-        `tokens != pad_id`.
+        `padding_mask(tokens, pad_id)`: the run of pad_id that ends a row is padding, a
+        pad_id among the text's ids (a literal "[PAD]") is the text's, as a tokenizer's
+        attention mask has it.
       segment_ids: int [batch, seq], for rows that pack several sequences: a token attends
-        only to tokens of its own segment; 0 marks padding (`flax_encoder.packing`). Combined
+        only to tokens of its own segment; 0 marks padding, and only 0: a pad_id within a
+        segment is its text's (`flax_encoder.packing`). Combined
         with `mask` when both are given. An attention kernel that takes segment ids
         (`kernels.KERNELS` says which) takes no mask: segment ids (or, without them, the
         padding) go to it; so do the local layers of a kernel of `windowed_locals` when no
         `mask` is given (`windowed_attention`: no [seq, seq] array).
       positions: int [batch, seq], each token's position in its sequence, in [0, max_len);
-        defaults to 0 … seq - 1 (with a position_offset, the count of real tokens before it,
-        as transformers' RoBERTa has it). For packed rows,
+        defaults to 0 … seq - 1. For packed rows,
         `packing.segment_positions(segment_ids)`. A relative attention part
         (config.relative_attention) reads their differences, by default of the tokens' indices
         (padding or not, as transformers has it).
@@ -113,15 +115,15 @@ class Encoder(nn.Module):
       check_mask(mask, batch, cfg.n_heads, seq, seq)
     if kernel.takes_segment_ids and mask is not None:
       raise ValueError(f"attention_impl={kernel.name!r} attends by segment ids, not by a "
-                       f"mask: pass segment_ids (padding, pad_id tokens, is left out either "
-                       f"way)")
+                       f"mask: pass segment_ids (0 marks padding) or leave both out (the run "
+                       f"of pad_id that ends a row is padding)")
     if kernel.takes_segment_ids or (
         cfg.local_attention and kernel.windowed_locals and mask is None):
       # One int per token, never a [seq, seq] mask: the kernels take segment ids, and the
       # local layers of the fused paths attend by windows of them (windowed_attention).
       mask = attention_ids(tokens, cfg.pad_id, segment_ids)
     elif segment_ids is not None:
-      packed = segment_mask(segment_ids) & padding_mask(tokens, cfg.pad_id)
+      packed = segment_mask(segment_ids)
       mask = packed if mask is None else mask & packed
     elif mask is None:
       mask = padding_mask(tokens, cfg.pad_id)
@@ -228,15 +230,25 @@ def _relative_state(cfg: EncoderConfig, positions: jax.Array | None, seq: int):
 
 
 def _position_rows(cfg: EncoderConfig, tokens: jax.Array, positions: jax.Array | None):
-  """The row of the learned position table each token reads."""
-  if positions is not None:  # a negative position reads NaN, as one past the table does
-    return jnp.where(positions < 0, cfg.max_len + cfg.position_offset,
-                     positions + cfg.position_offset)
+  """The row of the learned position table each token reads: its position, plus
+  position_offset. With a position_offset, RoBERTa's rule as transformers computes it from the
+  ids: a sequence's ids other than pad_id count from position_offset, and a pad_id (padding, or
+  a literal "<pad>" in the text) reads the row before it and is not counted. A negative
+  position reads NaN, as one past the table does."""
+  seq = tokens.shape[1]
+  index = jnp.broadcast_to(jnp.arange(seq), tokens.shape)
   if not cfg.position_offset:
-    return jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-  # RoBERTa's rule: real tokens count from position_offset, padding reads the row before it.
-  real = (tokens != cfg.pad_id).astype(jnp.int32)
-  return jnp.cumsum(real, axis=1) * real + cfg.position_offset - 1
+    rows = index if positions is None else positions
+  else:
+    counted = (tokens != cfg.pad_id).astype(jnp.int32)
+    count = jnp.cumsum(counted, axis=1)  # counted ids up to each, from the row's start
+    if positions is not None:  # from the start of each one's sequence
+      start = jnp.clip(index - positions, 0, seq - 1)
+      count = count - jnp.take_along_axis(count - counted, start, axis=1)
+    rows = count * counted + cfg.position_offset - 1
+  if positions is None:
+    return rows
+  return jnp.where(positions < 0, cfg.max_len + cfg.position_offset, rows)
 
 
 def stack_layers(params: dict, n_layers: int) -> dict:

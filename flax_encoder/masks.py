@@ -6,20 +6,29 @@ Shapes: b = batch, h = heads, q = query positions, k = key positions.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
+def text_tokens(tokens: jax.Array, pad_id: int = 0) -> jax.Array:
+  """bool [batch, seq]: True up to each row's last id other than `pad_id`. The run of pad_id
+  that ends a row is the padding a tokenizer added; a pad_id among a text's own ids (a literal
+  "[PAD]" or "<pad>" in the text) is the text's, as the tokenizer's attention mask has it."""
+  text = tokens != pad_id
+  return jnp.flip(jnp.cumsum(jnp.flip(text, 1), 1), 1) > 0
+
+
 def padding_mask(tokens: jax.Array, pad_id: int = 0) -> jax.Array:
-  """The key-padding mask: `(tokens != pad_id)[:, None, None, :]`.
+  """The key-padding mask: `text_tokens(tokens, pad_id)[:, None, None, :]`.
 
   Args:
     tokens: int ids, [batch, seq].
-    pad_id: the id that marks padding.
+    pad_id: the id a row is padded with (at its end).
 
   Returns:
-    bool mask, [batch, 1, 1, seq]; True where the key is a real token.
+    bool mask, [batch, 1, 1, seq]; True where the key is the row's text.
   """
-  return (tokens != pad_id)[:, None, None, :]
+  return text_tokens(tokens, pad_id)[:, None, None, :]
 
 
 def check_mask(mask, batch: int, heads: int, q_len: int, k_len: int) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from flax_encoder.masks import text_tokens
+
 # The ids a packed text takes at least, which bounds the texts a row of s ids holds (s // it,
 # `segments_per_row`): what each packs, and why its bound is where it is.
 LEAST_IDS = {
@@ -39,13 +41,14 @@ def segment_mask(segment_ids: jax.Array) -> jax.Array:
 def attention_ids(tokens: jax.Array, pad_id: int,
                   segment_ids: jax.Array | None = None) -> jax.Array:
   """int32 [batch, seq]: one int per token that says whom it attends to, for the attention
-  paths that build no [seq, seq] mask. Its magnitude is the token's segment (1 for every token
-  of an unpacked row, 0 for the padding of a packed one) and its sign says whether other
-  tokens may attend to it (negative for pad_id tokens): a query attends to a key iff the key's
-  id is positive and equals the magnitude of the query's. That is `padding_mask(tokens)`
-  unpacked and `segment_mask(segment_ids) & padding_mask(tokens)` packed (`ids_mask`)."""
-  segments = 1 if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
-  return jnp.where(tokens == pad_id, -1, 1).astype(jnp.int32) * segments
+  paths that build no [seq, seq] mask. Its magnitude is the token's segment and its sign says
+  whether other tokens may attend to it: a query attends to a key iff the key's id is positive
+  and equals the magnitude of the query's. Unpacked, the row's text is 1 and its padding -1
+  (`padding_mask(tokens)`); packed, the ids are `segment_ids`, padding 0
+  (`segment_mask(segment_ids)`); `ids_mask` is the mask they stand for."""
+  if segment_ids is not None:
+    return jnp.asarray(segment_ids, jnp.int32)
+  return jnp.where(text_tokens(tokens, pad_id), 1, -1).astype(jnp.int32)
 
 
 def ids_mask(ids: jax.Array) -> jax.Array:

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
+from flax_encoder.masks import text_tokens
+
 MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 
 
@@ -66,8 +68,8 @@ def pool(modes: Sequence[str], hidden: jax.Array, segment_ids: jax.Array, positi
 
 
 def one_text_a_row(tokens: jax.Array, pad_id: int) -> tuple[jax.Array, jax.Array]:
-  """(segment ids, positions) of padded rows of a text each (int [r, s]): the ids equal to
-  `pad_id` are padding (segment 0), the others the row's one text (segment 1), at their
-  index."""
-  segment_ids = (tokens != pad_id).astype(jnp.int32)
+  """(segment ids, positions) of padded rows of a text each (int [r, s]): the run of `pad_id`
+  that ends a row is padding (segment 0), the ids before it the row's one text (segment 1, a
+  pad_id among them included), at their index."""
+  segment_ids = text_tokens(tokens, pad_id).astype(jnp.int32)
   return segment_ids, jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)

@@ -328,16 +328,25 @@ def example_ids(first: np.ndarray, second: np.ndarray | None, seq_len: int,
   pair's, cut as transformers cuts a pair (`kept`; `first_longer` as it takes it); and whether
   anything was cut. A `template` puts its special ids around them instead of the separator
   between."""
+  ids, truncated, _ = _laid_out(first, second, seq_len, separator_id, template, first_longer)
+  return ids, truncated
+
+
+def _laid_out(first, second, seq_len, separator_id, template, first_longer):
+  """`example_ids`, and where the second text's part begins (its ids, then the template's
+  end): the ids' length for one text."""
   template = template or Template(between=(separator_id,))
   ids = lambda values: np.asarray(values, first.dtype)
   start, between, end = ids(template.start), ids(template.between), ids(template.end)
   if second is None:
     room = seq_len - len(start) - len(end)
-    return np.concatenate([start, first[:room], end]), len(first) > room
+    laid = np.concatenate([start, first[:room], end])
+    return laid, len(first) > room, len(laid)
   room = seq_len - len(start) - len(between) - len(end)
   n1, n2 = kept(len(first), len(second), room, first_longer)
   truncated = n1 < len(first) or n2 < len(second)
-  return np.concatenate([start, first[:n1], between, ids(second[:n2]), end]), truncated
+  return (np.concatenate([start, first[:n1], between, ids(second[:n2]), end]), truncated,
+          len(start) + n1 + len(between))
 
 
 def encode_examples(tokenizer: Tokenizer, texts: list[str], pairs: list[str | None] | None,
@@ -345,12 +354,22 @@ def encode_examples(tokenizer: Tokenizer, texts: list[str], pairs: list[str | No
                     template: Template | None = None) -> list[np.ndarray]:
   """Each example's ids (`example_ids`; a pair of None: the text alone), not padded; of
   each text only the ids an example can hold are tokenized (`Tokenizer.encode_leading`)."""
+  return [ids for ids, _ in encode_pairs(tokenizer, texts, pairs, seq_len, separator_id,
+                                         template)]
+
+
+def encode_pairs(tokenizer: Tokenizer, texts: list[str], pairs: list[str | None] | None,
+                 seq_len: int, separator_id: int, template: Template | None = None
+                 ) -> list[tuple[np.ndarray, int]]:
+  """`encode_examples`, each example's ids with the index where its pair's part begins: the
+  ids from it on are the second text's as the tokenizer types them (token type 1 for BERT),
+  whatever special tokens the first text spells."""
   pairs = [None] * len(texts) if pairs is None else pairs
   # One id more than an example holds, so that `example_ids` knows what it truncates.
   firsts = tokenizer.encode_leading(texts, seq_len + 1)
   seconds = tokenizer.encode_leading([p or "" for p in pairs], seq_len + 1)
-  return [example_ids(a, b if p is not None else None, seq_len, separator_id, template,
-                      lambda t=t, p=p: first_is_longer(tokenizer, t, p, seq_len + 1))[0]
+  return [_laid_out(a, b if p is not None else None, seq_len, separator_id, template,
+                    lambda t=t, p=p: first_is_longer(tokenizer, t, p, seq_len + 1))[::2]
           for a, b, t, p in zip(firsts, seconds, texts, pairs)]
 
 

@@ -92,9 +92,12 @@ class PositionsTest(chex.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_padding_mask(self):
-    mask = self.variant(padding_mask)(jnp.array([[5, 0, 3]]))
-    chex.assert_shape(mask, (1, 1, 1, 3))
-    np.testing.assert_array_equal(mask.ravel(), [True, False, True])
+    # the pad ids that end a row are padding; one among the text's ids (a literal "[PAD]") is
+    # the text's, as a tokenizer's attention mask has it
+    mask = self.variant(padding_mask)(jnp.array([[5, 0, 3, 0, 0], [0, 0, 0, 0, 0]]))
+    chex.assert_shape(mask, (2, 1, 1, 5))
+    np.testing.assert_array_equal(mask[:, 0, 0], [[True, True, True, False, False],
+                                                  [False] * 5])
 
 
 def _init(module, *args, **kwargs):

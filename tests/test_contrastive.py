@@ -128,11 +128,15 @@ def _pairs(seed: int, b: int = 8) -> dict:
 
 def test_a_packed_batch_gives_the_loss_and_gradient_of_each_text_encoded_alone():
   rows, loss = _pairs(0), RankingLoss(symmetric=True, dims=(32, 8))
-  rows["anchor"][0, 5] = TINY.pad_id  # a pad id within a text is padding there too
+  # a pad id within a text (a literal "[PAD]") is the text's, as its tokenizer's mask has it
+  rows["anchor"][0, 5] = TINY.pad_id
+  rows["anchor"][0, 6] = 7
   task = _task(loss=loss, eval_pairs=2)
   params, key = _params(task), jax.random.PRNGKey(1)
   batch = _packed(rows)
   assert len(batch["tokens"]) < 24  # the 22 texts share rows
+  lengths = packed_pairs.text_lengths(rows, TINY.pad_id)
+  assert (batch["segment_ids"] > 0).sum() == sum(n.sum() for n in lengths.values())
 
   def alone(params):
     texts = [task.embed(params, (rows[name],)) for name in ("anchor", "positive", "negative")]

@@ -13,6 +13,7 @@ import pytest
 
 from flax_encoder import embeddings, packing
 from flax_encoder.embeddings import EmbeddingError, SentenceEncoder
+from tests.test_hostile_inputs import LITERAL_SPECIALS
 
 MAX_SEQ = 24  # ids a text is cut to: many of TEXTS are longer
 WORDS = ("the quick brown fox jumps over lazy dog 0 1 2 3 4 5 6 7 8 9 0123 4567 89 a b c d e f g "
@@ -24,7 +25,7 @@ def _texts() -> list[str]:
   some with characters the tokenizers never saw."""
   rng = np.random.default_rng(0)
   texts = [" ".join(rng.choice(WORDS, n)) for n in (1, 2, 3, 5, 8, 13, 21, 34, 40, 4, 6, 9)]
-  return texts + ["", "Zürich ☃ naïve", "dog", "THE QUICK Brown fox"]
+  return texts + ["", "Zürich ☃ naïve", "dog", "THE QUICK Brown fox", *LITERAL_SPECIALS]
 
 
 TEXTS = _texts()
@@ -195,11 +196,12 @@ def test_the_published_minilm_is_sentence_transformers():
   from tests import published
   folder = published.all_minilm_l6_v2()
   texts = ["A man is eating food.", "Héllo, wörld: naïve café.", "",
-           "Two dogs play in the snow near a small wooden house. " * 40]  # cut at 256 ids
+           "Two dogs play in the snow near a small wooden house. " * 40,  # cut at 256 ids
+           "a [PAD] b", "[PAD] [SEP] the dog [PAD]"]
   ours = SentenceEncoder.load(folder)
   got, want = ours(texts), st.SentenceTransformer(folder, device="cpu").encode(texts)
   cosine = np.sum(got * want, 1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
-  assert ours.max_seq_length == 256 and got.shape == (4, 384)
+  assert ours.max_seq_length == 256 and got.shape == (6, 384)
   assert cosine.min() >= 0.99999 and np.abs(got - want).max() < 1e-5
 
 

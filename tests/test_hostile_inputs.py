@@ -167,6 +167,11 @@ SPARSE_STARTS = [" " * 20_000 + "the quick brown fox " * 50, "\t" * 9_000 + "hel
                  "QUJD" * 900 + " then words " * 30, "x" * 100 + " y" * 3_000,
                  ("a" * 70 + " ") * 500, "\u00fcn\u00efc\u00f6d\u00e9 " * 3_000, "fox, " * 4_000,
                  "word " * 10_000, "  lead and trail  ", "", "short"]
+# Texts that spell the special tokens of BERT's and RoBERTa's tokenizers: a tokenizer makes
+# them the special ids, which are the text's own (attention mask 1), neither padding nor the
+# boundary between a pair's texts.
+LITERAL_SPECIALS = ["a [PAD] b [SEP] c [CLS]", "<pad> dog <pad> fox </s> the <s>", "[PAD]",
+                    "<pad>", "the [SEP] quick </s></s> fox [PAD] [PAD]"]
 
 
 def _tokenizers(wordpiece):

@@ -18,6 +18,7 @@ from flax_encoder.embeddings import Dense, EmbeddingError
 from flax_encoder.multi_vector import (EMPTY_DOCUMENT_SCORE, Expansion, MultiVectorEncoder,
                                        MultiVectorError, MultiVectorModel, ScoringMask, maxsim,
                                        maxsim_pairwise, save_multi_vector)
+from tests.test_hostile_inputs import LITERAL_SPECIALS
 
 MAX_SEQ = 24  # ids a text is cut to where a side sets no length: many texts are longer
 WORDS = ("the quick brown fox jumps over lazy dog 0 1 2 3 4 5 6 7 8 9 0123 4567 89 a b c d e f g "
@@ -29,7 +30,7 @@ def _texts() -> list[str]:
   some with characters the tokenizers never saw."""
   rng = np.random.default_rng(0)
   texts = [" ".join(rng.choice(WORDS, n)) for n in (1, 2, 3, 5, 8, 13, 21, 34, 4, 6, 9)]
-  return texts + ["", "Zürich ☃ naïve", "dog", "THE QUICK Brown fox ! ?"]
+  return texts + ["", "Zürich ☃ naïve", "dog", "THE QUICK Brown fox ! ?", *LITERAL_SPECIALS]
 
 
 TEXTS = _texts()

@@ -15,6 +15,7 @@ import pytest
 from flax_encoder import embeddings, modules_json, packing, sparse
 from flax_encoder.embeddings import EmbeddingError
 from flax_encoder.sparse import SparseEncoder, SparseError, SparseVectors, save_splade
+from tests.test_hostile_inputs import LITERAL_SPECIALS
 
 MAX_SEQ = 24  # ids a text is cut to: several of TEXTS are longer
 WORDS = ("the quick brown fox jumps over lazy dog 0 1 2 3 4 5 6 7 8 9 0123 4567 89 a b c d e f g "
@@ -26,7 +27,7 @@ def _texts() -> list[str]:
   text, and characters the tokenizers never saw."""
   rng = np.random.default_rng(0)
   texts = [" ".join(rng.choice(WORDS, n)) for n in (1, 2, 3, 5, 8, 13, 21, 34, 40, 4, 6, 9)]
-  return texts + ["", "Zürich ☃ naïve", "dog", "THE QUICK Brown fox"]
+  return texts + ["", "Zürich ☃ naïve", "dog", "THE QUICK Brown fox", *LITERAL_SPECIALS]
 
 
 TEXTS = _texts()

@@ -16,6 +16,7 @@ import torch
 
 from flax_encoder import families
 from flax_encoder.config import EncoderConfig
+from flax_encoder.masks import text_tokens
 from flax_encoder.pytorch.modernbert_float64 import modernbert_in_float64
 from flax_encoder.pytorch.report import Row, row, run_flax
 from flax_encoder.pytorch.rotary_float64 import (deberta_in_float64, eurobert_in_float64,
@@ -41,8 +42,8 @@ def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray
       attn_implementation="eager")`: BertModel, RobertaModel, DistilBertModel …).
     config, variables: `load_hf(dir, scan_layers=False, …)`; config.dtype float32 or float64
       sets both sides' precision (float64 needs jax_enable_x64).
-    tokens: int ids [batch, seq]; config.pad_id (the model's pad_token_id) is padding, and
-      transformers gets attention_mask = tokens != pad_id.
+    tokens: int ids [batch, seq]; the run of config.pad_id (the model's pad_token_id) that
+      ends a row is padding (`masks.text_tokens`), transformers' attention_mask 0.
 
   Returns:
     The rows in forward order, last_hidden_state last, each compared at the real tokens.
@@ -66,7 +67,8 @@ def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray
   output_flax, flax_value = run_flax(config, {"params": variables["params"]}, tokens)
   device = next(model.parameters()).device
   ids = torch.as_tensor(np.asarray(tokens), dtype=torch.int64, device=device)
-  mask = (ids != config.pad_id).to(torch.int64)
+  real = np.asarray(text_tokens(np.asarray(tokens), config.pad_id))
+  mask = torch.as_tensor(real, dtype=torch.int64, device=device)
   in_float64 = (FLOAT64[family.name]() if family.name in FLOAT64 and config.dtype == np.float64
                 else contextlib.nullcontext())
   with torch.no_grad(), in_float64:
@@ -75,7 +77,6 @@ def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray
   seen: collections.Counter = collections.Counter()  # a module's stages so far: its next call
   # Compared at the real tokens: what a padding position holds is no one's (DeBERTa zeroes its
   # embeddings there, the others do not).
-  real = np.asarray(tokens) != config.pad_id
   rows = []
   for name, f, t in points:
     rows.append(row(name, flax_value(f), calls[t][seen[t]], real))

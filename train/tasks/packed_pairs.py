@@ -161,8 +161,6 @@ def pack_held_out(rows: dict, pad_id: int, seq_len: int) -> dict:
 
 
 def _fill(ids: list, row_of: np.ndarray, used: int, seq_len: int, pad_id: int) -> PackedRows:
-  """`ids` laid into the `used` rows `row_of` assigns (flax_encoder.embeddings.fill_rows), a pad
-  id within a text made padding (segment 0), as the unpacked encoder and pooling take it."""
-  packed = fill_rows(ids, range(len(ids)), row_of, range(used), seq_len, pad_id)
-  return dataclasses.replace(
-      packed, segment_ids=np.where(packed.tokens == pad_id, 0, packed.segment_ids))
+  """`ids` laid into the `used` rows `row_of` assigns (flax_encoder.embeddings.fill_rows): a pad
+  id within a text (a literal "<pad>") is the text's, as the unpacked encoder takes it."""
+  return fill_rows(ids, range(len(ids)), row_of, range(used), seq_len, pad_id)
