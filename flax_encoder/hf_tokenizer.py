@@ -2,7 +2,9 @@
 
   tokenizer = tokenizer_from_directory("bert-base-uncased")
 
-A directory's tokenizer.json (a fast tokenizer's file) is read as it is. Older checkpoints ship
+A directory's tokenizer.json (a fast tokenizer's file) is read as transformers 5 reads it: as
+it is, but where tokenizer_config.json names a class of OPTION_NORMALIZED_CLASSES, whose
+normalizer that class builds from its options (do_lower_case …). Older checkpoints ship
 the files of transformers' slow tokenizers instead: vocab.txt (BERT's WordPiece), vocab.json
 and merges.txt (RoBERTa's byte-level BPE) or a family's own (`Family.tokenizers.slow`:
 DeBERTa-v3's SentencePiece spm.model, families/deberta_v2.py), with their options and special
@@ -36,11 +38,14 @@ LOOKED_FOR = "tokenizer.json, vocab.txt, vocab.json and merges.txt"  # then the 
 WORDPIECE_CLASSES = ("BertTokenizer", "DistilBertTokenizer", "ElectraTokenizer")
 # ... and from vocab.json and merges.txt as RoBERTa's: "<s> a </s></s> b </s>"
 BPE_CLASSES = ("RobertaTokenizer", "LongformerTokenizer", "BartTokenizer")
+# ... whose normalizer and pre-tokenizer transformers 5 builds from tokenizer_config.json's
+# options (do_lower_case, strip_accents, tokenize_chinese_chars), over tokenizer.json's own
+OPTION_NORMALIZED_CLASSES = (*WORDPIECE_CLASSES, "MPNetTokenizer")
 
 
 def tokenizer_from_directory(path: str | os.PathLike, offset: int = 0) -> Tokenizer:
-  """The tokenizer of the model directory `path` (ids + `offset`): its tokenizer.json (its
-  bytes as they are), else one built from its vocab.txt (WordPiece), else from its vocab.json
+  """The tokenizer of the model directory `path` (ids + `offset`): its tokenizer.json (as its
+  tokenizer_class reads it), else one built from its vocab.txt (WordPiece), else from its vocab.json
   and merges.txt (byte-level BPE), else from a family's own files (`Family.tokenizers.slow`:
   DeBERTa's spm.model); in a sentence-transformers folder, from its Transformer module's
   folder (where sentence-transformers reads it), with a Lowercase normalizer first where the
@@ -54,7 +59,8 @@ def tokenizer_from_directory(path: str | os.PathLike, offset: int = 0) -> Tokeni
   # folder only: an older folder's top may hold another one, which it never reads
   directory = _transformer_module(path) or path
   if _has(directory, "tokenizer.json"):
-    built = _read_tokenizer_json(os.path.join(directory, "tokenizer.json"))
+    built = _as_its_class_reads(_read_tokenizer_json(os.path.join(directory, "tokenizer.json")),
+                                directory)
   elif _has(directory, "vocab.txt"):
     built = _wordpiece(directory)
   elif _has(directory, "vocab.json") and _has(directory, "merges.txt"):
@@ -123,6 +129,32 @@ def _lowercased(built: bytes, directory: str) -> bytes:
   steps = [normalizers.Lowercase()] + ([tokenizer.normalizer] if tokenizer.normalizer else [])
   tokenizer.normalizer = normalizers.Sequence(steps)
   return tokenizer.to_str().encode("utf-8")
+
+
+def _as_its_class_reads(built: bytes, directory: str) -> bytes:
+  """The tokenizer.json `built` as transformers 5 reads it for the directory's tokenizer_class:
+  one of OPTION_NORMALIZED_CLASSES takes tokenizer.json's vocabulary and post-processor, but
+  normalizes and pre-tokenizes as its options say (a cased tokenizer.json saved by
+  `BertTokenizerFast(tokenizer_object=…)` lower-cases, as its do_lower_case defaults to true);
+  any other class, tokenizer.json as it is."""
+  import json
+  file = os.path.join(directory, "tokenizer_config.json")
+  config = _read_json(file) or {}
+  name = config.get("tokenizer_class")
+  if not isinstance(name, str) or name.removesuffix("Fast") not in OPTION_NORMALIZED_CLASSES:
+    return built
+  from tokenizers import Tokenizer as HFTokenizer, normalizers, pre_tokenizers
+  tokenizer = _built(lambda: HFTokenizer.from_str(built.decode("utf-8")), directory)
+  flag = lambda key, default: _flag(config, key, default, file)
+  tokenizer.normalizer = normalizers.BertNormalizer(
+      clean_text=True, handle_chinese_chars=flag("tokenize_chinese_chars", True),
+      strip_accents=flag("strip_accents", None), lowercase=flag("do_lower_case", True))
+  tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  rebuilt = json.loads(tokenizer.to_str())
+  given = json.loads(built)
+  if all(given.get(k) == rebuilt[k] for k in ("normalizer", "pre_tokenizer")):
+    return built  # as it was: its bytes, which fingerprints hash, unchanged
+  return json.dumps(rebuilt).encode("utf-8")
 
 
 def _read_tokenizer_json(file: str) -> bytes:

@@ -178,12 +178,12 @@ def test_a_sentence_transformers_module_that_lower_cases_texts_lower_cases_them(
 
 # ---- a tokenizer.json saved with padding and truncation
 
-def _bert_json(**settings) -> bytes:
+def _bert_json(cased: bool = False, **settings) -> bytes:
   """A tokenizer.json of BERT's make, built here with `tokenizers`, with `settings` applied
   (padding, truncation) as sentence-transformers saves them."""
   from tokenizers import Tokenizer as HFTokenizer, models, normalizers, pre_tokenizers, processors
   model = HFTokenizer(models.WordPiece({t: i for i, t in enumerate(WORDPIECE)}, unk_token="[UNK]"))
-  model.normalizer = normalizers.BertNormalizer(lowercase=True)
+  model.normalizer = normalizers.BertNormalizer(lowercase=not cased, strip_accents=not cased)
   model.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   model.post_processor = processors.TemplateProcessing(
       single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
@@ -218,6 +218,37 @@ def test_a_directory_s_tokenizer_json_comes_first_and_as_it_is(tmp_path):
   assert tokenizer.model == saved
   assert tokenizer.ignored_settings == ["padding to the longest (a multiple of 8)"]
   assert _ids(tokenizer, ["hello"]) == [[5]]
+
+
+@pytest.mark.parametrize("tokenizer_class", ["BertTokenizer", "DistilBertTokenizerFast"])
+@pytest.mark.parametrize("config", [{}, {"do_lower_case": False}, {"strip_accents": False},
+                                    {"do_lower_case": False, "strip_accents": True,
+                                     "tokenize_chinese_chars": False}])
+def test_a_tokenizer_json_is_read_with_its_classes_options_as_transformers_reads_it(
+    tmp_path, monkeypatch, tokenizer_class, config):
+  """transformers 5 builds a BERT-like class's normalizer from tokenizer_config.json's options,
+  over tokenizer.json's: a cased tokenizer.json lower-cases and strips accents where the
+  options (or their defaults) say so."""
+  transformers = pytest.importorskip("transformers", reason="the reference is transformers'")
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  directory = _write(tmp_path, {"tokenizer.json": _bert_json(cased=True).decode("utf-8"),
+                                "tokenizer_config.json": {"tokenizer_class": tokenizer_class,
+                                                          **config}})
+  _assert_same_as(transformers.AutoTokenizer.from_pretrained(directory),
+                  tokenizer_from_directory(directory))
+
+
+def test_a_cased_tokenizer_saved_as_transformers_5_saves_it_lower_cases_as_it_reads_it(
+    tmp_path, monkeypatch):
+  """`BertTokenizerFast(tokenizer_object=…)` writes do_lower_case true beside a cased
+  tokenizer.json; AutoTokenizer then lower-cases, and so does the library."""
+  transformers = pytest.importorskip("transformers", reason="the reference is transformers'")
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  cased = tokenizers.Tokenizer.from_str(_bert_json(cased=True).decode("utf-8"))
+  transformers.BertTokenizerFast(tokenizer_object=cased).save_pretrained(str(tmp_path))
+  tokenizer = tokenizer_from_directory(tmp_path)
+  _assert_same_as(transformers.AutoTokenizer.from_pretrained(str(tmp_path)), tokenizer)
+  assert _ids(tokenizer, ["Hello Café STOPS"]) == [[5, 11, 15, 7]]  # hello cafe stop ##s
 
 
 # ---- what cannot be read
