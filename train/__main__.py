@@ -16,7 +16,7 @@ from ml_collections import config_flags
 
 import configs
 from train.errors import RunError
-from train.run import launch
+from train.run import launch, multihost
 from train.run.host import bound_freed_memory, discard_stdout_once_closed, jemalloc_environment
 
 
@@ -135,14 +135,12 @@ def main(argv, given: dict | None = None):
   if why:  # it died before this process could ask to be stopped with it
     print(f"error: {why} before this process started", file=sys.stderr)
     sys.exit(143)
-  if given["multihost"].value:
-    import jax
-    jax.distributed.initialize(coordinator_address=given["coordinator_address"].value,
-                               num_processes=given["num_processes"].value,
-                               process_id=given["process_id"].value,
-                               heartbeat_timeout_seconds=given["heartbeat_timeout_s"].value)
   from train.loop import run
   try:
+    if given["multihost"].value:
+      multihost.join(given["coordinator_address"].value, given["num_processes"].value,
+                     given["process_id"].value, given["heartbeat_timeout_s"].value,
+                     "--coordinator_address")
     sys.exit(run(given["config"].value, given["workdir"].value, given["allow_changes"].value))
   except RunError as e:
     print(f"\nerror: {e}", file=sys.stderr)

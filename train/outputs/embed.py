@@ -53,6 +53,7 @@ from train.errors import RunError
 from train.files import special_kind, unwritable_kind, written_whole
 from train.outputs import corpus
 from train.outputs.nonfinite import NonFinite
+from train.run import multihost
 
 _CHUNK = 1024  # texts in memory at once, and between moves of the progress bar
 _FOLDER = "/"  # OUT_FORMATS' key of a folder of parts, which --out names by a trailing /
@@ -425,22 +426,23 @@ def _interrupt(signum, frame):
 
 
 def _join(args) -> tuple[tuple[int, int], object]:
-  """Joins the other processes (jax.distributed); returns (this process's index, their count)
-  and the barrier every process passes once its parts are written."""
+  """Joins the other processes (`multihost.join`); returns (this process's index, their count)
+  and the barrier every process passes once its parts are written, which waits for the others
+  as long as they live (their parts may take minutes longer than this one's)."""
   import jax
-  from jax.experimental import multihost_utils
-  jax.distributed.initialize(coordinator_address=args.coordinator_address,
-                             num_processes=args.num_processes, process_id=args.process_id,
-                             heartbeat_timeout_seconds=args.heartbeat_timeout_s)
+  multihost.join(args.coordinator_address, args.num_processes, args.process_id,
+                 args.heartbeat_timeout_s)
 
   def barrier():
     try:
-      multihost_utils.sync_global_devices("embed: every part written")
+      multihost.barrier("embed: every part written")
     except Exception as e:  # noqa: BLE001 - jax's runtime errors: a peer is gone
       said = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-      raise RunError(f"--out {args.out}: another process stopped before every part was "
-                     f"written ({said}); the parts written are kept: the same command "
-                     f"continues", 1) from None
+      # said now: JAX's own error poller ends this process within moments
+      print(f"embed: error: --out {args.out}: another process stopped before every part was "
+            f"written ({said}); the parts written are kept: the same command continues",
+            file=sys.stderr, flush=True)
+      os._exit(1)
 
   return (jax.process_index(), jax.process_count()), barrier
 
@@ -489,7 +491,11 @@ def main(argv=None) -> int:
     parser.error(f"--part-mb {wrong}")
   process, barrier = (0, 1), None
   if args.multihost:
-    process, barrier = _join(args)
+    try:
+      process, barrier = _join(args)
+    except RunError as e:
+      print(f"embed: error: {e}", file=sys.stderr)
+      return e.exit_code
   previous = signal.signal(signal.SIGTERM, _interrupt)
   try:
     count = embed(args.model, args.input, args.out, args.text_field, args.id_field,
