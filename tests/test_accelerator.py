@@ -15,7 +15,7 @@ from tests import runs
 def test_the_training_step_and_the_exported_encoder_lower_for_tpu_and_cuda():
   env = runs.environment(4)
   result = subprocess.run([sys.executable, "-m", "tests.lowering"], cwd=runs.ROOT, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
+                          capture_output=True, text=True, timeout=runs.limit(600), check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   for platform in ("tpu", "cuda"):
     assert (f"train step lowered for {platform}: mesh yes, batch over data x fsdp yes, "
@@ -29,8 +29,8 @@ def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   out = tmp_path / "accelerator"
   env = {**runs.environment(), "JAX_PLATFORMS": "cpu"}
   result = subprocess.run([sys.executable, "-m", "benchmarks.accelerator", "--out", str(out)],
-                          cwd=runs.ROOT, env=env, capture_output=True, text=True, timeout=900,
-                          check=False)
+                          cwd=runs.ROOT, env=env, capture_output=True, text=True,
+                          timeout=runs.limit(900), check=False)
   assert result.returncode == 0, result.stderr[-3000:] + (out / "log.txt").read_text()[-3000:]
   results = json.loads((out / "results.json").read_text())
   parts = {(e["part"], e["variant"]): e for e in results["parts"]}

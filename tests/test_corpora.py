@@ -251,7 +251,7 @@ def _interrupt(tmp_path, args, wait_for, sig):
     assert process.poll() is None, seen[-2000:]
   os.killpg(process.pid, sig)
   start = time.monotonic()
-  code = process.wait(timeout=30)
+  code = process.wait(timeout=runs.limit(30))
   rest = process.stderr.read()
   return code, time.monotonic() - start, rest
 

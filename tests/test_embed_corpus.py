@@ -149,7 +149,7 @@ def test_kill_9_then_the_same_command_gives_an_uninterrupted_runs_folder(folder,
   proc = subprocess.Popen([sys.executable, "-m", "train.embed", *args, "--out", killed],
                           cwd=runs.ROOT, env=runs.environment(), stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
-  deadline = time.monotonic() + 120
+  deadline = time.monotonic() + runs.limit(120)
   while not os.path.exists(os.path.join(killed, "part-00003.json")):
     assert proc.poll() is None and time.monotonic() < deadline
     time.sleep(0.02)
@@ -200,7 +200,8 @@ def test_two_processes_of_two_devices_and_eight_devices_write_what_one_device_wr
       [sys.executable, "-m", "train.launch", "--program", "embed", "--processes", "2",
        "--devices-per-process", "2", "--", "--model", folder, "--input", source,
        "--out", shared, "--part-mb", str(PART_MB)],
-      cwd=runs.ROOT, env=runs.environment(), capture_output=True, text=True, timeout=300)
+      cwd=runs.ROOT, env=runs.environment(), capture_output=True, text=True,
+      timeout=runs.limit(300))
   assert out.returncode == 0, out.stdout[-3000:]
   assert f"[0] {shared}: 60 embeddings" in out.stdout
   assert "2 processes of 2 cpu devices" in out.stdout
@@ -208,7 +209,7 @@ def test_two_processes_of_two_devices_and_eight_devices_write_what_one_device_wr
   out = subprocess.run(
       [sys.executable, "-m", "train.embed", "--model", folder, "--input", source, "--out", eight,
        "--part-mb", str(PART_MB)], cwd=runs.ROOT, env=runs.EIGHT_DEVICES, capture_output=True,
-      text=True, timeout=300)
+      text=True, timeout=runs.limit(300))
   assert out.returncode == 0, out.stderr[-3000:]
   assert "1 process of 8 cpu devices, 2048 ids a device a call" in out.stdout
   expected_ids, expected = read_embeddings(one)

@@ -14,6 +14,7 @@ import pytest
 from flax_encoder import Encoder
 from flax_encoder.inference import BucketedEncoder, export_encoder
 from flax_encoder.weights import load_weights, save_weights
+from tests import runs
 
 pytestmark = pytest.mark.library  # the library's own: run on accelerators too
 
@@ -76,7 +77,7 @@ def test_exported_encoder_runs_in_a_fresh_process_without_the_model_code(
   tokens[3, 2] = tiny_config.vocab_size  # a bad id: that row must come back NaN
   np.save(tmp_path / "tokens.npy", tokens)
   subprocess.run([sys.executable, "-c", LOAD_AND_RUN, path, str(tmp_path / "tokens.npy"),
-                  str(tmp_path / "out.npy")], cwd=tmp_path, check=True, timeout=300)
+                  str(tmp_path / "out.npy")], cwd=tmp_path, check=True, timeout=runs.limit(300))
   out = np.load(tmp_path / "out.npy")
   chex.assert_shape(out, (5, 16, tiny_config.d_model))
   good = [0, 1, 2, 4]

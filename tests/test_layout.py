@@ -177,3 +177,31 @@ def test_the_program_defines_no_model_of_its_own():
   assert _module_classes(os.path.join(ROOT, "flax_encoder", "masked_lm.py"))  # the check finds
   found = [c for path in _sources("train") for c in _module_classes(path)]
   assert not found, f"modules defined in train/: {found}"
+
+
+def test_every_time_limit_of_the_tests_scales_by_the_suites_factor():
+  """A limit on a subprocess or a wait is `runs.limit(seconds)`, which a slow or busy machine
+  scales; a number alone failed correct code on a loaded 2-core machine."""
+  fixed = []
+  for name in sorted(os.listdir(os.path.join(ROOT, "tests"))):
+    if not name.endswith(".py"):
+      continue
+    path = os.path.join(ROOT, "tests", name)
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+      numbers = []
+      if isinstance(node, ast.Call):  # timeout=300
+        numbers = [k.value for k in node.keywords if k.arg == "timeout"]
+      elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):  # time.time() + 60
+        numbers = [node.right] if _is_clock(node.left) else []
+      elif isinstance(node, ast.Compare):  # time.time() - started < 30
+        numbers = node.comparators if _is_clock(getattr(node.left, "left", None)) else []
+      fixed += [f"tests/{name}:{n.lineno}" for n in numbers if isinstance(n, ast.Constant)]
+  assert not fixed, f"fixed time limits (use runs.limit): {fixed}"
+
+
+def _is_clock(node) -> bool:
+  """Whether `node` calls time.time() or time.monotonic()."""
+  return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr in ("time", "monotonic", "perf_counter"))

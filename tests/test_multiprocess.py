@@ -41,7 +41,7 @@ def _launch(workdir, *overrides, popen=False):
   kwargs = {"cwd": runs.ROOT, "env": runs.environment(), "text": True}
   if popen:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
-  return subprocess.run(cmd, capture_output=True, timeout=600, check=False, **kwargs)
+  return subprocess.run(cmd, capture_output=True, timeout=runs.limit(600), check=False, **kwargs)
 
 
 def _train_process(workdir, process_id):
@@ -105,7 +105,7 @@ def test_each_process_places_its_rows_and_restores_its_shards_of_a_1_process_che
       [sys.executable, "-m", "tests.two_processes", port, str(i), four_device_run, expected],
       cwd=runs.ROOT, env=TWO_DEVICES, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
       text=True) for i in range(2)]
-  outs = [p.communicate(timeout=300) for p in procs]
+  outs = [p.communicate(timeout=runs.limit(300)) for p in procs]
   assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
   # Only the lines the processes print themselves (a library may write blank or other lines).
   lines = [line.split() for out, _ in outs for line in out.splitlines()
@@ -124,7 +124,7 @@ def test_sigterm_to_one_process_then_kill_9_of_another_then_an_exact_restart(tmp
   launcher = _launch(workdir, popen=True)
   runs.wait_for_step(workdir, 3)
   os.kill(_train_process(workdir, 1), signal.SIGTERM)
-  out, _ = launcher.communicate(timeout=300)
+  out, _ = launcher.communicate(timeout=runs.limit(300))
   assert launcher.returncode == 143, out[-3000:]
   stopped = [line for line in out.splitlines() if "stopped by signal" in line]
   assert {line[:4] for line in stopped} == {"[0] ", "[1] "}, out[-3000:]
@@ -146,9 +146,9 @@ def test_sigterm_to_one_process_then_kill_9_of_another_then_an_exact_restart(tmp
   runs.wait_for_step(workdir, step + 3)
   procs[1].kill()
   killed = time.time()
-  _, err = procs[0].communicate(timeout=120)
+  _, err = procs[0].communicate(timeout=runs.limit(120))
   procs[1].communicate()
-  assert procs[0].returncode != 0 and time.time() - killed < 60, "the survivor hung"
+  assert procs[0].returncode != 0 and time.time() - killed < runs.limit(60), "the survivor hung"
   # gloo sees the closed connection at once; the coordination service's heartbeat timeout
   # covers a host that vanishes without closing it.
   reasons = ("Connection closed by peer", "Connection reset by peer", "heartbeat")
@@ -169,7 +169,7 @@ def test_the_launcher_stops_the_others_when_one_fails_and_forwards_signals():
   wait = "import time\nfor _ in range(600): time.sleep(0.1)"
   started = time.time()
   assert launch.launch([_python("raise SystemExit(3)"), _python(wait)], envs, out) == 3
-  assert time.time() - started < 30  # the sleeper got SIGTERM
+  assert time.time() - started < runs.limit(30)  # the sleeper got SIGTERM
   assert "launch: process 0 exited with 3; stopping the others" in out.getvalue()
 
   on_term = ("import signal, sys, time\n"
@@ -227,12 +227,12 @@ def test_contrastive_training_in_two_processes_is_one_processes_with_the_same_de
   one, two = str(tmp_path / "one"), str(tmp_path / "two")
   single = subprocess.run([sys.executable, "-m", "train", *CONTRASTIVE, *data, f"--workdir={one}"],
                           cwd=runs.ROOT, env=runs.environment(4), capture_output=True, text=True,
-                          timeout=600, check=False)
+                          timeout=runs.limit(600), check=False)
   assert single.returncode == 0, single.stderr[-3000:]
   launched = subprocess.run(
       [sys.executable, "-m", "train.launch", "--processes", "2", "--devices-per-process", "2",
        "--", *CONTRASTIVE, *data, f"--workdir={two}"],
-      cwd=runs.ROOT, env=runs.environment(), capture_output=True, text=True, timeout=600,
+      cwd=runs.ROOT, env=runs.environment(), capture_output=True, text=True, timeout=runs.limit(600),
       check=False)
   assert launched.returncode == 0, launched.stdout[-3000:]
   a, b = runs.losses(one), runs.losses(two)
@@ -243,3 +243,63 @@ def test_contrastive_training_in_two_processes_is_one_processes_with_the_same_de
   evals = [[r["mrr_at_10"] for r in runs.read_metrics(os.path.join(w, "metrics.jsonl"))
             if r["split"] == "eval"] for w in (one, two)]
   np.testing.assert_allclose(evals[1], evals[0], atol=5e-7)
+
+
+# Joining and waiting: train.embed's processes (and train's) join by jax.distributed and wait
+# for each other at the end; each failure to join is one line.
+
+def _embed_process(port: int, process_id: int, out: str, extra=()) -> list[str]:
+  return [sys.executable, "-m", "train.embed", "--model", "unused", "--input", "unused",
+          "--out", out, "--multihost", f"--coordinator_address=localhost:{port}",
+          "--num_processes=2", f"--process_id={process_id}", *extra]
+
+
+_BARRIER_LATE = """
+import argparse, sys, time
+from train.outputs import embed
+args = argparse.Namespace(coordinator_address=f"localhost:{sys.argv[1]}", num_processes=2,
+                          process_id=int(sys.argv[2]), heartbeat_timeout_s=100, out="DIR/")
+process, barrier = embed._join(args)
+time.sleep(float(sys.argv[3]))  # this process's share of the parts
+barrier()
+print("passed", process, flush=True)
+"""
+
+
+def test_processes_whose_work_ends_minutes_apart_wait_for_each_other(tmp_path):
+  """A corpus embed's processes finish their shares of the parts at different times (parts of
+  very different line counts); the one done first waits at the end for the other as long as
+  it lives. On CPU a collective as that barrier failed past a fixed 30 s (Gloo's context,
+  made at its first use), naming a stopped process that never stopped."""
+  port = launch.free_port()
+  runs_of = [subprocess.Popen([sys.executable, "-c", _BARRIER_LATE, str(port), str(i), late],
+                              cwd=runs.ROOT, env=runs.environment(1), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for i, late in ((0, "0"), (1, "40"))]
+  outs = [p.communicate(timeout=runs.limit(600))[0] for p in runs_of]
+  for i, (p, out) in enumerate(zip(runs_of, outs)):
+    assert p.returncode == 0, out[-2000:]
+    assert f"passed ({i}, 2)" in out
+
+
+def test_a_coordinator_port_taken_is_one_line_and_the_others_say_how_long_they_wait(tmp_path):
+  import socket
+  with socket.socket() as taken:
+    taken.bind(("", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    first = subprocess.run(_embed_process(port, 0, str(tmp_path / "e") + "/"), cwd=runs.ROOT,
+                           env=runs.environment(1), capture_output=True, text=True,
+                           timeout=runs.limit(120))
+  assert first.returncode == 2, first.stderr[-2000:]
+  assert "Traceback" not in first.stderr
+  assert (f"embed: error: --coordinator_address localhost:{port}: process 0 cannot listen "
+          f"there (Address already in use)") in first.stderr
+  other = subprocess.Popen(_embed_process(port, 1, str(tmp_path / "e") + "/"), cwd=runs.ROOT,
+                           env=runs.environment(1), stderr=subprocess.PIPE, text=True)
+  try:
+    line = other.stderr.readline()
+    assert f"joining the others at localhost:{port} (waiting up to 300 s" in line
+  finally:
+    other.kill()
+    other.communicate()

@@ -70,7 +70,7 @@ def test_predict_writes_a_fifo_as_a_stream_and_leaves_it_a_fifo(run, tmp_path):
   reader = threading.Thread(target=_read_fifo, args=(fifo, received))
   reader.start()
   done = predict(workdir, lines, fifo)
-  reader.join(timeout=60)
+  reader.join(timeout=runs.limit(60))
   assert stat.S_ISFIFO(os.stat(fifo).st_mode)
   written = received[0].decode().splitlines()
   assert len(written) == done.count == 48 and json.loads(written[0])["label"] in CLASSES
@@ -100,7 +100,7 @@ def test_export_streams_to_a_fifo_and_fails_on_dev_full_in_one_line(run, tmp_pat
   reader = threading.Thread(target=_read_fifo, args=(fifo, received))
   reader.start()
   assert export_main(["--workdir", workdir, "--out", fifo]) == 0
-  reader.join(timeout=60)
+  reader.join(timeout=runs.limit(60))
   assert stat.S_ISFIFO(os.stat(fifo).st_mode) and len(received[0]) > 1000
   full = str(tmp_path / f"full{suffix}")
   os.symlink("/dev/full", full)

@@ -52,7 +52,7 @@ def test_a_second_run_on_the_same_workdir_exits_at_once_naming_the_first(tmp_pat
   _one_error_line(second, f"--workdir {workdir}", f"pid {first.pid}", os.uname().nodename)
   assert second.returncode == 2
   first.send_signal(signal.SIGTERM)
-  assert first.wait(timeout=120) == 143
+  assert first.wait(timeout=runs.limit(120)) == 143
   steps = [r["step"] for r in _records(workdir) if r["split"] == "train"]
   assert steps == sorted(set(steps))  # one run's records, in order, none twice
   # The lock dies with its holder: after kill -9, the next run takes the workdir.
@@ -326,7 +326,7 @@ def test_killing_the_launcher_stops_its_processes_within_seconds(tmp_path):
   assert len(children) == 2
   launcher.kill()
   launcher.wait()
-  deadline = time.time() + 60
+  deadline = time.time() + runs.limit(60)
   while any(_alive(pid) for pid in children) and time.time() < deadline:
     time.sleep(0.2)
   assert not any(_alive(pid) for pid in children), "the launcher's processes outlived it"
@@ -377,7 +377,7 @@ def test_a_save_that_cannot_be_written_is_one_line_and_loses_nothing(eight_steps
                               "--config.train.num_steps=16")
   env = {k: v for k, v in runs.environment().items() if not k.startswith("JAX_")}
   result = subprocess.run(cmd, cwd=runs.ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=runs.limit(300))
   assert result.returncode == 1
   line = _one_error_line_any_code(result, "checkpoint", os.strerror(errno.EFBIG))
   assert "step 8" in line

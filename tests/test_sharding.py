@@ -83,7 +83,7 @@ def test_eight_device_data_fsdp_run_matches_the_one_device_run(reference_run, tm
 def test_checkpoint_saved_on_8_devices_restores_on_4_and_on_1(tmp_path):
   result = subprocess.run([sys.executable, "-m", "tests.sharded_checkpoint", str(tmp_path)],
                           cwd=runs.ROOT, env=runs.EIGHT_DEVICES, capture_output=True,
-                          text=True, timeout=600, check=False)
+                          text=True, timeout=runs.limit(600), check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "onto 4 devices: equal" in result.stdout and "onto 1 devices: equal" in result.stdout
   # And in this process, which has its own device count.

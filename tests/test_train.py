@@ -143,7 +143,7 @@ def test_sigterm_saves_at_the_step_reached_then_resumes_with_other_data_workers(
   proc = runs.train(workdir, "--config.data.workers=2", popen=True)
   runs.wait_for_step(workdir, 3)
   proc.send_signal(signal.SIGTERM)
-  _, stderr = proc.communicate(timeout=120)
+  _, stderr = proc.communicate(timeout=runs.limit(120))
   assert proc.returncode == 143, stderr[-2000:]
   stopped_at = max(runs.losses(workdir))
   assert stopped_at < 30
