@@ -59,14 +59,21 @@ def _packed(rows: dict, seq: int = 12, chunks: int = 1) -> dict:
   return packer(np.arange(len(rows["anchor"])), rows, 0)
 
 
+def _text(ids):
+  """numpy: each row's text, up to its last id other than the pad id 0 (a pad id within a
+  text is the text's, as its tokenizer's attention mask has it)."""
+  ids = np.asarray(ids)
+  return np.flip(np.cumsum(np.flip(ids != 0, -1), -1), -1) > 0
+
+
 def _maxsim_np(queries, query_ids, documents, document_ids, skip=()):
-  """numpy: MaxSim of [q, s, d] queries (their real ids: non-zero) against [n, t, d] documents
-  (their real ids, less `skip`)."""
+  """numpy: MaxSim of [q, s, d] queries (their texts' ids, `_text`) against [n, t, d]
+  documents (their texts' ids, less `skip`)."""
   scores = np.zeros((len(queries), len(documents)))
   for i, (q, q_ids) in enumerate(zip(queries, query_ids)):
     for j, (d, d_ids) in enumerate(zip(documents, document_ids)):
-      kept = d[(d_ids > 0) & ~np.isin(d_ids, skip)]
-      scores[i, j] = np.sum(np.max(q[q_ids > 0] @ kept.T, axis=1))
+      kept = d[_text(d_ids) & ~np.isin(d_ids, skip)]
+      scores[i, j] = np.sum(np.max(q[_text(q_ids)] @ kept.T, axis=1))
   return scores
 
 
@@ -86,7 +93,7 @@ def tiny_params():
 
 def test_maxsim_on_packed_rows_is_each_text_encoded_alone(tiny_params):
   rows = _pairs(0)
-  rows["positive"][1, 2] = TINY.pad_id  # a pad id within a text is padding there too
+  rows["positive"][1, 2] = TINY.pad_id  # a pad id within a text is the text's
   task = _task(scale=2.0, skip_ids=SKIP)
   batch = _packed(rows)
   assert len(batch["tokens"]) < 22  # the 22 texts share rows
@@ -112,8 +119,8 @@ def test_maxsim_on_packed_rows_is_each_text_encoded_alone(tiny_params):
   # the loss and its gradient: those of the texts alone, scored by the library's maxsim
   def alone_loss(params):
     embed = lambda name: task.embed(params, (rows[name],))
-    kept = lambda name: (rows[name] > 0) & ~np.isin(rows[name], SKIP)
-    columns = [maxsim(embed("anchor"), rows["anchor"] > 0, embed(name), kept(name))
+    kept = lambda name: _text(rows[name]) & ~np.isin(rows[name], SKIP)
+    columns = [maxsim(embed("anchor"), _text(rows["anchor"]), embed(name), kept(name))
                for name in ("positive", "negative")]
     scores = 2.0 * jnp.concatenate([columns[0], jnp.where(has[None], columns[1], -jnp.inf)], 1)
     return jnp.sum(jax.nn.logsumexp(scores, axis=1) - jnp.diagonal(scores))
@@ -224,7 +231,7 @@ def test_fine_tuning_ranks_the_held_out_pairs_better_than_the_start(tuned):
   assert final["mrr_at_10"] > start["mrr_at_10"] + 0.2
   assert final["loss"] < start["loss"]
   assert final["random_mrr_at_10"] == pytest.approx(sum(1 / r for r in range(1, 11)) / 32)
-  assert result.stdout.strip().startswith("step 40: eval MRR@10")
+  assert result.stdout.strip().splitlines()[-1].startswith("step 40: eval MRR@10")
   params, record = multi_vector.read_trained(workdir)[1:]
   assert set(params) == {"encoder", "dense_0"} and params["dense_0"]["kernel"].shape == (32, 128)
   assert {k: record[k] for k in ("dim", "skiplist", "similarity", "scale", "family")} == {

@@ -60,7 +60,8 @@ def test_attention_ids_stand_for_the_padding_and_segment_masks():
   tokens, segments = _inputs(np.random.default_rng(0), 12, packed=True)
   unpacked = np.broadcast_to(padding_mask(tokens), (2, 1, 12, 12))
   np.testing.assert_array_equal(ids_mask(attention_ids(tokens, 0)), unpacked)
-  packed = segment_mask(segments) & padding_mask(tokens)
+  # packed, segment 0 alone is padding: a pad id within a segment is its text's
+  packed = segment_mask(segments)
   np.testing.assert_array_equal(ids_mask(attention_ids(tokens, 0, segments)), packed)
 
 
