@@ -45,7 +45,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -171,8 +171,8 @@ class SentenceEmbedding(nn.Module):
                positions: jax.Array | None = None, pool_from: jax.Array | int = 0,
                segments: int | None = None, *, deterministic: bool = True) -> jax.Array:
     """Packed rows -> each segment's sentence embedding, float32 [r, segments, dim] (see
-    `embed`). Without `segment_ids`, padded rows of a text each -> float32 [r, dim], the ids
-    equal to config.pad_id being padding (as `Encoder` takes such rows)."""
+    `embed`). Without `segment_ids`, padded rows of a text each -> float32 [r, dim], the run of
+    config.pad_id that ends a row being padding (as `Encoder` takes such rows)."""
     rows, length = tokens.shape
     hidden = Encoder(self.model.config, self.check_traced_ids, name="encoder")(
         tokens, segment_ids=segment_ids, positions=positions, deterministic=deterministic)
@@ -896,19 +896,22 @@ class SentenceEncoder:
 
   def __call__(self, texts: Sequence[str] | str, prompt: str | None = None,
                prompt_name: str | None = None, batch_tokens: int | None = None,
-               task: str | None = None) -> np.ndarray:
+               task: str | None = None, progress: Callable[[int], None] | None = None
+               ) -> np.ndarray:
     """float32 [len(texts), dim] (a text alone: [dim]): each text's vector, the prompt
     (`prompt_text`) before it. `task` ("query", "document"; None: encode's) picks a Router's
     route; without a Router it changes nothing, as in sentence-transformers. A call encodes
     `batch_tokens` ids on each device at most (default: `default_batch_tokens()`), in rows of
-    `row_lengths`."""
+    `row_lengths`; `progress(n)`, where given, is told of the n texts of each such call as its
+    vectors are back (a progress bar's update)."""
     if isinstance(texts, str):
       return self([texts], prompt, prompt_name, batch_tokens, task)[0]
     if task is not None and not isinstance(task, str):
       raise EmbeddingError(f"task={task!r}, expected a str such as 'query' or 'document'")
     if self.router is not None:
       route = self.router.routes[self.router.resolve(task)]
-      return route(texts, self.prompt_text(prompt, prompt_name), None, batch_tokens, task)
+      return route(texts, self.prompt_text(prompt, prompt_name), None, batch_tokens, task,
+                   progress)
     if task in self.task_settings:
       raise EmbeddingError(f"task={task!r}: {self.task_settings[task]}, which "
                            f"sentence-transformers applies to that task's texts and "
@@ -922,7 +925,7 @@ class SentenceEncoder:
     pool_from = 0 if self.model.pooling.include_prompt else self.prompt_length(prompt)
     out = np.zeros((len(texts), self.dim), np.float32)
     self._encode_chunks(texts, lambda chunk: self.tokenize(chunk, prompt), batch_tokens,
-                        pool_from, out)
+                        pool_from, out, progress)
     return out
 
   def _batch_tokens(self, batch_tokens: int | None, error: type[ValueError] = EmbeddingError
@@ -936,20 +939,29 @@ class SentenceEncoder:
     return batch_tokens
 
   def _encode_chunks(self, items: Sequence, tokenize, batch_tokens: int, pool_from: int,
-                     out) -> None:
+                     out, progress: Callable[[int], None] | None = None) -> None:
     """Encodes `items` (texts, pairs) CHUNK_TEXTS at a time, each chunk's ids
     `tokenize(chunk)` (pairs': ids and where each one's second text starts), its outputs read
     back into `out` (`_collect`) while the device runs the chunk after it: the next chunk is
-    tokenized as the one before is encoded."""
+    tokenized as the one before is encoded. `progress(n)` is told of each call's n items as
+    they are read back."""
     pending = []  # chunks dispatched, not yet read back
     for start in range(0, len(items), CHUNK_TEXTS):
       ids = tokenize(items[start:start + CHUNK_TEXTS])
       ids, second_starts = ids if isinstance(ids, tuple) else (ids, None)
       pending.append(self._dispatch(ids, start, batch_tokens, pool_from, second_starts))
       if len(pending) > 1:
-        self._collect(pending.pop(0), out)
+        self._collect_calls(pending.pop(0), out, progress)
     for chunk in pending:
-      self._collect(chunk, out)
+      self._collect_calls(chunk, out, progress)
+
+  def _collect_calls(self, calls, out, progress) -> None:
+    if progress is None:
+      self._collect(calls, out)
+      return
+    for call in calls:  # one at a time, each said as it is back
+      self._collect([call], out)
+      progress(len(call[2]))
 
   def encode_query(self, texts: Sequence[str] | str, prompt: str | None = None,
                    prompt_name: str | None = None, batch_tokens: int | None = None

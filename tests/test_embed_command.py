@@ -189,3 +189,52 @@ def test_a_folder_out_that_is_a_file_is_refused_as_one(tmp_path):
     embed.embed(str(tmp_path / "no-model"), str(tmp_path / "t.txt"), f"{tmp_path / 'afile'}/")
   assert str(e.value) == f"--out {tmp_path / 'afile'}/: a file, expected a folder"
   assert e.value.exit_code == 2 and (tmp_path / "afile").read_text() == "kept\n"
+
+
+class _Bar:
+  """tqdm's place in a test: where the bar starts and each move it is told of."""
+
+  made: list = []
+
+  def __init__(self, *args, initial=0, **kwargs):
+    self.initial, self.moves = initial, []
+    _Bar.made.append(self)
+
+  def update(self, n):
+    self.moves.append(n)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    pass
+
+  close = lambda self: None  # noqa: E731
+
+
+def test_the_bar_moves_with_each_call_and_a_resumed_run_starts_where_the_last_stopped(
+    folder, tmp_path, monkeypatch):
+  """The bar moved every 1,024 texts, and a resumed folder's bar started at 0, jumped to what
+  was done (a rate of bytes never embedded), then slowed."""
+  import tqdm
+  from train.outputs import corpus
+  monkeypatch.setattr(tqdm, "tqdm", _Bar)
+  texts = [f"{t} {i}" for i in range(30) for t in TEXTS]
+  source = tmp_path / "texts.txt"
+  source.write_text("\n".join(texts) + "\n")
+  _Bar.made = []
+  embed.embed(folder, str(source), str(tmp_path / "e.npy"), show=True, batch_tokens=96)
+  moves = _Bar.made[-1].moves
+  assert sum(moves) == len(texts) and len(moves) > 4  # a move a call, 4 ids a text at least
+  out = str(tmp_path / "parts") + "/"
+  embed.embed(folder, str(source), out, part_mb=2048 / 2**20, batch_tokens=96)
+  for extra in os.listdir(out):  # as if stopped after its first two parts
+    if extra.startswith("part-") and not extra.startswith(("part-00000.", "part-00001.")):
+      os.remove(os.path.join(out, extra))
+  _Bar.made = []
+  embed.embed(folder, str(source), out, show=True, part_mb=2048 / 2**20, batch_tokens=96)
+  bar = _Bar.made[-1]
+  size = os.path.getsize(source)
+  assert 0 < bar.initial < size and bar.initial + sum(bar.moves) == size
+  assert len(bar.moves) > 2 * (-(-size // 2048) - 2)  # more than a move a part
+  assert corpus.texts_in(out) == len(texts)

@@ -38,7 +38,7 @@ PART_MB = 16  # MiB of input a part, by default
 # The sizes a part may be, in MiB: from 256 bytes (below, a line or less a part makes thousands
 # of files of a small input) to 1 TiB (a part is embedded and written whole).
 PART_MB_RANGE = (256 / (1 << 20), 1 << 20)
-_CHUNK = 1024  # texts a device embeds at once, between writes and moves of the progress bar
+_CHUNK = 1024  # texts embedded between writes (the progress bar moves with each call)
 _SAMPLE = 1 << 20  # bytes of the input's head and tail its fingerprint reads
 _PROBE = ("The quick brown fox, 1234 — naïve café; 東京 ¿qué? <b>x</b> don't [MASK] "
           "e=mc^2 #hashtag @user https://example.com/a?b=c 😀")  # a fingerprint's tokenizer text
@@ -102,7 +102,8 @@ def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: 
         read = _digesting(reader.read(k) if items is None else items, digest)
         for texts in examples.chunked(read, chunk, lambda item: (item[2],)):
           numbers, ids, strings = zip(*texts)
-          vectors = encoder(list(strings), prompt=prompt_text, batch_tokens=batch_tokens)
+          vectors = encoder(list(strings), prompt=prompt_text, batch_tokens=batch_tokens,
+                            progress=bar.batch(reader.done_in(k), len(texts)))
           if nonfinite.add(ids, vectors) and not allow_nonfinite:
             raise nonfinite.error(model, encoder.params, embedded + len(texts), embedded +
                                   len(texts))
@@ -597,9 +598,10 @@ class _Bar:
     from tqdm import tqdm
     unit = {"unit": "row"} if self.reader.format == "parquet" else {
         "unit": "B", "unit_scale": True, "unit_divisor": 1024}
+    # what earlier runs embedded is where the bar starts, not progress at this run's rate
     self.bar = tqdm(desc="embed", total=self.reader.total, dynamic_ncols=True,
-                    disable=not self.show, **unit)
-    self.bar.update(sum(self._size(k) for k in self.counted))
+                    disable=not self.show, initial=sum(self._size(k) for k in self.counted),
+                    **unit)
     return self
 
   def __exit__(self, *exc):
@@ -609,6 +611,17 @@ class _Bar:
     start, stop = self.reader.span(k)
     total = self.reader.total
     return (min(stop, total) if total is not None else stop) - start
+
+  def batch(self, end: int, texts: int):
+    """A call's progress for a chunk of `texts` texts of the part in hand that ends at its
+    byte `end`: each call's texts move the bar their share of the chunk's bytes."""
+    start, done = self.here, 0
+
+    def progress(n: int) -> None:
+      nonlocal done
+      done += n
+      self.advance(start + (end - start) * done // texts)
+    return progress
 
   def advance(self, here: int) -> None:
     self.bar.update(here - self.here)

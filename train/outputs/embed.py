@@ -55,7 +55,7 @@ from train.outputs import corpus
 from train.outputs.nonfinite import NonFinite
 from train.run import multihost
 
-_CHUNK = 1024  # texts in memory at once, and between moves of the progress bar
+_CHUNK = 1024  # texts in memory at once (the progress bar moves with each call of them)
 _FOLDER = "/"  # OUT_FORMATS' key of a folder of parts, which --out names by a trailing /
 
 
@@ -103,9 +103,9 @@ def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
       for chunk in examples.chunked(texts_of(source, input_path, text_field, id_field),
                                     _CHUNK, lambda item: (item[1],)):
         ids, texts = zip(*chunk)
-        try:
+        try:  # the bar moves as each call's vectors are back
           vectors = encoder(list(texts), prompt=prompt, prompt_name=prompt_name,
-                            batch_tokens=batch_tokens)
+                            batch_tokens=batch_tokens, progress=bar.update)
         except EmbeddingError as e:  # another model's tokenizer, found as it runs
           raise RunError(f"--model {model}: {_tokenizer_file(encoder)}{e}") from None
         count += len(chunk)
@@ -113,7 +113,6 @@ def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
         if nonfinite.add(ids, vectors) and not allow_nonfinite:
           raise nonfinite.error(model, encoder.params, count, total)
         written.write(list(ids), vectors)
-        bar.update(len(chunk))
       if count != total:
         raise RunError(f"--input {input_path}: {count} texts read, {total} counted before: "
                        f"it changed while it was read")
