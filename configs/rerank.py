@@ -59,4 +59,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.eval_at_start = True  # the starting model's figures, to compare with
   config.train.batch_size = 16  # queries a step, each with its group of documents
   config.train.seq_len = 128  # ids of a (query, document) pair
+  # Left unset with num_steps, a run from a pretrained start trains one epoch (800 steps from
+  # scratch), as configs/embed.py's: a published model trained long overfits the pairs.
   return config

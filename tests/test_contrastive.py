@@ -292,7 +292,9 @@ def test_fine_tuning_ranks_the_held_out_pairs_better_than_the_start(tuned):
   assert final["mrr_at_10_dim_16"] > start["mrr_at_10"]
   assert final["loss"] < start["loss"]
   assert final["random_mrr_at_10"] == pytest.approx(sum(1 / r for r in range(1, 11)) / 40)
-  assert result.stdout.strip().startswith("step 80: eval MRR@10")
+  said = result.stdout.strip().splitlines()  # the start's figures, then the end's
+  assert said[0].startswith(f"step 0, before training: eval MRR@10 {start['mrr_at_10']:.3f}")
+  assert said[-1].startswith("step 80: eval MRR@10")
 
   # An exporter reads the encoder where classify's is, and the embedding's settings.
   from train.run.load import load_params, recorded_encoder_config

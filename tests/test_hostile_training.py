@@ -65,7 +65,7 @@ def test_a_one_step_run_trains_its_step_at_a_learning_rate_above_0(one_step):
   trained = [r for r in records if r["split"] == "train"]
   assert [r["step"] for r in trained] == [1]
   assert trained[0]["lr"] == pytest.approx(1e-3)  # the from-scratch recipe's peak, all of it
-  assert "1 steps (1 epochs of 2 examples in batches of 2)" in result.stderr
+  assert "1 step (1 epoch of 2 examples in batches of 2)" in result.stderr
 
 
 @pytest.mark.parametrize("num_steps, warmup", [(1, 1), (2, 1), (10, 4), (800, 48), (5, 100)])

@@ -126,6 +126,9 @@ def test_fine_tuning_reranks_the_held_out_candidates_better_than_the_start(tuned
   workdir, result = tuned
   assert result.returncode == 0, result.stderr
   assert "192 training and 30 held-out" in result.stderr
+  # a batch of [queries, documents, ids], not packed rows ("8 rows of 4 ids" was said)
+  memory = [line for line in result.stderr.splitlines() if line.startswith("memory: ")]
+  assert memory and not any("packed" in line for line in memory)
   records = runs.read_metrics(os.path.join(workdir, "metrics.jsonl"))
   start, *_, final = [r for r in records if r["split"] == "eval"]
   print(f"MRR@10 {start['mrr_at_10']:.3f} -> {final['mrr_at_10']:.3f} (first stage "
@@ -135,7 +138,7 @@ def test_fine_tuning_reranks_the_held_out_candidates_better_than_the_start(tuned
   assert final["mrr_at_10"] > start["mrr_at_10"] + 0.2  # 12 candidates: random is 0.26
   assert final["ndcg_at_10"] > start["ndcg_at_10"]
   assert final["loss"] < start["loss"]
-  assert result.stdout.strip().startswith("step 400: eval MRR@10")
+  assert result.stdout.strip().splitlines()[-1].startswith("step 400: eval MRR@10")
 
 
 def _pairs_and_scores(workdir, groups, tmp_path):
@@ -244,3 +247,21 @@ def test_a_run_reads_its_start_folder_once(groups, hf_dir, tmp_path, monkeypatch
   setup = rerank.setup(config, str(tmp_path / "run"), Resume())
   assert len(opened) == 2 and len(weights) == 1, (opened, weights)
   assert "classifier" in setup.start_params  # the start's own, read from those weights
+
+
+def test_a_run_from_a_pretrained_start_trains_one_epoch_as_the_other_retrieval_tasks(
+    groups, hf_dir, capfd):
+  """configs/rerank.py trained 800 steps where configs/embed.py trains one epoch of the pairs
+  from a published start: one convention, said in one line."""
+  from train import tasks
+  config = rerank_config.get_config()
+  config.data.train, config.data.eval = groups
+  config.init.hf = hf_dir
+  capfd.readouterr()
+  tasks.checked(config)
+  assert (config.train.num_steps, config.train.epochs) == (None, 1)
+  assert capfd.readouterr().err == "config.train.epochs: 1, the default from a pretrained start\n"
+  scratch = rerank_config.get_config()
+  scratch.data.train, scratch.data.eval = groups
+  tasks.checked(scratch)
+  assert scratch.train.epochs is None  # 800 steps, as every task from scratch

@@ -173,6 +173,30 @@ def test_a_signal_landing_late_in_a_step_still_saves_the_step_that_stops(tmp_pat
   assert "SIGTERM: stopping after the step in flight, with a checkpoint" in capfd.readouterr().err
 
 
+def test_the_starts_evaluation_is_printed_and_a_signal_during_it_stops_before_a_step(
+    tmp_path, monkeypatch, capfd):
+  """The figures training starts from (train.eval_at_start) are a line of their own; a SIGTERM
+  while they are computed stopped nothing until a step had trained, with no word."""
+  from train import loop
+  config = tiny.get_config()
+  config.train.eval_at_start = True
+  write = loop.MetricWriter.write
+
+  def write_then_signal(self, step, split, values):
+    write(self, step, split, values)
+    if step == 0 and split == "eval":
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(loop.MetricWriter, "write", write_then_signal)
+  assert loop.run(config, str(tmp_path)) == 143
+  out, err = capfd.readouterr()
+  start = [r for r in read_metrics(str(tmp_path / "metrics.jsonl")) if r["split"] == "eval"]
+  assert out.startswith("step 0, before training: eval masked-token accuracy")
+  assert out.rstrip().endswith(f"eval loss {start[0]['loss']:.3f}")
+  assert "stopped by signal 15 before the first step; nothing trained or saved" in err
+  assert runs.losses(str(tmp_path)) == {} and not os.listdir(tmp_path / "checkpoints")
+
+
 def test_corrupt_newest_checkpoint_falls_back_to_an_older_one(reference_run, tiny_step,
                                                               tmp_path):
   workdir = str(tmp_path / "run")

@@ -298,11 +298,18 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
         raise _non_finite("eval", step, eval_metrics["loss"], checkpointer, early=False)
       if writer:
         writer.write(step, "eval", eval_metrics)
+      return eval_metrics
 
     if resume is None and train_config.eval_at_start:  # the figures training starts from
-      evaluate_at(step)
+      started = evaluate_at(step)
+      if primary:
+        print(f"step {step}, before training: {definition.summary(started)}", flush=True)
+      if stop.stopping(step, 1, after=state.params):  # a signal during that evaluation
+        exit_code = stop.exit_code
+        print(f"\nstopped by signal {stop.signum or 'to another process'} before the first "
+              f"step; nothing trained or saved", file=sys.stderr)
       progress.start = time.perf_counter()  # the first window's tokens/s are training's alone
-    while step < num_steps:
+    while step < num_steps and not exit_code:
       profiler.before(step + 1)
       waiting = time.perf_counter()
       batch = pipeline.to_devices(next(train_iter), mesh)
@@ -371,7 +378,8 @@ class _Steps:
       # On a CPU the step's temporaries are host memory: the allocator decides whether
       # resident memory stays at the figure (train/run/host.py).
       held = f" (host malloc: {host.allocator()})" if jax.default_backend() == "cpu" else ""
-      rows = spec["tokens"].shape if isinstance(spec, dict) and "tokens" in spec else None
+      packed = isinstance(spec, dict) and "segment_ids" in spec and spec["tokens"].ndim == 2
+      rows = spec["tokens"].shape if packed else None  # a rerank batch: [queries, docs, ids]
       said = str(needs)
       if rows and self.first is None:
         held = (f" (batches packed into {rows[0]} rows of {rows[1]} ids; a batch that needs "

@@ -220,14 +220,16 @@ class Length:
   batch_size: int | None = None
 
   def __str__(self) -> str:
-    counted = (f" ({self.epochs:g} epochs of {self.examples:,} examples in batches of "
-               f"{self.batch_size})" if self.epochs is not None else "")
+    counted = ""
+    if self.epochs is not None:
+      epochs = f"{self.epochs:g} epoch{'' if self.epochs == 1 else 's'}"
+      counted = f" ({epochs} of {self.examples:,} examples in batches of {self.batch_size})"
     if self.eval_every == self.checkpoint_every:
       every = f"evaluation and checkpoint every {self.eval_every} steps and at the last"
     else:
       every = (f"evaluation every {self.eval_every} steps, checkpoint every "
                f"{self.checkpoint_every}, both at the last")
-    return f"{self.num_steps} steps{counted}, {every}"
+    return f"{self.num_steps} step{'' if self.num_steps == 1 else 's'}{counted}, {every}"
 
 
 def check_length(train) -> None:

@@ -506,12 +506,21 @@ def defaults(config) -> None:
         length, whence = MOST_SEQ_LEN, f"{whence} ({length}) capped at {MOST_SEQ_LEN}"
     train.seq_len = length or SEQ_LEN
     said.append(f"config.train.seq_len: {train.seq_len}, {whence}")
+  said += one_epoch_from_a_start(config)
+  if said and jax.process_index() == 0:
+    print("; ".join(said), file=sys.stderr)
+
+
+def one_epoch_from_a_start(config) -> list[str]:
+  """The retrieval tasks' length where neither num_steps nor epochs is set: one epoch from a
+  pretrained start (a published model trained long overfits the pairs), as said in a line
+  ([] where nothing was set)."""
+  train = config.train
   started = any(config.init.get(name) for name in optim.INITS)
   if train.num_steps is None and train.epochs is None and started:
     train.epochs = 1
-    said.append("config.train.epochs: 1, the default from a pretrained start")
-  if said and jax.process_index() == 0:
-    print("; ".join(said), file=sys.stderr)
+    return ["config.train.epochs: 1, the default from a pretrained start"]
+  return []
 
 
 def start_max_seq_length(config) -> int | None:

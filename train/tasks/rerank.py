@@ -45,7 +45,7 @@ from train.data import dataset, examples, sources
 from train.errors import RunError
 from train.files import sha256_bytes
 from train.task import FREE, Definition, Field, Plots, Resume, Setup, choice, integer, string
-from train.tasks import finetune
+from train.tasks import contrastive, finetune
 from train.tasks.regress import Regressor
 from train.tasks.start import Start, pooling, start_params
 from train.tasks.supervised import (SupervisedTask, hf_model, line_texts, read_run,
@@ -393,6 +393,15 @@ def summary(metrics: dict) -> str:
           f"stage {metrics['first_stage_ndcg_at_10']:.3f}), eval loss {metrics['loss']:.3f}")
 
 
+def defaults(config) -> None:
+  """The run's length, where neither num_steps nor epochs is set: one epoch from a pretrained
+  start, as the other retrieval tasks (`contrastive.one_epoch_from_a_start`), said in one line
+  (process 0)."""
+  said = contrastive.one_epoch_from_a_start(config)
+  if said and jax.process_index() == 0:
+    print("; ".join(said), file=sys.stderr)
+
+
 DEFINITION = Definition(
     name=RerankPredictor.task,
     fields={**{k: v for k, v in finetune.FIELDS.items() if k != "task.packed"},
@@ -415,6 +424,7 @@ DEFINITION = Definition(
                 baseline=("first_stage_mrr_at_10", "baseline: MRR@10 of the first stage"),
                 accuracy_title="Held-out reranking of each query's candidates"),
     summary=summary,
+    defaults=defaults,
     predictor=RerankPredictor,
     hf_model=lambda workdir, config: hf_model(
         read_run(workdir, RerankPredictor), lambda run, family: sequence_classifier(run, family)),
