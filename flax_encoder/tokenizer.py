@@ -137,6 +137,11 @@ class Tokenizer:
           lambda: self._model.encode_batch(list(texts), add_special_tokens=False))]
     return [np.asarray(i, np.int32) + self.offset for i in ids]
 
+  def encode_with_template(self, texts: Sequence[str], seq_len: int) -> list[np.ndarray]:
+    """Each text's ids as transformers' tokenizer gives them to a model: cut to `seq_len` with
+    the template's special ids around them ([CLS] … [SEP]; `template`), no padding."""
+    return encode_examples(self, list(texts), None, seq_len, 0, self.template())
+
   def encode_leading(self, texts: Sequence[str], count: int) -> list[np.ndarray]:
     """Each text's first `count` ids (all of them where it has fewer): `encode_batch`'s,
     cut to `count`, without handing the tokenizer more of a text than those ids need.
