@@ -186,10 +186,12 @@ def parity_report_stages(directory, capsys, starts: tuple[str, ...]) -> list[str
   that start with one of `starts`), the same in float32 and float64, where both pass."""
   from flax_encoder.pytorch.parity import main
   seen = []
-  for flags in ([], ["--float64"]):
+  for flags, bound in (([], "1e-05 + 1e-05"), (["--float64"], "1e-10 + 1e-12")):
     assert main(["--hf", str(directory), *flags]) == 0
     out = capsys.readouterr().out
     assert "PASS" in out
+    # the headline states the bound it applies, not "<= 1e-5"
+    assert f"within {bound} * max|transformers value|" in out.splitlines()[0]
     seen.append([line.split()[0] for line in out.splitlines() if line.startswith(starts)])
   assert seen[0] == seen[1]
   return seen[0]

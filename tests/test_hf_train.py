@@ -127,6 +127,13 @@ def test_a_run_trains_predicts_its_eval_and_exports_what_transformers_loads_as_i
   result = runs.train(workdir, *args, config=None)
   assert f"fine-tuning from {directory}: 3 classes, 96 training and 24 held-out" in (
       result.stderr)
+  # what the start does not hold is said, as transformers names the weights it makes anew:
+  # only BERT's *ForPreTraining holds a pooler; the others' *ForMaskedLM none for the
+  # classifier's pooling
+  fresh = [line for line in result.stderr.splitlines()
+           if line.startswith("parameters made afresh, not in the start: ")]
+  assert len(fresh) == 1 and "classifier" in fresh[0]
+  assert ("pooler" in fresh[0]) == (family != "bert")
   records = runs.read_metrics(os.path.join(workdir, "metrics.jsonl"))
   final = [r for r in records if r["split"] == "eval"][-1]
   from train.outputs.predict import predict

@@ -271,6 +271,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, allow_changes: bool = F
       if setup.start_params is not None:
         _check_finite(setup.start_params, config, setup.record.get("start"))
         state = _with_params(state, setup.start_params)
+        fresh = sorted(set(state.params) - set(setup.start_params))
+        if fresh and primary:  # as transformers names the weights it makes anew
+          print(f"parameters made afresh, not in the start: {', '.join(fresh)}",
+                file=sys.stderr)
     else:
       state = checkpointer.restore(resume[0], target, train_iter)
       print(f"resumed from the checkpoint at step {resume[0]}", file=sys.stderr)

@@ -67,7 +67,7 @@ def compare_hf(model, config: EncoderConfig, variables: dict, tokens: np.ndarray
   output_flax, flax_value = run_flax(config, {"params": variables["params"]}, tokens)
   device = next(model.parameters()).device
   ids = torch.as_tensor(np.asarray(tokens), dtype=torch.int64, device=device)
-  real = np.asarray(text_tokens(np.asarray(tokens), config.pad_id))
+  real = np.array(text_tokens(np.asarray(tokens), config.pad_id))  # writable, as torch wants
   mask = torch.as_tensor(real, dtype=torch.int64, device=device)
   in_float64 = (FLOAT64[family.name]() if family.name in FLOAT64 and config.dtype == np.float64
                 else contextlib.nullcontext())

@@ -33,8 +33,8 @@ nomic_bert, gte, jina_embeddings_v3, eurobert, deberta-v2 (flax_encoder.families
 
 transformers' `AutoModel.from_pretrained(dir, attn_implementation="eager")` and the Flax encoder
 of `load_hf(dir)` run on the same random ids, rows after the first padded at the end with the
-model's pad_token_id (attention_mask = ids != pad_token_id). The stages are transformers' module
-outputs, as the family names them (its parity stages): for BERT `embeddings` (after the
+model's pad_token_id (attention_mask 0 on the pad ids that end a row). The stages are
+transformers' module outputs, as the family names them (its parity stages): for BERT `embeddings` (after the
 embedding LayerNorm), each layer's attention sub-layer after its LayerNorm
 (`encoder.layer.{i}.attention`; DistilBERT `transformer.layer.{i}.sa_layer_norm`), each layer
 (`encoder.layer.{i}`, `transformer.layer.{i}`) and last_hidden_state; a family with a final
@@ -413,10 +413,12 @@ def _hf_report(args) -> int:
     check_finite(model, args.hf)
     tokens = _tokens(args, config)
     rows = compare_hf(model, config, variables, tokens)
+  atol, rtol = _tolerances(args)
   print(f"parity: {args.hf} in transformers' {type(model).__name__} (model_type "
-        f"{model.config.model_type}, eager attention, attention_mask = ids != pad id "
-        f"{config.pad_id}) against the Flax encoder of flax_encoder.families.load_hf; each "
-        f"stage is a transformers module's output")
+        f"{model.config.model_type}, eager attention, attention_mask 0 on the pad ids "
+        f"{config.pad_id} that end a row) against the Flax encoder of "
+        f"flax_encoder.families.load_hf; each stage is a transformers module's output, "
+        f"within {atol:.0e} + {rtol:.0e} * max|transformers value|")
   print(sizes(config, tokens))
   return verdict(rows, [], *_tolerances(args))
 
