@@ -333,13 +333,15 @@ def example_ids(first: np.ndarray, second: np.ndarray | None, seq_len: int,
   pair's, cut as transformers cuts a pair (`kept`; `first_longer` as it takes it); and whether
   anything was cut. A `template` puts its special ids around them instead of the separator
   between."""
-  ids, truncated, _ = _laid_out(first, second, seq_len, separator_id, template, first_longer)
+  ids, truncated, _ = laid_out(first, second, seq_len, separator_id, template, first_longer)
   return ids, truncated
 
 
-def _laid_out(first, second, seq_len, separator_id, template, first_longer):
+def laid_out(first: np.ndarray, second: np.ndarray | None, seq_len: int, separator_id: int,
+             template: Template | None = None, first_longer=lambda: False
+             ) -> tuple[np.ndarray, bool, int]:
   """`example_ids`, and where the second text's part begins (its ids, then the template's
-  end): the ids' length for one text."""
+  end; the ids of token type 1 for BERT): the ids' length for one text."""
   template = template or Template(between=(separator_id,))
   ids = lambda values: np.asarray(values, first.dtype)
   start, between, end = ids(template.start), ids(template.between), ids(template.end)
@@ -373,8 +375,8 @@ def encode_pairs(tokenizer: Tokenizer, texts: list[str], pairs: list[str | None]
   # One id more than an example holds, so that `example_ids` knows what it truncates.
   firsts = tokenizer.encode_leading(texts, seq_len + 1)
   seconds = tokenizer.encode_leading([p or "" for p in pairs], seq_len + 1)
-  return [_laid_out(a, b if p is not None else None, seq_len, separator_id, template,
-                    lambda t=t, p=p: first_is_longer(tokenizer, t, p, seq_len + 1))[::2]
+  return [laid_out(a, b if p is not None else None, seq_len, separator_id, template,
+                   lambda t=t, p=p: first_is_longer(tokenizer, t, p, seq_len + 1))[::2]
           for a, b, t, p in zip(firsts, seconds, texts, pairs)]
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from flax_encoder.classifier import SequenceClassifier
 from flax_encoder.inference import default_buckets, padded_batches
-from flax_encoder.tokenizer import encode_examples
+from flax_encoder.tokenizer import encode_pairs
 from train.data import examples
 from train.task import Definition, Plots, Resume, Setup
 from train.tasks import finetune
@@ -97,13 +97,18 @@ class Regressor:
   pairs) in, numbers out."""
 
   task = "regress"
+  # Whether a pair's token types come from where its second text begins, as the tokenizer
+  # gives them (a rerank run trains so); else from the first separator (a regress run's).
+  types_from_pairs = False
 
   def __init__(self, run: FineTuned | str, batch_size: int = 64):
     run = run_of(run, type(self))
     self.run, self.batch_size, self.fields = run, batch_size, run.meta["fields"]
     self.params = jax.device_put(run.params)
     self.buckets = default_buckets(run.model.config, run.meta["seq_len"])
-    self._numbers = jax.jit(lambda params, ids: run.model.apply({"params": params}, ids)[:, 0])
+    self.typed = self.types_from_pairs and run.model.type_separator is not None
+    self._numbers = jax.jit(lambda params, ids, types: run.model.apply(
+        {"params": params}, ids, token_types=types)[:, 0])
 
   @staticmethod
   def model_for(cfg, record: dict, config, meta: dict) -> SequenceClassifier:
@@ -114,11 +119,17 @@ class Regressor:
   def numbers(self, texts: list[str], pairs: list[str | None]) -> np.ndarray:
     """float32 [len(texts)]: each example's predicted number, in order."""
     meta = self.run.meta
-    rows = encode_examples(self.run.tokenizer, texts, pairs, meta["seq_len"],
-                           meta["separator_id"], self.run.template)
+    laid = encode_pairs(self.run.tokenizer, texts, pairs, meta["seq_len"],
+                        meta["separator_id"], self.run.template)
+    rows = [ids for ids, _ in laid]
     out = np.zeros(len(rows), np.float32)
     for batch, ids in padded_batches(rows, self.buckets, self.batch_size, meta["pad_id"]):
-      out[batch] = np.asarray(self._numbers(self.params, ids))[:len(batch)]
+      types = None
+      if self.typed:
+        seconds = np.full((len(ids), 1), ids.shape[1])
+        seconds[:len(batch), 0] = [laid[i][1] for i in batch]
+        types = (np.arange(ids.shape[1])[None] >= seconds).astype(np.int32)
+      out[batch] = np.asarray(self._numbers(self.params, ids, types))[:len(batch)]
     return out
 
   def read(self, record: dict, where: str) -> tuple:

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_encoder.classifier import SequenceClassifier
-from flax_encoder.tokenizer import example_ids
+from flax_encoder.tokenizer import laid_out
 from train.data import dataset, examples, sources
 from train.errors import RunError
 from train.files import sha256_bytes
@@ -52,7 +52,7 @@ from train.tasks.supervised import (SupervisedTask, hf_model, line_texts, read_r
                                     sequence_classifier)
 from train.tasks.tokenizing import run_tokenizer, type_separator
 
-FORMAT = "flax-encoder rerank 1"
+FORMAT = "flax-encoder rerank 2"
 LOSSES = ("listwise", "bce")
 TOP = 10  # the cut-off of MRR and nDCG
 
@@ -76,11 +76,17 @@ class RerankTask(SupervisedTask):
   def init(self, rng: jax.Array, seq_len: int):
     return self.model.init(rng, jnp.ones((1, seq_len), jnp.int32))["params"]
 
-  def scores(self, params, tokens: jax.Array, dropout_rng: jax.Array | None = None):
-    """[q, g, s] pairs -> float32 [q, g] logits."""
+  def scores(self, params, batch: dict, dropout_rng: jax.Array | None = None):
+    """The batch's [q, g, s] pairs -> float32 [q, g] logits; each pair's token types (where the
+    model has them) 1 from where its document begins ('seconds' [q, g]), as the tokenizer
+    gives them, whatever special tokens the query spells."""
+    tokens = batch["tokens"]
     queries, group, length = tokens.shape
-    logits = self.outputs(params, {"tokens": tokens.reshape(queries * group, length)},
-                          dropout_rng)
+    rows = {"tokens": tokens.reshape(queries * group, length)}
+    if self.model.type_separator is not None:
+      rows["token_types"] = (jnp.arange(length)[None, :] >=
+                             batch["seconds"].reshape(-1, 1)).astype(jnp.int32)
+    logits = self.outputs(params, rows, dropout_rng)
     return logits[:, 0].reshape(queries, group)
 
   def loss_count(self, batch: dict) -> jax.Array:
@@ -89,7 +95,7 @@ class RerankTask(SupervisedTask):
     return jnp.asarray(batch["tokens"].shape[0])
 
   def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
-    logits = self.scores(params, batch["tokens"], dropout_rng)
+    logits = self.scores(params, batch, dropout_rng)
     return jnp.sum(self._losses(logits, batch["labels"], jnp.ones_like(logits, bool)))
 
   def _losses(self, logits, labels, present) -> jax.Array:
@@ -106,7 +112,7 @@ class RerankTask(SupervisedTask):
 
   def eval_sums(self, params, batch: dict) -> dict:
     present, relevant = batch["present"] > 0, batch["relevant"] > 0
-    logits = self.scores(params, batch["tokens"])
+    logits = self.scores(params, batch)
     reranked = ranking_sums(_ranks(logits, present), relevant, batch["positives"])
     first_stage = ranking_sums(_ranks(-jnp.arange(present.shape[1], dtype=jnp.float32)
                                       [None, :].repeat(present.shape[0], 0), present),
@@ -150,7 +156,10 @@ def ranking_sums(ranks: jax.Array, relevant: jax.Array, positives: jax.Array) ->
 #
 #   train.tokens.bin     the pairs' ids [n, 1 + negatives, seq_len], padded; the positive's first
 #   train.labels.bin     float32 [n, 1 + negatives]: 1 for the positive, 0 for the negatives
+#   train.seconds.bin    int32 [n, 1 + negatives]: where each pair's document begins (its ids,
+#                        then the template's end, are of token type 1 where the model has types)
 #   eval.tokens.bin      the candidates' pairs [m, eval_candidates, seq_len]
+#   eval.seconds.bin     int32 [m, eval_candidates]: as train's
 #   eval.relevant.bin    uint8 [m, eval_candidates]: the positives among them
 #   eval.present.bin     uint8 [m, eval_candidates]: the candidates a line has
 #   eval.positives.bin   int32 [m]: the line's positives, found by the first stage or not
@@ -222,18 +231,20 @@ def prepare_groups(paths: dict, directory: str, tokenizer, tokenizer_file, seq_l
     for start in range(0, len(lines), examples.CHUNK):
       chunk = range(start, min(start + examples.CHUNK, len(lines)))
       tokens = np.full((len(chunk), width[split], seq_len), pad_id, dtype)
+      seconds = np.full((len(chunk), width[split]), seq_len, np.int32)
       present = np.zeros((len(chunk), width[split]), np.uint8)
       queries = tokenizer.encode_leading([lines[i][1] for i in chunk], seq_len + 1)
       for row, (i, query) in enumerate(zip(chunk, queries)):
         counts.tokenized(lines[i][0], lines[i][1], query, tokenizer.unk_id)
         docs = groups[i]
         for j, ids in enumerate(tokenizer.encode_leading(docs, seq_len + 1)):
-          pair, truncated = example_ids(query, ids, seq_len, separator_id, template)
+          pair, truncated, seconds[row, j] = laid_out(query, ids, seq_len, separator_id,
+                                                      template)
           tokens[row, j, :len(pair)] = pair
           present[row, j] = 1
           counts.truncated += truncated
           counts.tokenized(lines[i][0], docs[j], ids, tokenizer.unk_id)
-      arrays = {"tokens": tokens}
+      arrays = {"tokens": tokens, "seconds": seconds}
       label_rows = np.zeros((len(chunk), width[split]), np.float32)
       for row, i in enumerate(chunk):
         label_rows[row, :len(labels[i])] = labels[i]
@@ -267,7 +278,8 @@ def load_groups(directory: str) -> dict:
     g = meta["width"][split]
     read = lambda name, kind, shape: np.memmap(os.path.join(directory, f"{split}.{name}.bin"),
                                                kind, "r", shape=shape)
-    rows = {"tokens": read("tokens", dtype, (n, g, seq_len))}
+    rows = {"tokens": read("tokens", dtype, (n, g, seq_len)),
+            "seconds": read("seconds", np.int32, (n, g))}
     if split == "train":
       rows["labels"] = read("labels", np.float32, (n, g))
     else:
@@ -316,8 +328,8 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                         f"; each held-out query reranks up to {meta['width']['eval']} candidates")
   return Setup(task=RerankTask(model, task.loss), encoder=cfg, train=loaded["train"],
                eval=loaded["eval"],
-               eval_fill={"tokens": prepared.pad_id, "relevant": 0, "present": 0,
-                          "positives": 0},
+               eval_fill={"tokens": prepared.pad_id, "seconds": 0, "relevant": 0,
+                          "present": 0, "positives": 0},
                record={"encoder": cfg.record(), "dataset": loaded["identity"],
                        "source": os.path.join(workdir, "data"),
                        "start": prepared.start.source, "pooling": model.pooling,
@@ -359,6 +371,7 @@ class RerankPredictor(Regressor):
 
   task = "rerank"
   data_format = FORMAT
+  types_from_pairs = True  # as it trained (RerankTask.scores)
 
   def predict(self, chunk: list) -> tuple[list[dict], list]:
     logits = self.numbers([t for t, _ in chunk], [p for _, p in chunk])

@@ -44,9 +44,10 @@ class SupervisedTask:
     """The model's outputs for the batch's tokens: with dropout where `dropout_rng` is
     given (training), without (evaluation)."""
     inputs = [batch["tokens"]] + ([batch["segment_ids"]] if "segment_ids" in batch else [])
+    types = {"token_types": batch["token_types"]} if "token_types" in batch else {}
     if dropout_rng is None:
-      return self.model.apply({"params": params}, *inputs)
-    return self.model.apply({"params": params}, *inputs, deterministic=False,
+      return self.model.apply({"params": params}, *inputs, **types)
+    return self.model.apply({"params": params}, *inputs, **types, deterministic=False,
                             rngs={"dropout": dropout_rng})
 
   @staticmethod
