@@ -51,6 +51,13 @@ def tokenizer_from_directory(path: str | os.PathLike, offset: int = 0) -> Tokeni
   folder (where sentence-transformers reads it), with a Lowercase normalizer first where the
   module lower-cases texts. Raises TokenizerError naming the directory or file and what it
   expected."""
+  return read_tokenizer(path, offset)[0]
+
+
+def read_tokenizer(path: str | os.PathLike, offset: int = 0) -> tuple[Tokenizer, str | None]:
+  """`tokenizer_from_directory`, and the tokenizer.json whose bytes it holds as they are (None
+  where it built them, or changed the file's): a caller that keeps the file needs not read it
+  again."""
   path = os.path.normpath(os.fspath(path))
   if not os.path.isdir(path):
     raise TokenizerError(f"{path}: not a directory (expected a model directory with its "
@@ -58,9 +65,12 @@ def tokenizer_from_directory(path: str | os.PathLike, offset: int = 0) -> Tokeni
   # sentence-transformers reads the tokenizer (AutoTokenizer) from the Transformer module's
   # folder only: an older folder's top may hold another one, which it never reads
   directory = _transformer_module(path) or path
+  source = None
   if _has(directory, "tokenizer.json"):
-    built = _as_its_class_reads(_read_tokenizer_json(os.path.join(directory, "tokenizer.json")),
-                                directory)
+    source = os.path.join(directory, "tokenizer.json")
+    read = _read_tokenizer_json(source)
+    built = _as_its_class_reads(read, directory)
+    source = source if built is read else None
   elif _has(directory, "vocab.txt"):
     built = _wordpiece(directory)
   elif _has(directory, "vocab.json") and _has(directory, "merges.txt"):
@@ -72,8 +82,8 @@ def tokenizer_from_directory(path: str | os.PathLike, offset: int = 0) -> Tokeni
                            f"{directory}); {SAVE_IT}")
     built = slow.build(directory)
   if _lower_cases(directory):
-    built = _lowercased(built, directory)
-  return Tokenizer("huggingface", built, offset)
+    built, source = _lowercased(built, directory), None
+  return Tokenizer("huggingface", built, offset), source
 
 
 def _slow_tokenizer(directory: str):

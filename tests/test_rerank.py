@@ -222,7 +222,8 @@ def test_a_reranker_start_goes_on_from_its_own_classifier(groups, hf_dir, tmp_pa
 
 def test_a_run_reads_its_start_folder_once(groups, hf_dir, tmp_path, monkeypatch):
   # config.init.hf parsed into one value: config.json copied into the run and read once, the
-  # weights read once, whatever the pooling, the classifier and the start's checks ask of it.
+  # weights read once, its tokenizer.json read once (the tokenizer, the data's copy of it),
+  # whatever the pooling, the classifier and the start's checks ask of it.
   import builtins
 
   from flax_encoder.families import directory
@@ -230,13 +231,16 @@ def test_a_run_reads_its_start_folder_once(groups, hf_dir, tmp_path, monkeypatch
   from train.task import Resume
   from train.tasks import rerank, start
   config_json = os.path.realpath(os.path.join(hf_dir, "config.json"))
+  tokenizer_json = os.path.realpath(os.path.join(hf_dir, "tokenizer.json"))
   monkeypatch.setattr(start, "_OPENED", {})  # as in a process of its own
-  opened, weights = [], []
+  opened, weights, tokenizers = [], [], []
   real_open, real_read = builtins.open, directory._read_file
 
   def counting_open(file, *args, **kwargs):
     if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == config_json:
       opened.append(file)
+    if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == tokenizer_json:
+      tokenizers.append(file)
     return real_open(file, *args, **kwargs)
 
   def counting_read(file):
@@ -249,6 +253,7 @@ def test_a_run_reads_its_start_folder_once(groups, hf_dir, tmp_path, monkeypatch
   tasks.checked(config)
   setup = rerank.setup(config, str(tmp_path / "run"), Resume())
   assert len(opened) == 2 and len(weights) == 1, (opened, weights)
+  assert len(tokenizers) == 1, tokenizers
   assert "classifier" in setup.start_params  # the start's own, read from those weights
 
 

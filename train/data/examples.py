@@ -41,7 +41,6 @@ import dataclasses
 import json
 import lzma
 import os
-import shutil
 import sys
 from collections.abc import Callable, Iterator
 
@@ -414,8 +413,9 @@ def write_splits(paths: dict, directory: str, tokenizer: Tokenizer, tokenizer_fi
         raise RunError(f"{path}: no examples, expected JSON lines with {wanted}")
       _check_unknown(path, counts[split], tokenizer)
       inputs.append(source.record())
-    if tokenizer_file:
-      shutil.copyfile(tokenizer.spec.path, os.path.join(tmp, tokenizer_file))
+    if tokenizer_file:  # the bytes it was read from, not read again
+      with open(os.path.join(tmp, tokenizer_file), "wb") as f:
+        f.write(tokenizer.model)
     each = lambda name: {split: getattr(c, name) for split, c in counts.items()}
     meta = {"format": FORMAT, **meta,
             "tokenizer": {"kind": tokenizer.spec.kind, "file": tokenizer_file,

@@ -406,7 +406,7 @@ def _hf_framing(directory: str, scratch: str) -> tuple[Framing, str]:
   """A Hugging Face model directory's (`--tokenizer DIR`) own ids and template, and its
   tokenizer.json (built in `scratch` where it has only vocabulary files)."""
   try:
-    file = hf_tokenizer_file(directory, scratch)
+    file, _ = hf_tokenizer_file(directory, scratch)
     ids, template = hf_special_ids(directory, file)
   except ValueError as e:
     raise PrepareError(f"--tokenizer {e}") from None

@@ -45,8 +45,9 @@ class TokenizerSpec:
   kind: str  # one of KINDS
   path: str | None = None  # the .model (sentencepiece) or tokenizer.json (huggingface)
 
-  def load(self, offset: int = FIRST_TOKEN_ID) -> Tokenizer:
-    return Tokenizer(self, offset)
+  def load(self, offset: int = FIRST_TOKEN_ID, model: bytes | None = None) -> Tokenizer:
+    """The tokenizer; `model`: its file's bytes, already read."""
+    return Tokenizer(self, offset, model)
 
 
 class Tokenizer(library.Tokenizer):
@@ -54,11 +55,11 @@ class Tokenizer(library.Tokenizer):
   numbering (0 for a model trained on the tokenizer's own ids, elsewhere); `spec` says which
   file it came from."""
 
-  def __init__(self, spec: TokenizerSpec, offset: int = FIRST_TOKEN_ID):
+  def __init__(self, spec: TokenizerSpec, offset: int = FIRST_TOKEN_ID,
+               model: bytes | None = None):
     if spec.kind not in KINDS:
       raise ValueError(f"tokenizer kind must be one of {KINDS}, got {spec.kind!r}")
-    model = None
-    if spec.kind != "bytes":
+    if spec.kind != "bytes" and model is None:
       with open(spec.path, "rb") as f:
         model = f.read()
     super().__init__(spec.kind, model, offset)
@@ -108,26 +109,26 @@ class SpecialIds:
 PROJECT_IDS = SpecialIds()
 
 
-def hf_tokenizer_file(directory: str, scratch: str) -> str:
+def hf_tokenizer_file(directory: str, scratch: str) -> tuple[str, bytes]:
   """The tokenizer.json of the Hugging Face or sentence-transformers model `directory`, as
-  `flax_encoder.hf_tokenizer.tokenizer_from_directory` reads it: the directory's own file
-  where that is it, else the one built from its vocabulary files (vocab.txt; vocab.json and
-  merges.txt) or changed for its module (sentence-transformers' lower-casing), written into
-  `scratch` (the same bytes each time, so a resumed run finds its tokenizer unchanged).
-  ValueError (one line, naming the directory or file) where it has none it can read."""
-  from flax_encoder.hf_tokenizer import tokenizer_from_directory
-  built = tokenizer_from_directory(directory).model
-  for folder in (directory, _model_directory(directory)):
-    file = os.path.join(folder, "tokenizer.json")
-    if os.path.isfile(file) and _read(file) == built:
-      return file
+  `flax_encoder.hf_tokenizer.tokenizer_from_directory` reads it, and its bytes: the
+  directory's own file where that is it (read once), else the one built from its vocabulary
+  files (vocab.txt; vocab.json and merges.txt) or changed for its module or class
+  (lower-casing), written into `scratch` (the same bytes each time, so a resumed run finds its
+  tokenizer unchanged). ValueError (one line, naming the directory or file) where it has none
+  it can read."""
+  from flax_encoder.hf_tokenizer import read_tokenizer
+  tokenizer, source = read_tokenizer(directory)
+  built = tokenizer.model
+  if source is not None:
+    return source, built
   os.makedirs(scratch, exist_ok=True)
   file = os.path.join(scratch, "tokenizer.json")
   if not (os.path.isfile(file) and _read(file) == built):
     with open(file + ".tmp", "wb") as f:
       f.write(built)
     os.replace(file + ".tmp", file)
-  return file
+  return file, built
 
 
 def _model_directory(directory: str) -> str:

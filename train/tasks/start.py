@@ -64,6 +64,7 @@ class Start:
   # *ForSequenceClassification, its classifier ("classifier": labels, pooling, parameters);
   # None for any other start.
   hf: dict | None = None
+  tokenizer_bytes: bytes | None = None  # its file's, where the start read them already
 
   @property
   def family(self) -> str | None:
@@ -147,7 +148,8 @@ def _from_hf(config, workdir: str) -> Start:
     directory = opened(path)
     state = families.read_hf_weights(directory)
     model = families.read_hf(directory, state)
-    tokenizer = hf_tokenizer_file(path, os.path.join(workdir, "vocabulary", "hf"))
+    tokenizer, tokenizer_bytes = hf_tokenizer_file(path,
+                                                   os.path.join(workdir, "vocabulary", "hf"))
     classifier = _classifier(directory, state, model)
   except (FileNotFoundError, ValueError, TypeError) as e:
     raise RunError(f"config.init.hf: {e}".splitlines()[0]) from None
@@ -158,6 +160,7 @@ def _from_hf(config, workdir: str) -> Start:
   from_pooler = families.get(model.family).classifier.from_pooler
   return Start(fields, model.variables["params"],
                TokenizerSpec("huggingface", os.path.abspath(tokenizer)), os.path.abspath(path),
+               tokenizer_bytes=tokenizer_bytes,
                hf={"pad_id": cfg.pad_id, "family": model.family, "config": directory.hf,
                    "pooler": heads.get("pooler") if from_pooler else None,
                    # transformers' classifiers that apply a prediction head read the

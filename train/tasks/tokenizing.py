@@ -46,7 +46,8 @@ def tokenizer_of(config, start: Start, train_path: str, texts: Texts, workdir: s
       spec = as_spec(given)
   names = {"bytes": None, "sentencepiece": "tokenizer.model", "huggingface": "tokenizer.json"}
   try:
-    return spec.load(ids(config, start)[0]), names[spec.kind]
+    model = start.tokenizer_bytes if spec is start.tokenizer else None
+    return spec.load(ids(config, start)[0], model), names[spec.kind]
   except Exception as e:  # noqa: BLE001 - whatever the library says, name the file
     field = ("config.data.tokenizer" if start.tokenizer is None else
              "config.init.hf" if start.hf is not None else "config.init.run")
