@@ -56,7 +56,8 @@ def test_a_full_disk_is_one_line_exit_1_and_leaves_nothing(folder, tmp_path, res
             f"{out!r}]\n"
             "runpy.run_module('train.embed', run_name='__main__')")
     result = subprocess.run([sys.executable, "-c", code], cwd=runs.ROOT,
-                            env=runs.environment(), capture_output=True, text=True, timeout=runs.limit(300))
+                            env=runs.environment(), capture_output=True, text=True,
+                            timeout=runs.limit(300))
     assert result.returncode == 1, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (

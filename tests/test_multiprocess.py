@@ -20,27 +20,29 @@ from train.run import launch
 from train.run.load import load_encoder
 
 pytestmark = pytest.mark.slow  # real processes: minutes on 2 cores
-# On JAX 0.12.1 (CI's lane of the newest JAX) these two fail where 0.10.2 passes them: the
-# resumed two processes reach no step in 300 s, and two processes' GradCache differs from one's.
-# Not yet understood; a run of two processes there trains and evaluates (checked by hand).
-_NEWEST_JAX = pytest.mark.skipif(
-    tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 12),
-    reason="fails on JAX 0.12 where 0.10 passes, not yet understood (see the comment above)")
+# On JAX 0.12, two CPU processes that find their step in the persistent compilation cache the
+# tests share (written by an earlier run of other processes) hang in their first collective
+# (a run after another of the same shapes reaches no step; checked on 0.12.1: with the cache
+# off it trains as on 0.10). Their runs go without the cache there (docs/training.md says so).
+NO_CACHE = ({"JAX_ENABLE_COMPILATION_CACHE": "false"}
+            if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 12) else {})
 
 # The tiny config, shorter: 16 steps, a checkpoint every 4, one evaluation at the end.
 STEPS = 16
 MESH = ["--config.mesh.data=2", "--config.mesh.fsdp=2", f"--config.train.num_steps={STEPS}",
         "--config.train.checkpoint_every=4", f"--config.train.eval_every={STEPS}"]
-TWO_DEVICES = runs.environment(2)
+TWO_DEVICES = {**runs.environment(2), **NO_CACHE}
 
 
-def _launch(workdir, *overrides, popen=False):
-  """The tiny config as 2 processes x 2 devices through the launcher."""
+def _launch(workdir, *overrides, log=None):
+  """The tiny config as 2 processes x 2 devices through the launcher; with a `log` file,
+  started and left running, its output into the file (a pipe that no one reads while the
+  test waits would fill up and stop the run)."""
   cmd = [sys.executable, "-m", "train.launch", "--processes", "2", "--devices-per-process", "2",
          "--", f"--config={runs.TINY}", f"--workdir={workdir}", *MESH, *overrides]
-  kwargs = {"cwd": runs.ROOT, "env": runs.environment(), "text": True}
-  if popen:
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
+  kwargs = {"cwd": runs.ROOT, "env": {**runs.environment(), **NO_CACHE}, "text": True}
+  if log is not None:
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, **kwargs)
   return subprocess.run(cmd, capture_output=True, timeout=runs.limit(600), check=False, **kwargs)
 
 
@@ -116,15 +118,16 @@ def test_each_process_places_its_rows_and_restores_its_shards_of_a_1_process_che
   assert sum(line[0] == "restored" for line in lines) == 2, [out for out, _ in outs]  # bitwise
 
 
-@_NEWEST_JAX
 def test_sigterm_to_one_process_then_kill_9_of_another_then_an_exact_restart(tmp_path,
                                                                           two_process_run):
   workdir = str(tmp_path / "run")
   # SIGTERM to process 1 only: process 0, never signalled, must stop and save at its step.
-  launcher = _launch(workdir, popen=True)
-  runs.wait_for_step(workdir, 3)
-  os.kill(_train_process(workdir, 1), signal.SIGTERM)
-  out, _ = launcher.communicate(timeout=runs.limit(300))
+  with open(tmp_path / "launch.log", "w") as log:
+    launcher = _launch(workdir, log=log)
+    runs.wait_for_step(workdir, 3)
+    os.kill(_train_process(workdir, 1), signal.SIGTERM)
+    launcher.wait(timeout=runs.limit(300))
+  out = (tmp_path / "launch.log").read_text()
   assert launcher.returncode == 143, out[-3000:]
   stopped = [line for line in out.splitlines() if "stopped by signal" in line]
   assert {line[:4] for line in stopped} == {"[0] ", "[1] "}, out[-3000:]
@@ -138,16 +141,21 @@ def test_sigterm_to_one_process_then_kill_9_of_another_then_an_exact_restart(tmp
   # Resume without the launcher; kill -9 process 1 (no handler runs, nothing is saved). The
   # survivor, waiting in a collective, must fail with an error instead of hanging.
   port = launch.free_port()
+  # their output into files: a pipe no one reads fills up and stops the process writing to it
+  logs = [open(tmp_path / f"resumed.{i}.log", "w+") for i in range(2)]
   procs = [subprocess.Popen(
-      cmd, cwd=runs.ROOT, env=TWO_DEVICES, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True) for cmd in launch.commands(
+      cmd, cwd=runs.ROOT, env=TWO_DEVICES, stdout=log, stderr=log, text=True)
+      for cmd, log in zip(launch.commands(
           2, [f"--config={runs.TINY}", f"--workdir={workdir}", *MESH,
-              "--heartbeat_timeout_s=5"], port)]
+              "--heartbeat_timeout_s=5"], port), logs)]
   runs.wait_for_step(workdir, step + 3)
   procs[1].kill()
   killed = time.time()
-  _, err = procs[0].communicate(timeout=runs.limit(120))
-  procs[1].communicate()
+  procs[0].wait(timeout=runs.limit(120))
+  procs[1].wait()
+  for log in logs:
+    log.close()
+  err = (tmp_path / "resumed.0.log").read_text()
   assert procs[0].returncode != 0 and time.time() - killed < runs.limit(60), "the survivor hung"
   # gloo sees the closed connection at once; the coordination service's heartbeat timeout
   # covers a host that vanishes without closing it.
@@ -216,7 +224,7 @@ def _pairs_file(path, count: int, seed: int, distinct: bool = False) -> str:
   return str(path)
 
 
-@pytest.mark.parametrize("cached", [False, pytest.param(True, marks=_NEWEST_JAX)],
+@pytest.mark.parametrize("cached", [False, True],
                          ids=["at_once", "gradcache"])
 def test_contrastive_training_in_two_processes_is_one_processes_with_the_same_devices(
     tmp_path, cached):
@@ -232,8 +240,8 @@ def test_contrastive_training_in_two_processes_is_one_processes_with_the_same_de
   launched = subprocess.run(
       [sys.executable, "-m", "train.launch", "--processes", "2", "--devices-per-process", "2",
        "--", *CONTRASTIVE, *data, f"--workdir={two}"],
-      cwd=runs.ROOT, env=runs.environment(), capture_output=True, text=True, timeout=runs.limit(600),
-      check=False)
+      cwd=runs.ROOT, env={**runs.environment(), **NO_CACHE}, capture_output=True, text=True,
+      timeout=runs.limit(600), check=False)
   assert launched.returncode == 0, launched.stdout[-3000:]
   a, b = runs.losses(one), runs.losses(two)
   assert sorted(a) == sorted(b) == list(range(1, 9))

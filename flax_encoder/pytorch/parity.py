@@ -34,8 +34,8 @@ nomic_bert, gte, jina_embeddings_v3, eurobert, deberta-v2 (flax_encoder.families
 transformers' `AutoModel.from_pretrained(dir, attn_implementation="eager")` and the Flax encoder
 of `load_hf(dir)` run on the same random ids, rows after the first padded at the end with the
 model's pad_token_id (attention_mask 0 on the pad ids that end a row). The stages are
-transformers' module outputs, as the family names them (its parity stages): for BERT `embeddings` (after the
-embedding LayerNorm), each layer's attention sub-layer after its LayerNorm
+transformers' module outputs, as the family names them (its parity stages): for BERT
+`embeddings` (after the embedding LayerNorm), each layer's attention sub-layer after its LayerNorm
 (`encoder.layer.{i}.attention`; DistilBERT `transformer.layer.{i}.sa_layer_norm`), each layer
 (`encoder.layer.{i}`, `transformer.layer.{i}`) and last_hidden_state; a family with a final
 norm (ModernBERT, EuroBERT) adds it. With --hf the float32 default is rtol 1e-5 (atol 1e-5:
