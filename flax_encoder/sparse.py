@@ -129,8 +129,8 @@ class SpladeEmbedding(nn.Module):
                positions: jax.Array | None = None, segments: int | None = None, *,
                deterministic: bool = True) -> jax.Array:
     """Packed rows -> float32 [r, segments, v] (see `splade`). Without `segment_ids`, padded
-    rows of a text each -> float32 [r, v], the ids equal to config.pad_id being padding (as
-    `Encoder` takes such rows)."""
+    rows of a text each -> float32 [r, v], the run of config.pad_id that ends a row being
+    padding (as `Encoder` takes such rows)."""
     rows, length = tokens.shape
     model = self.model
     logits = self.language_model(tokens, segment_ids=segment_ids, positions=positions,
