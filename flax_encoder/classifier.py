@@ -65,6 +65,13 @@ def pair_token_types(tokens: jax.Array, separator: int,
   return (seen > 0).astype(jnp.int32)
 
 
+def second_text_types(second_starts, length: int) -> jax.Array:
+  """int32 [..., length]: a pair's token types as the tokenizer gives them, 0 before its second
+  text and 1 from it on (`second_starts` [...]: where each pair's second text begins), whatever
+  separators the first text spells."""
+  return (jnp.arange(length) >= jnp.asarray(second_starts)[..., None]).astype(jnp.int32)
+
+
 def macro_f1(true_positives, true, predicted) -> float:
   """The mean F1 over the classes that occur in the labels or the predictions, from each
   class's counts of true positives, labels and predictions ([num_labels] each)."""
@@ -108,7 +115,7 @@ class SequenceClassifier(nn.Module):
         tokens, segment_ids=segment_ids, positions=positions, token_types=types,
         deterministic=deterministic)
     head = self.pooling in HEAD_POOLINGS
-    if segment_ids is None:  # a text a row; the pad_id that end it are padding, as the encoder's
+    if segment_ids is None:  # a text a row; the pad ids that end it are padding, as the encoder's
       ids, at = one_text_a_row(tokens, cfg.pad_id)
       pooled, _ = pool((MODES[self.pooling],), hidden, ids, at, 1)
     else:

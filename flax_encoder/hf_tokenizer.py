@@ -22,6 +22,7 @@ vocab.json whose ids are those of its tokens.
 
 from __future__ import annotations
 
+import json
 import os
 
 from flax_encoder.modules_json import (TRANSFORMER_CONFIGS, ModulesError, not_a_file,
@@ -147,7 +148,6 @@ def _as_its_class_reads(built: bytes, directory: str) -> bytes:
   normalizes and pre-tokenizes as its options say (a cased tokenizer.json saved by
   `BertTokenizerFast(tokenizer_object=…)` lower-cases, as its do_lower_case defaults to true);
   any other class, tokenizer.json as it is."""
-  import json
   file = os.path.join(directory, "tokenizer_config.json")
   config = _read_json(file) or {}
   name = config.get("tokenizer_class")

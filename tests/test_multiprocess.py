@@ -147,7 +147,7 @@ def test_sigterm_to_one_process_then_kill_9_of_another_then_an_exact_restart(tmp
       cmd, cwd=runs.ROOT, env=TWO_DEVICES, stdout=log, stderr=log, text=True)
       for cmd, log in zip(launch.commands(
           2, [f"--config={runs.TINY}", f"--workdir={workdir}", *MESH,
-              "--heartbeat_timeout_s=5"], port), logs)]
+              f"--heartbeat_timeout_s={round(runs.limit(5))}"], port), logs)]
   runs.wait_for_step(workdir, step + 3)
   procs[1].kill()
   killed = time.time()

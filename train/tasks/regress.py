@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder.classifier import SequenceClassifier
+from flax_encoder.classifier import SequenceClassifier, second_text_types
 from flax_encoder.inference import default_buckets, padded_batches
 from flax_encoder.tokenizer import encode_pairs
 from train.data import examples
@@ -125,10 +125,10 @@ class Regressor:
     out = np.zeros(len(rows), np.float32)
     for batch, ids in padded_batches(rows, self.buckets, self.batch_size, meta["pad_id"]):
       types = None
-      if self.typed:
-        seconds = np.full((len(ids), 1), ids.shape[1])
-        seconds[:len(batch), 0] = [laid[i][1] for i in batch]
-        types = (np.arange(ids.shape[1])[None] >= seconds).astype(np.int32)
+      if self.typed:  # the rows that fill the batch up: no second text
+        seconds = np.full(len(ids), ids.shape[1])
+        seconds[:len(batch)] = [laid[i][1] for i in batch]
+        types = second_text_types(seconds, ids.shape[1])
       out[batch] = np.asarray(self._numbers(self.params, ids, types))[:len(batch)]
     return out
 

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder.classifier import SequenceClassifier
+from flax_encoder.classifier import SequenceClassifier, second_text_types
 from flax_encoder.tokenizer import laid_out
 from train.data import dataset, examples, sources
 from train.errors import RunError
@@ -84,8 +84,7 @@ class RerankTask(SupervisedTask):
     queries, group, length = tokens.shape
     rows = {"tokens": tokens.reshape(queries * group, length)}
     if self.model.type_separator is not None:
-      rows["token_types"] = (jnp.arange(length)[None, :] >=
-                             batch["seconds"].reshape(-1, 1)).astype(jnp.int32)
+      rows["token_types"] = second_text_types(batch["seconds"].reshape(-1), length)
     logits = self.outputs(params, rows, dropout_rng)
     return logits[:, 0].reshape(queries, group)
 
