@@ -25,6 +25,7 @@ import sys
 import tempfile
 
 from benchmarks.embeddings import published_minilm
+from train.tasks.start import START_COPIED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = ("red", "green", "blue", "cat", "dog", "bird", "sun", "moon", "rain", "snow")
@@ -80,8 +81,9 @@ def opens(task: str, model: str, data: list[str], scratch: str) -> dict[str, int
       if not found:
         continue
       path = os.path.realpath(found.group(1))
-      if os.path.dirname(path) == real and os.path.basename(path) in counts:
-        counts[os.path.basename(path)] += 1
+      if path.startswith(real + os.sep) and os.path.isfile(path):
+        name = os.path.relpath(path, real)
+        counts[name] = counts.get(name, 0) + 1
   return counts
 
 
@@ -121,8 +123,12 @@ def main(argv=None) -> int:
     for task in args.tasks.split(","):
       start = reranker(model, scratch) if task == "rerank" else model
       results[task] = opens(task, start, data[task], scratch)
-      print(f"{task:8s} " + "  ".join(f"{name} {n}" for name, n in results[task].items()),
-            flush=True)
+      others = {k: n for k, n in results[task].items() if k not in COUNTED}
+      copied = [k for k in others if k in START_COPIED]
+      print(f"{task:8s} " + "  ".join(f"{name} {results[task][name]}" for name in COUNTED) +
+            f"  other files: {len(others)}, at most {max(others.values(), default=0)} opens "
+            f"each ({', '.join(f'{k} {n}' for k, n in others.items())}; copied into "
+            f"WORKDIR/start: {', '.join(copied) or 'none'})", flush=True)
   if args.out:
     with open(args.out, "w") as f:
       json.dump({"model": model, "opens": results}, f, indent=2)

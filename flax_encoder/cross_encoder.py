@@ -123,13 +123,14 @@ def score(model: RerankerModel, params: dict, tokens: jax.Array, segment_ids: ja
   return activations.torch_class(model.activation)(logits) if activation else logits
 
 
-def gives_token_types(module: str, hf: dict) -> bool | None:
+def gives_token_types(module: str, hf: dict, files: modules_json.FolderFiles | None = None
+                     ) -> bool | None:
   """Whether transformers' tokenizer of the model directory `module` (config.json `hf`) gives
   the model token_type_ids: tokenizer_config.json's model_input_names, else those of its
   tokenizer_class (else config.json's, else the model_type's, `families.tokenizer_class`);
   None for a class no family knows (`families.TOKEN_TYPE_CLASSES`)."""
   file = os.path.join(module, "tokenizer_config.json")
-  config = RerankerError.read(file, required=False) or {}
+  config = RerankerError.read(file, required=False, files=files) or {}
   names = config.get("model_input_names")
   if names is not None:
     if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
@@ -146,14 +147,14 @@ def gives_token_types(module: str, hf: dict) -> bool | None:
 # Reading a folder
 
 
-def read_modules(path: str) -> str:
+def read_modules(path: str, files: modules_json.FolderFiles | None = None) -> str:
   """The Transformer module's folder of the CrossEncoder folder `path` (sentence-transformers
   6: modules.json), checked to hold the Transformer alone, a sequence classifier, in a folder
-  saved as a CrossEncoder."""
+  saved as a CrossEncoder. Its files are read through a load's `files`, where given."""
   file = os.path.join(path, "modules.json")
   try:
-    modules = modules_json.read_modules(path)
-    module = modules_json.transformer_folder(path)
+    modules = modules_json.read_modules(path, files)
+    module = modules_json.transformer_folder(path, files)
   except ModulesError as e:
     raise RerankerError(str(e)) from None
   if len(modules) > 1:
@@ -165,14 +166,14 @@ def read_modules(path: str) -> str:
   settings = os.path.join(path, "config_sentence_transformers.json")
   # sentence-transformers reads a folder without a model_type as a SentenceTransformer, and
   # CrossEncoder makes a classifier of its Transformer with a head drawn at random
-  model_type = (RerankerError.read(settings, required=False) or {}).get("model_type",
-                                                                          "SentenceTransformer")
+  model_type = (RerankerError.read(settings, required=False, files=files) or {}).get(
+      "model_type", "SentenceTransformer")
   if model_type != MODEL_TYPE:
     raise RerankerError(f"{settings}: model_type={model_type!r}, expected {MODEL_TYPE!r} (a "
                         f"SentenceTransformer folder is flax_encoder.embeddings.SentenceEncoder's)")
   for name in TRANSFORMER_CONFIGS:
     file = os.path.join(module, name)
-    config = RerankerError.read(file, required=False)
+    config = RerankerError.read(file, required=False, files=files)
     if config is None:
       continue
     task = config.get("transformer_task", "feature-extraction")
@@ -238,13 +239,14 @@ def read_activation(hf: dict, hf_file: str, settings: dict, settings_file: str,
 
 
 def read_type_separator(module: str, hf: dict, config: EncoderConfig, template: Template,
-                        tokenizer_file: str) -> int | None:
+                        tokenizer_file: str, files: modules_json.FolderFiles | None = None
+                        ) -> int | None:
   """The id after whose first occurrence in a pair tokens are of type 1, as transformers'
   tokenizer types them ([CLS] q [SEP] of 0, d [SEP] of 1); None where the model sees types of
   0 only (it has one type, or its tokenizer gives none, or gives the second text type 0)."""
   if config.type_vocab_size <= 1:
     return None
-  gives = gives_token_types(module, hf)
+  gives = gives_token_types(module, hf, files)
   if gives is None:
     file = os.path.join(module, "tokenizer_config.json")
     raise RerankerError(f"{file}: a tokenizer_class whose token types Reranker does not know, "
@@ -342,29 +344,30 @@ class Reranker(SentenceEncoder):
     *ForSequenceClassification directory), computed in `dtype` (scores are float32 either way)
     by `attention_impl` (load_hf's default where None). `options`: row_lengths, max_segments,
     devices (SentenceEncoder's). Raises RerankerError in one line naming the file."""
-    path = os.fspath(path)
+    path, files = os.fspath(path), modules_json.FolderFiles()
     st_folder = os.path.lexists(os.path.join(path, "modules.json"))
     if not st_folder and not os.path.isfile(os.path.join(path, "config.json")):
       raise RerankerError(f"{path}: neither modules.json nor config.json, expected a "
                           f"CrossEncoder folder or a Hugging Face *ForSequenceClassification "
                           f"directory")
-    module = read_modules(path) if st_folder else path
+    module = read_modules(path, files) if st_folder else path
     hf_file = os.path.join(module, "config.json")
     settings = {"dtype": dtype} | ({"attention_impl": attention_impl} if attention_impl else {})
-    hf = RerankerError.read(hf_file, required=False)
+    hf = RerankerError.read(hf_file, required=False, files=files)
     if hf is not None:  # else open_hf says what is wrong
       check_classifier(hf, hf_file)
     try:
-      directory = families.open_hf(module, hf)
+      directory = families.open_hf(module, hf, files)
       state = families.read_hf_weights(directory)
       config, variables = families.read_hf(directory, state, **settings)[1:]
-      tokenizer = tokenizer_from_directory(path)
+      tokenizer = tokenizer_from_directory(path, files=files)
     except (HFError, TokenizerError) as e:
       raise RerankerError(str(e)) from None
     hf = directory.hf
     num_labels, pooling, head = read_classifier(directory, state, config, variables)
     settings_file = os.path.join(path, "config_sentence_transformers.json")
-    st_settings = (RerankerError.read(settings_file, required=False) or {}) if st_folder else {}
+    st_settings = ((RerankerError.read(settings_file, required=False, files=files) or {})
+                   if st_folder else {})
     activation = read_activation(hf, hf_file, st_settings, settings_file, num_labels)
     tokenizer_file = os.path.join(module, "tokenizer.json")
     tokenizer_file = tokenizer_file if os.path.isfile(tokenizer_file) else module
@@ -373,12 +376,13 @@ class Reranker(SentenceEncoder):
     except (TokenizerFailure, ValueError) as e:
       raise RerankerError(f"{tokenizer_file}: {e}") from None
     model = RerankerModel(config, num_labels, pooling,
-                          read_type_separator(module, hf, config, template, tokenizer_file),
+                          read_type_separator(module, hf, config, template, tokenizer_file,
+                                              files),
                           activation)
     params = {"encoder": variables["params"], **head}
     try:
-      prompts, default, _ = read_settings(path) if st_folder else ({}, None, None)
-      max_length = read_max_seq_length(module, config.max_len)
+      prompts, default, _ = read_settings(path, files) if st_folder else ({}, None, None)
+      max_length = read_max_seq_length(module, config.max_len, files)
     except EmbeddingError as e:
       raise RerankerError(str(e)) from None
     return cls(model, params, tokenizer, max_length, prompts, default, template=template,

@@ -100,10 +100,12 @@ class EmbeddingError(ValueError):
   encoder's error is a subclass, which reads a folder's files as its own (`read`)."""
 
   @classmethod
-  def read(cls, file: str, required: bool = True) -> dict | None:
-    """The JSON object in `file` (None where there is none, unless `required`); this error
-    in one line naming the file where it is no such object."""
-    return modules_json.read_json(file, cls, dict, required)
+  def read(cls, file: str, required: bool = True,
+           files: modules_json.FolderFiles | None = None) -> dict | None:
+    """The JSON object in `file` (None where there is none, unless `required`), through the
+    load's `files` where given; this error in one line naming the file where it is no such
+    object."""
+    return modules_json.read_json(file, cls, dict, required, files)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,12 +368,12 @@ def module_kind(module_type, file: str, which: str, kinds: dict[str, str] = MODU
   return kind
 
 
-def read_modules(path: str) -> list[tuple[str, str]]:
+def read_modules(path: str, files: modules_json.FolderFiles | None = None) -> list[tuple[str, str]]:
   """(kind, folder) of each module of modules.json after the Transformer (a folder without a
-  Router: `read_routes` reads one)."""
+  Router: `read_routes` reads one), read through a load's `files` where given."""
   file = os.path.join(path, "modules.json")
   try:
-    modules = modules_json.read_modules(path)
+    modules = modules_json.read_modules(path, files)
   except ModulesError as e:
     raise EmbeddingError(str(e)) from None
   kinds = []
@@ -393,14 +395,16 @@ def read_modules(path: str) -> list[tuple[str, str]]:
   return kinds[1:]
 
 
-def read_routes(path: str, modules: Sequence[dict]) -> Router:
+def read_routes(path: str, modules: Sequence[dict], files: modules_json.FolderFiles | None = None
+               ) -> Router:
   """The Router of the folder `path`, whose modules.json's `modules` are the Router then
   modules run after any route: each route's (Transformer module's folder, (kind, folder) of
   each module after it: the route's own, then those after the Router)."""
   file = os.path.join(path, "modules.json")
   after = [(module_kind(m.get("type"), file, f"module {i}"), os.path.join(path, m["path"]))
            for i, m in enumerate(modules[1:], 1)]
-  router = read_router(os.path.normpath(os.path.join(path, modules[0]["path"])), EmbeddingError)
+  router = read_router(os.path.normpath(os.path.join(path, modules[0]["path"])), EmbeddingError,
+                       files)
   routes = {}
   for route, route_modules in router.routes.items():
     kinds = [(module_kind(m.type, router.file, f"module {m.name!r} (route {route!r})"),
@@ -414,12 +418,14 @@ def read_routes(path: str, modules: Sequence[dict]) -> Router:
   return router.with_routes(routes)
 
 
-def read_pooling(folder: str, width: int | None = None) -> Pooling:
+def read_pooling(folder: str, width: int | None = None,
+                 files: modules_json.FolderFiles | None = None
+                ) -> Pooling:
   """Pooling's config.json: pooling_mode (a mode or a list of them; sentence-transformers 6) or
   the pooling_mode_* flags (earlier), include_prompt; its width checked to be `width` (where
   given)."""
   file = os.path.join(folder, "config.json")
-  config = EmbeddingError.read(file)
+  config = EmbeddingError.read(file, files=files)
   bad = lambda key, expected: EmbeddingError(
       f"{file}: {key}={config.get(key)!r}, expected {expected}")
   dim = config.get("embedding_dimension", config.get("word_embedding_dimension", width))
@@ -448,14 +454,15 @@ _RUNS_ON = {"sentence_embedding": "SentenceEncoder runs it on the pooled vector"
             "token_embeddings": "a multi-vector model runs it on each token's vector"}
 
 
-def read_dense(folder: str, width: int, on: str = "sentence_embedding") -> tuple[Dense, dict]:
+def read_dense(folder: str, width: int, on: str = "sentence_embedding",
+               files: modules_json.FolderFiles | None = None) -> tuple[Dense, dict]:
   """A Dense module's config.json and weights (model.safetensors, or pytorch_model.bin as
   `read_hf_weights` reads it), checked against the `width` before it and to read and write
   the feature `on` (module_input_name, module_output_name; where unset, `on`: the pooled
   vector, or "token_embeddings", each token's, which a multi-vector model's Dense reads where
   its file names none)."""
   file = os.path.join(folder, "config.json")
-  config = EmbeddingError.read(file)
+  config = EmbeddingError.read(file, files=files)
   bad = lambda key, expected: EmbeddingError(
       f"{file}: {key}={config.get(key)!r}, expected {expected}")
   for key in ("in_features", "out_features"):
@@ -477,7 +484,7 @@ def read_dense(folder: str, width: int, on: str = "sentence_embedding") -> tuple
   step = Dense(config["in_features"], config["out_features"], config.get("bias", True), name,
                config.get("use_residual", False))
   try:
-    state = read_hf_weights(folder)
+    state = read_hf_weights(folder, files)
   except HFError as e:
     raise EmbeddingError(f"{folder}: the Dense module's weights: {e}") from None
   shapes = {"linear.weight": (step.out_features, step.in_features)}
@@ -498,12 +505,13 @@ def read_dense(folder: str, width: int, on: str = "sentence_embedding") -> tuple
   return step, params
 
 
-def read_normalize(folder: str, on: str = "sentence_embedding") -> Normalize:
+def read_normalize(folder: str, on: str = "sentence_embedding",
+                   files: modules_json.FolderFiles | None = None) -> Normalize:
   """A Normalize module (its folder may be absent: it has nothing to save), checked to
   normalize the feature `on`. sentence-transformers' Normalize reads "sentence_embedding"
   where its file names none, and writes what it read where the file names no output."""
   file = os.path.join(folder, "config.json")
-  config = EmbeddingError.read(file, required=False) or {}
+  config = EmbeddingError.read(file, required=False, files=files) or {}
   given = config.get("module_input_name")
   names = {"module_input_name": "sentence_embedding" if given is None else given}
   output = config.get("module_output_name")
@@ -515,11 +523,12 @@ def read_normalize(folder: str, on: str = "sentence_embedding") -> Normalize:
   return Normalize()
 
 
-def read_settings(path: str) -> tuple[dict[str, str], str | None, str]:
+def read_settings(path: str, files: modules_json.FolderFiles | None = None
+                  ) -> tuple[dict[str, str], str | None, str]:
   """config_sentence_transformers.json's prompts, default_prompt_name and similarity_fn_name
   (cosine where it names none, as sentence-transformers defaults)."""
   file = os.path.join(path, "config_sentence_transformers.json")
-  config = EmbeddingError.read(file, required=False) or {}
+  config = EmbeddingError.read(file, required=False, files=files) or {}
   prompts, default = read_prompts(config, file)
   similarity = config.get("similarity_fn_name") or "cosine"
   if similarity not in SIMILARITIES:
@@ -559,17 +568,18 @@ def checked_prompts(prompts: dict[str, str] | None, default_prompt_name: str | N
   return prompts
 
 
-def read_max_seq_length(module: str, max_len: int) -> int:
+def read_max_seq_length(module: str, max_len: int, files: modules_json.FolderFiles | None = None
+                       ) -> int:
   """The ids a text is cut to: the Transformer module's (folder `module`'s)
   sentence_*_config.json max_seq_length, else its tokenizer's model_max_length (where
   sentence-transformers 6 saves it), at most the encoder's `max_len` (the positions it has),
   as sentence-transformers caps the tokenizer's."""
   key = "max_seq_length"
-  file, config = _transformer_config(module)
+  file, config = _transformer_config(module, files)
   value = config.get(key)
   if value is None:  # the tokenizer's, read where its tokenizer is (tokenizer_from_directory)
     key, file = "model_max_length", os.path.join(module, "tokenizer_config.json")
-    value = (EmbeddingError.read(file, required=False) or {}).get(key)
+    value = (EmbeddingError.read(file, required=False, files=files) or {}).get(key)
   if value is None:
     return max_len
   # JSON's NaN and Infinity read as floats: no length
@@ -579,12 +589,13 @@ def read_max_seq_length(module: str, max_len: int) -> int:
   return int(min(value, max_len))
 
 
-def _transformer_config(module: str) -> tuple[str, dict]:
+def _transformer_config(module: str, files: modules_json.FolderFiles | None = None
+                       ) -> tuple[str, dict]:
   """(file, its object) of the Transformer module's (folder `module`'s) settings: the first
   sentence_*_config.json there is ({} where there is none)."""
   for name in TRANSFORMER_CONFIGS:
     file = os.path.join(module, name)
-    config = EmbeddingError.read(file, required=False)
+    config = EmbeddingError.read(file, required=False, files=files)
     if config is not None:
       return file, config
   return os.path.join(module, TRANSFORMER_CONFIGS[0]), {}
@@ -596,10 +607,11 @@ _TASK_SETTINGS = {"query_length": "query", "document_length": "document",
                   "query_expansion": "query"}
 
 
-def read_task_settings(module: str) -> dict[str, str]:
+def read_task_settings(module: str, files: modules_json.FolderFiles | None = None
+                      ) -> dict[str, str]:
   """{task: 'FILE: key=value'} of the Transformer module's (folder `module`'s) settings that
   sentence-transformers applies to that task's texts alone (_TASK_SETTINGS), where set."""
-  file, config = _transformer_config(module)
+  file, config = _transformer_config(module, files)
   return {task: f"{file}: {key}={config[key]!r}" for key, task in _TASK_SETTINGS.items()
           if config.get(key) is not None}
 
@@ -728,38 +740,39 @@ class SentenceEncoder:
     max_segments, devices (SentenceEncoder's). A folder of a Router: its default route's
     encoder, calls routed by their task (`router`). Raises EmbeddingError in one line naming
     the file."""
-    path = os.fspath(path)
+    path, files = os.fspath(path), modules_json.FolderFiles()
     settings = {"dtype": dtype} | ({"attention_impl": attention_impl} if attention_impl else {})
     try:
-      entries = modules_json.read_modules(path)
+      entries = modules_json.read_modules(path, files)
     except ModulesError as e:
       raise EmbeddingError(str(e)) from None
     if entries and entries[0].get("type") in ROUTERS:
-      return cls._load_router(path, entries, settings, options)
+      return cls._load_router(path, entries, settings, files, options)
     try:
-      module = transformer_folder(path)
+      module = transformer_folder(path, files)
     except ModulesError as e:
       raise EmbeddingError(str(e)) from None
     if module is None and not os.path.isfile(os.path.join(path, "config.json")):
       raise EmbeddingError(f"{path}: neither modules.json nor config.json, expected a "
                            f"sentence-transformers folder or a Hugging Face model directory")
     # a Hugging Face model directory: mean pooled, as sentence-transformers makes one of it
-    modules = read_modules(path) if module is not None else []
-    return cls._read(path, module or path, modules, settings, read_settings(path), **options)
+    modules = read_modules(path, files) if module is not None else []
+    return cls._read(path, module or path, modules, settings, read_settings(path, files), files,
+                     **options)
 
   @classmethod
   def _load_router(cls, path: str, entries: list[dict], settings: dict,
-                   options: dict) -> SentenceEncoder:
+                   files: modules_json.FolderFiles, options: dict) -> SentenceEncoder:
     """The encoder of the Router folder `path` (modules.json's `entries`): a SentenceEncoder a
     route, those of one Transformer folder sharing its weights; the folder's prompts (each
     route's tokenizer and pooling say what a prompt's ids are) are the routing encoder's."""
-    router = read_routes(path, entries)
-    prompts, default, similarity = read_settings(path)
+    router = read_routes(path, entries, files)
+    prompts, default, similarity = read_settings(path, files)
     encoders, transformers = {}, {}
     for route, (module, modules) in router.routes.items():
       key = os.path.realpath(module)
       encoders[route] = cls._read(module, module, modules, settings, ({}, None, similarity),
-                                  transformers.get(key), **options)
+                                  files, transformers.get(key), **options)
       route_encoder = encoders[route]
       transformers.setdefault(key, (route_encoder.model.config,
                                     route_encoder.params["encoder"], route_encoder.tokenizer))
@@ -772,15 +785,17 @@ class SentenceEncoder:
   @classmethod
   def _read(cls, source: str, module: str, modules: Sequence[tuple[str, str]], settings: dict,
             folder_settings: tuple[dict[str, str], str | None, str],
+            files: modules_json.FolderFiles,
             transformer: tuple[EncoderConfig, dict, Tokenizer] | None = None,
             **options) -> SentenceEncoder:
     """The encoder of the Transformer that `source` reads as (its module's folder `module`)
-    and the (kind, folder) `modules` after it; `folder_settings`: read_settings'. Given
-    `transformer` (config, encoder params, tokenizer), its weights are not read again."""
+    and the (kind, folder) `modules` after it, their files read through the load's `files`;
+    `folder_settings`: read_settings'. Given `transformer` (config, encoder params,
+    tokenizer), its weights are not read again."""
     if transformer is None:
       try:
-        hf = read_hf(source, **settings)
-        tokenizer = tokenizer_from_directory(source)
+        hf = read_hf(source, files=files, **settings)
+        tokenizer = tokenizer_from_directory(source, files=files)
       except (HFError, TokenizerError) as e:
         raise EmbeddingError(str(e)) from None
       transformer = hf.config, hf.variables["params"], tokenizer
@@ -789,21 +804,21 @@ class SentenceEncoder:
     pooling, steps, width = Pooling(), [], config.d_model
     for kind, folder in modules:
       if kind == "Pooling":
-        pooling = read_pooling(folder, width)
+        pooling = read_pooling(folder, width, files)
         width *= len(pooling.modes)
       elif kind == "Dense":
-        step, params[f"dense_{len(steps)}"] = read_dense(folder, width)
+        step, params[f"dense_{len(steps)}"] = read_dense(folder, width, files=files)
         steps.append(step)
         width = step.out_features
       else:
-        steps.append(read_normalize(folder))
+        steps.append(read_normalize(folder, files=files))
     # a panic inside `tokenizers` comes of a tokenizer.json's own parts (a Split's regex):
     # those built from vocabulary files are this library's
     tokenizer_file = os.path.join(module, "tokenizer.json")
     encoder = cls(SentenceModel(config, pooling, tuple(steps)), params, tokenizer,
-                  read_max_seq_length(module, config.max_len), *folder_settings, **options,
+                  read_max_seq_length(module, config.max_len, files), *folder_settings, **options,
                   tokenizer_file=tokenizer_file if os.path.isfile(tokenizer_file) else module)
-    encoder.task_settings = read_task_settings(module)
+    encoder.task_settings = read_task_settings(module, files)
     return encoder
 
   def _place(self, params: dict, devices: Sequence[jax.Device]) -> None:

@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 import os
 
-from flax_encoder.modules_json import (TRANSFORMER_CONFIGS, ModulesError, not_a_file,
-                                       transformer_folder)
+from flax_encoder.modules_json import (TRANSFORMER_CONFIGS, FolderFiles, ModulesError,
+                                       not_a_file, transformer_folder)
 from flax_encoder.tokenizer import Tokenizer, is_panic
 from flax_encoder.tokenizer_options import SAVE_IT, TokenizerError, TokenizerOptions
 from flax_encoder.tokenizer_options import flag as _flag
@@ -44,18 +44,20 @@ BPE_CLASSES = ("RobertaTokenizer", "LongformerTokenizer", "BartTokenizer")
 OPTION_NORMALIZED_CLASSES = (*WORDPIECE_CLASSES, "MPNetTokenizer")
 
 
-def tokenizer_from_directory(path: str | os.PathLike, offset: int = 0) -> Tokenizer:
+def tokenizer_from_directory(path: str | os.PathLike, offset: int = 0,
+                             files: FolderFiles | None = None) -> Tokenizer:
   """The tokenizer of the model directory `path` (ids + `offset`): its tokenizer.json (as its
   tokenizer_class reads it), else one built from its vocab.txt (WordPiece), else from its vocab.json
   and merges.txt (byte-level BPE), else from a family's own files (`Family.tokenizers.slow`:
   DeBERTa's spm.model); in a sentence-transformers folder, from its Transformer module's
   folder (where sentence-transformers reads it), with a Lowercase normalizer first where the
-  module lower-cases texts. Raises TokenizerError naming the directory or file and what it
-  expected."""
-  return read_tokenizer(path, offset)[0]
+  module lower-cases texts. Its JSON files are read through a load's `files`, where given.
+  Raises TokenizerError naming the directory or file and what it expected."""
+  return read_tokenizer(path, offset, files)[0]
 
 
-def read_tokenizer(path: str | os.PathLike, offset: int = 0) -> tuple[Tokenizer, str | None]:
+def read_tokenizer(path: str | os.PathLike, offset: int = 0, files: FolderFiles | None = None
+                   ) -> tuple[Tokenizer, str | None]:
   """`tokenizer_from_directory`, and the tokenizer.json whose bytes it holds as they are (None
   where it built them, or changed the file's): a caller that keeps the file needs not read it
   again."""
@@ -65,12 +67,12 @@ def read_tokenizer(path: str | os.PathLike, offset: int = 0) -> tuple[Tokenizer,
                          f"tokenizer files: {_looked_for()})")
   # sentence-transformers reads the tokenizer (AutoTokenizer) from the Transformer module's
   # folder only: an older folder's top may hold another one, which it never reads
-  directory = _transformer_module(path) or path
+  directory = _transformer_module(path, files) or path
   source = None
   if _has(directory, "tokenizer.json"):
     source = os.path.join(directory, "tokenizer.json")
     read = _read_tokenizer_json(source)
-    built = _as_its_class_reads(read, directory)
+    built = _as_its_class_reads(read, directory, files)
     source = source if built is read else None
   elif _has(directory, "vocab.txt"):
     built = _wordpiece(directory)
@@ -82,7 +84,7 @@ def read_tokenizer(path: str | os.PathLike, offset: int = 0) -> tuple[Tokenizer,
       raise TokenizerError(f"{path}: no tokenizer files (looked for {_looked_for()} in "
                            f"{directory}); {SAVE_IT}")
     built = slow.build(directory)
-  if _lower_cases(directory):
+  if _lower_cases(directory, files):
     built, source = _lowercased(built, directory), None
   return Tokenizer("huggingface", built, offset), source
 
@@ -112,22 +114,22 @@ def _has(directory: str, name: str) -> bool:
   return os.path.isfile(file)
 
 
-def _transformer_module(path: str) -> str | None:
+def _transformer_module(path: str, files: FolderFiles | None) -> str | None:
   """The folder of a sentence-transformers folder's Transformer module (modules.json); None
   where `path` is no sentence-transformers folder."""
   try:
-    folder = transformer_folder(path)
+    folder = transformer_folder(path, files)
   except ModulesError as e:
     raise TokenizerError(str(e)) from None
   return None if folder is None else os.path.normpath(folder)
 
 
-def _lower_cases(module: str) -> bool:
+def _lower_cases(module: str, files: FolderFiles | None) -> bool:
   """Whether a sentence-transformers Transformer module lower-cases texts before its
   tokenizer reads them (do_lower_case in its sentence_*_config.json, the first there is)."""
   for name in TRANSFORMER_CONFIGS:
     file = os.path.join(module, name)
-    config = _read_json(file)
+    config = _read_json(file, files=files)
     if config is not None:
       return _flag(config, "do_lower_case", False, file)
   return False
@@ -142,14 +144,14 @@ def _lowercased(built: bytes, directory: str) -> bytes:
   return tokenizer.to_str().encode("utf-8")
 
 
-def _as_its_class_reads(built: bytes, directory: str) -> bytes:
+def _as_its_class_reads(built: bytes, directory: str, files: FolderFiles | None) -> bytes:
   """The tokenizer.json `built` as transformers 5 reads it for the directory's tokenizer_class:
   one of OPTION_NORMALIZED_CLASSES takes tokenizer.json's vocabulary and post-processor, but
   normalizes and pre-tokenizes as its options say (a cased tokenizer.json saved by
   `BertTokenizerFast(tokenizer_object=…)` lower-cases, as its do_lower_case defaults to true);
   any other class, tokenizer.json as it is."""
   file = os.path.join(directory, "tokenizer_config.json")
-  config = _read_json(file) or {}
+  config = _read_json(file, files=files) or {}
   name = config.get("tokenizer_class")
   if not isinstance(name, str) or name.removesuffix("Fast") not in OPTION_NORMALIZED_CLASSES:
     return built

@@ -383,12 +383,13 @@ _jitted_maxsim_pairwise = jax.jit(maxsim_pairwise, static_argnames="mean")
 # Reading a folder
 
 
-def _read_modules(path: str) -> list[tuple[str, str]]:
+def _read_modules(path: str, files: modules_json.FolderFiles | None = None
+                 ) -> list[tuple[str, str]]:
   """(kind, folder) of each module after the Transformer: Dense, Normalize and one
   MultiVectorMask."""
   file = os.path.join(path, "modules.json")
   kinds = []
-  for i, module in enumerate(modules_json.read_modules(path)[1:], 1):
+  for i, module in enumerate(modules_json.read_modules(path, files)[1:], 1):
     kind = "MultiVectorMask" if module.get("type") in MASK_MODULES else MODULE_KINDS.get(
         module.get("type"))
     if kind not in ("Dense", "Normalize", "MultiVectorMask"):
@@ -403,10 +404,10 @@ def _read_modules(path: str) -> list[tuple[str, str]]:
   return kinds
 
 
-def _read_mask(folder: str) -> ScoringMask:
+def _read_mask(folder: str, files: modules_json.FolderFiles | None = None) -> ScoringMask:
   """A MultiVectorMask module's config.json."""
   file = os.path.join(folder, "config.json")
-  config = MultiVectorError.read(file)
+  config = MultiVectorError.read(file, files=files)
   known = ("skiplist_words", "skiplist_tasks", "keep_only_token_ids")
   if set(config) - set(known):
     raise MultiVectorError(f"{file}: keys {sorted(set(config) - set(known))}, expected only "
@@ -422,13 +423,14 @@ def _read_mask(folder: str) -> ScoringMask:
     raise MultiVectorError(f"{file}: {e}") from None
 
 
-def _read_transformer(module: str) -> tuple[str, int | None, int | None, Expansion | None]:
+def _read_transformer(module: str, files: modules_json.FolderFiles | None = None
+                      ) -> tuple[str, int | None, int | None, Expansion | None]:
   """The Transformer module's settings file (sentence_bert_config.json in
   sentence-transformers 6), its query_length, document_length and query_expansion."""
   file = next((os.path.join(module, name) for name in TRANSFORMER_CONFIGS
                if os.path.exists(os.path.join(module, name))),
               os.path.join(module, TRANSFORMER_CONFIGS[0]))
-  config = MultiVectorError.read(file, required=False) or {}
+  config = MultiVectorError.read(file, required=False, files=files) or {}
   task = config.get("transformer_task", "feature-extraction")
   if task != "feature-extraction":
     raise MultiVectorError(f"{file}: transformer_task={task!r}, expected 'feature-extraction' "
@@ -453,12 +455,13 @@ def _read_transformer(module: str) -> tuple[str, int | None, int | None, Expansi
   return file, config.get("query_length"), config.get("document_length"), expansion
 
 
-def _read_settings(path: str) -> tuple[dict[str, str], str | None, str]:
+def _read_settings(path: str, files: modules_json.FolderFiles | None = None
+                   ) -> tuple[dict[str, str], str | None, str]:
   """config_sentence_transformers.json's prompts, default_prompt_name and similarity_fn_name
   (maxsim where it names neither maxsim nor meanmaxsim, as sentence-transformers reads it);
   refused unless it is a MultiVectorEncoder's."""
   file = os.path.join(path, "config_sentence_transformers.json")
-  config = MultiVectorError.read(file, required=False) or {}
+  config = MultiVectorError.read(file, required=False, files=files) or {}
   kind = config.get("model_type")
   if kind == "ColBERT":
     raise MultiVectorError(f"{file}: model_type='ColBERT', a PyLate 3 save, which "
@@ -486,12 +489,13 @@ def _vocabulary(tokenizer: Tokenizer) -> dict[str, int]:
   return {token: i + tokenizer.offset for token, i in vocab.items()}
 
 
-def _special_token(module: str, key: str) -> str | None:
+def _special_token(module: str, key: str, files: modules_json.FolderFiles | None = None
+                  ) -> str | None:
   """The special token `key` (mask_token, eos_token) of the tokenizer in `module`, as
   transformers reads it: special_tokens_map.json's, else tokenizer_config.json's."""
   for name in ("special_tokens_map.json", "tokenizer_config.json"):
     file = os.path.join(module, name)
-    value = (MultiVectorError.read(file, required=False) or {}).get(key)
+    value = (MultiVectorError.read(file, required=False, files=files) or {}).get(key)
     if isinstance(value, dict):
       value = value.get("content")
     if value is not None:
@@ -501,7 +505,8 @@ def _special_token(module: str, key: str) -> str | None:
   return None
 
 
-def _expansion_id(expansion: Expansion, vocab: dict[str, int], module: str) -> int:
+def _expansion_id(expansion: Expansion, vocab: dict[str, int], module: str,
+                  files: modules_json.FolderFiles | None = None) -> int:
   """The id of the expansion token: its `token`, else the tokenizer's mask token, else its
   eos token (sentence-transformers' order)."""
   if expansion.token is not None:
@@ -510,7 +515,7 @@ def _expansion_id(expansion: Expansion, vocab: dict[str, int], module: str) -> i
                              f"the tokenizer's vocabulary")
     return vocab[expansion.token]
   for key in ("mask_token", "eos_token"):
-    token = _special_token(module, key)
+    token = _special_token(module, key, files)
     if token is not None:
       if token not in vocab:
         raise MultiVectorError(f"{module}: the tokenizer's {key} {token!r} is not in its "
@@ -567,30 +572,31 @@ class MultiVectorEncoder(SentenceEncoder):
     None). `options`: row_lengths, max_segments, devices. Raises MultiVectorError in one line
     naming the file; refuses the folders sentence-transformers converts on load (PyLate's,
     Stanford ColBERT's, a SentenceTransformer's, a bare Hugging Face model)."""
-    path = os.fspath(path)
+    path, files = os.fspath(path), modules_json.FolderFiles()
     with _refusals():
-      module = transformer_folder(path)
+      module = transformer_folder(path, files)
       if module is None:
         raise MultiVectorError(f"{path}: no modules.json, expected a MultiVectorEncoder's folder "
                                f"(sentence-transformers makes one of a Hugging Face model with "
                                f"a random projection)")
-      modules = _read_modules(path)
-      prompts, default, similarity = _read_settings(path)
+      modules = _read_modules(path, files)
+      prompts, default, similarity = _read_settings(path, files)
       settings = {"dtype": dtype} | ({"attention_impl": attention_impl} if attention_impl else {})
-      hf = read_hf(path, **settings)
-      tokenizer = tokenizer_from_directory(path)
+      hf = read_hf(path, files=files, **settings)
+      tokenizer = tokenizer_from_directory(path, files=files)
       config, params = hf.config, {"encoder": hf.variables["params"]}
       steps, mask, width = [], None, config.d_model
       for kind, folder in modules:
         if kind == "Dense":
-          step, params[f"dense_{len(steps)}"] = read_dense(folder, width, on="token_embeddings")
+          step, params[f"dense_{len(steps)}"] = read_dense(folder, width, "token_embeddings",
+                                                           files)
           steps.append(step)
           width = step.out_features
         elif kind == "Normalize":
-          steps.append(read_normalize(folder, on="token_embeddings"))
+          steps.append(read_normalize(folder, "token_embeddings", files))
         else:
-          mask = _read_mask(folder)
-      file, query_length, document_length, expansion = _read_transformer(module)
+          mask = _read_mask(folder, files)
+      file, query_length, document_length, expansion = _read_transformer(module, files)
       try:
         model = MultiVectorModel(config, tuple(steps), mask, query_length, document_length,
                                  expansion)
@@ -600,10 +606,11 @@ class MultiVectorEncoder(SentenceEncoder):
       # sentence-transformers drops a skiplist word that is no token of the vocabulary (it
       # would read as [UNK] and leave out every unknown token)
       skip_ids = sorted({vocab[w] for w in mask.skiplist_words if w in vocab})
-      expansion_id = _expansion_id(expansion, vocab, module) if expansion else None
+      expansion_id = _expansion_id(expansion, vocab, module, files) if expansion else None
       tokenizer_file = os.path.join(module, "tokenizer.json")
-      return cls(model, params, tokenizer, read_max_seq_length(module, config.max_len), prompts,
-                 default, similarity, skip_ids, expansion_id, **options,
+      length = read_max_seq_length(module, config.max_len, files)
+      return cls(model, params, tokenizer, length, prompts, default, similarity, skip_ids,
+                 expansion_id, **options,
                  tokenizer_file=tokenizer_file if os.path.isfile(tokenizer_file) else module)
 
   @property

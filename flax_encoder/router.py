@@ -72,17 +72,18 @@ class Router(Generic[R]):
     return dataclasses.replace(self, routes=dict(routes))
 
 
-def read_router(folder: str, error: type[ValueError] = ValueError
+def read_router(folder: str, error: type[ValueError] = ValueError,
+                files: modules_json.FolderFiles | None = None
                 ) -> Router[tuple[RouteModule, ...]]:
   """The Router saved in `folder` (router_config.json, else config.json, as sentence-transformers
   reads it): each route's modules, its default_route (the first route where it names none and
   allow_empty_key is on) and route_mappings. Raises `error` (the caller's type) in one line
-  naming the file."""
+  naming the file. Its files are read through a load's `files`, where given."""
   file = os.path.join(folder, "router_config.json")
-  config = modules_json.read_json(file, error, dict)
+  config = modules_json.read_json(file, error, dict, files=files)
   if config is None:
     file = os.path.join(folder, "config.json")
-    config = modules_json.read_json(file, error, dict, required=True)
+    config = modules_json.read_json(file, error, dict, required=True, files=files)
   types, structure = config.get("types"), config.get("structure")
   parameters = config.get("parameters") or {}
   if not isinstance(types, dict) or not all(isinstance(t, str) for t in types.values()) or (

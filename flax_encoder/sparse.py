@@ -382,10 +382,10 @@ class SparseEncoder(SentenceEncoder):
     float32 either way) by `attention_impl` (load_hf's default where None). `options`:
     row_lengths, max_segments, devices (SentenceEncoder's). Raises SparseError in one line
     naming the file."""
-    path = os.fspath(path)
+    path, files = os.fspath(path), modules_json.FolderFiles()
     settings = {"dtype": dtype} | ({"attention_impl": attention_impl} if attention_impl else {})
     try:
-      modules = modules_json.read_modules(path)
+      modules = modules_json.read_modules(path, files)
     except ModulesError as e:
       raise SparseError(str(e)) from None
     router = None
@@ -393,14 +393,14 @@ class SparseEncoder(SentenceEncoder):
       if not os.path.isfile(os.path.join(path, "config.json")):
         raise SparseError(f"{path}: neither modules.json nor config.json, expected a "
                           f"SparseEncoder folder or a Hugging Face *ForMaskedLM directory")
-      _check_masked_lm_architecture(path)
+      _check_masked_lm_architecture(path, files)
       module, pooling = path, None
     else:
       file = os.path.join(path, "modules.json")
       kinds = tuple(_kind(m.get("type"), file, f"module {i}") for i, m in enumerate(modules))
       folders = [os.path.normpath(os.path.join(path, m["path"])) for m in modules]
       if kinds == ("Router",):
-        router, splade_folders = _read_router(folders[0])
+        router, splade_folders = _read_router(folders[0], files)
         (kind, _), (module, pooling) = splade_folders
       elif kinds in SPLADE_MODULES:
         (kind, _), (module, pooling) = kinds, folders
@@ -408,10 +408,11 @@ class SparseEncoder(SentenceEncoder):
       else:
         raise SparseError(f"{file}: modules {list(kinds)}, expected a Transformer "
                           f"(fill-mask) then SpladePooling, or one Router")
-      _check_fill_mask(module, kind)
-    model, params, tokenizer, length = _read_splade(module, pooling, settings)
-    prompts, default, _ = embeddings.read_settings(path)
-    similarity, max_active_dims = _read_sparse_settings(path) if modules else ("dot", None)
+      _check_fill_mask(module, kind, files)
+    model, params, tokenizer, length = _read_splade(module, pooling, settings, files)
+    prompts, default, _ = embeddings.read_settings(path, files)
+    similarity, max_active_dims = (_read_sparse_settings(path, files) if modules else
+                                   ("dot", None))
     tokenizer_file = os.path.join(module, "tokenizer.json")
     return cls(model, params, tokenizer, length, prompts, default, similarity,
                max_active_dims, router, **options,
@@ -526,11 +527,11 @@ def _kind(module_type, file: str, which: str) -> str:
                                 "SparseEncoder")
 
 
-def _check_masked_lm_architecture(path: str) -> None:
+def _check_masked_lm_architecture(path: str, files: modules_json.FolderFiles | None = None) -> None:
   """A Hugging Face directory, which sentence-transformers makes a SPLADE model of only where
   config.json's architectures name a *ForMaskedLM."""
   file = os.path.join(path, "config.json")
-  architectures = (SparseError.read(file) or {}).get("architectures") or []
+  architectures = (SparseError.read(file, files=files) or {}).get("architectures") or []
   if not any(isinstance(a, str) and a.endswith("ForMaskedLM") for a in architectures):
     raise SparseError(f"{file}: architectures={architectures!r}, expected a *ForMaskedLM "
                       f"(sentence-transformers makes another model, SparseAutoEncoder's, of "
@@ -549,14 +550,16 @@ def _check_top_module(path: str, module: str, kind: str) -> None:
                       f"(SparseEncoder(path).save(out)) and load that")
 
 
-def _read_splade(module: str, pooling: str | None,
-                 settings: dict) -> tuple[SpladeModel, dict, Tokenizer, int]:
+def _read_splade(module: str, pooling: str | None, settings: dict,
+                 files: modules_json.FolderFiles | None = None
+                ) -> tuple[SpladeModel, dict, Tokenizer, int]:
   """The model, its params, tokenizer and max_seq_length of the Transformer module's folder
-  `module` and the SpladePooling folder `pooling` (None: max pooling of relu)."""
+  `module` and the SpladePooling folder `pooling` (None: max pooling of relu), their files
+  read through the load's `files`."""
   strategy, activation, dimension = "max", "relu", None
   if pooling is not None:
     file = os.path.join(pooling, "config.json")
-    config = SparseError.read(file)
+    config = SparseError.read(file, files=files)
     strategy = config.get("pooling_strategy", "max")
     activation = config.get("activation_function", "relu")
     dimension = config.get("embedding_dimension", config.get("word_embedding_dimension"))
@@ -567,8 +570,8 @@ def _read_splade(module: str, pooling: str | None,
       raise SparseError(f"{file}: activation_function={activation!r}, expected one of "
                         f"{SPLADE_ACTIVATIONS}")
   try:
-    hf = read_hf(module, **settings)
-    tokenizer = tokenizer_from_directory(module)
+    hf = read_hf(module, files=files, **settings)
+    tokenizer = tokenizer_from_directory(module, files=files)
   except (HFError, TokenizerError) as e:
     raise SparseError(str(e)) from None
   heads = hf.variables.get("heads", {})
@@ -581,19 +584,19 @@ def _read_splade(module: str, pooling: str | None,
   model = SpladeModel(hf.config, strategy, activation, families.get(hf.family).untied_decoder)
   params = {"encoder": hf.variables["params"], "masked_lm": heads["masked_lm"]}
   try:
-    length = embeddings.read_max_seq_length(module, hf.config.max_len)
+    length = embeddings.read_max_seq_length(module, hf.config.max_len, files)
   except EmbeddingError as e:
     raise SparseError(str(e)) from None
   return model, params, tokenizer, length
 
 
-def _check_fill_mask(module: str, kind: str) -> None:
+def _check_fill_mask(module: str, kind: str, files: modules_json.FolderFiles | None = None) -> None:
   """The Transformer module's transformer_task (its sentence_*_config.json) is "fill-mask",
   where its outputs are the masked-LM logits SpladePooling pools (a Transformer's default is
   "feature-extraction", MLMTransformer's "fill-mask")."""
   for name in TRANSFORMER_CONFIGS:
     file = os.path.join(module, name)
-    config = SparseError.read(file, required=False)
+    config = SparseError.read(file, required=False, files=files)
     if config is not None:
       break
   else:
@@ -605,11 +608,12 @@ def _check_fill_mask(module: str, kind: str) -> None:
                       f"masked-LM logits that SpladePooling pools)")
 
 
-def _read_sparse_settings(path: str) -> tuple[str, int | None]:
+def _read_sparse_settings(path: str, files: modules_json.FolderFiles | None = None
+                          ) -> tuple[str, int | None]:
   """config_sentence_transformers.json's similarity_fn_name (dot where it names none, as
   SparseEncoder defaults) and max_active_dims; its model_type checked to be SparseEncoder's."""
   file = os.path.join(path, "config_sentence_transformers.json")
-  config = SparseError.read(file, required=False) or {}
+  config = SparseError.read(file, required=False, files=files) or {}
   # sentence-transformers takes a folder without it for a SentenceTransformer's, and makes a
   # SparseEncoder of that by appending a SparseAutoEncoder drawn afresh
   if config.get("model_type") != "SparseEncoder":
@@ -622,18 +626,19 @@ def _read_sparse_settings(path: str) -> tuple[str, int | None]:
   return similarity, dims
 
 
-def _read_router(folder: str) -> tuple[Router, tuple]:
+def _read_router(folder: str, files: modules_json.FolderFiles | None = None
+                ) -> tuple[Router, tuple]:
   """The Router in `folder` (`flax_encoder.router.read_router`): its routes (None: the
   Transformer and SpladePooling; else a StaticEmbedding), and the (kinds, folders) of its one
   Transformer and SpladePooling."""
-  router = read_router(folder, SparseError)
+  router = read_router(folder, SparseError, files)
   file = router.file
   routes: dict[str, StaticEmbedding | None] = {}
   splade = None
   for route, modules in router.routes.items():
     kinds = tuple(_kind(m.type, file, f"module {m.name!r}") for m in modules)
     if kinds in STATIC_MODULES:
-      routes[route] = _read_static(modules[0].folder)
+      routes[route] = _read_static(modules[0].folder, files)
     elif kinds in SPLADE_MODULES:
       if splade is not None and splade[1] != modules:
         raise SparseError(f"{file}: routes {splade[0]!r} and {route!r} each run a "
@@ -651,18 +656,18 @@ def _read_router(folder: str) -> tuple[Router, tuple]:
   return router.with_routes(routes), (kinds, tuple(m.folder for m in modules))
 
 
-def _read_static(folder: str) -> StaticEmbedding:
+def _read_static(folder: str, files: modules_json.FolderFiles | None = None) -> StaticEmbedding:
   """A SparseStaticEmbedding module's folder: config.json, its weight (model.safetensors or
   pytorch_model.bin) and its tokenizer."""
   file = os.path.join(folder, "config.json")
-  config = SparseError.read(file, required=False) or {}
+  config = SparseError.read(file, required=False, files=files) or {}
   if config.get("path") is not None:
     raise SparseError(f"{file}: path={config['path']!r} (weights from an idf JSON file, read "
                       f"through transformers' tokenizer), expected the module's own weight: "
                       f"save it with sentence-transformers first")
   try:
-    state = read_hf_weights(folder)
-    tokenizer = tokenizer_from_directory(folder)
+    state = read_hf_weights(folder, files)
+    tokenizer = tokenizer_from_directory(folder, files=files)
   except (HFError, TokenizerError) as e:
     raise SparseError(f"{folder}: the SparseStaticEmbedding module's files: {e}") from None
   weight = state.get("weight")
@@ -672,7 +677,8 @@ def _read_static(folder: str) -> StaticEmbedding:
                       f"one value per token id")
   # transformers cuts a text (truncation=True) at the tokenizer's model_max_length, which is
   # as good as no limit where it was never set (its default is 1e30)
-  settings = SparseError.read(os.path.join(folder, "tokenizer_config.json"), required=False) or {}
+  settings = SparseError.read(os.path.join(folder, "tokenizer_config.json"), required=False,
+                              files=files) or {}
   length = settings.get("model_max_length")
   if not isinstance(length, int) or isinstance(length, bool) or not 0 < length < 1 << 31:
     length = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from flax_encoder.modules_json import read_json
+from flax_encoder.modules_json import FolderFiles, read_json
 
 SAVE_IT = ("save it with transformers: AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR) "
            "writes tokenizer.json")
@@ -18,9 +18,11 @@ class TokenizerError(ValueError):
   """A model directory whose tokenizer files this library cannot read."""
 
 
-def read_options(file: str, kind: type = dict) -> dict | list | None:
-  """The JSON object (or list: `kind`) in `file`; None where there is no such file."""
-  return read_json(file, TokenizerError, kind)
+def read_options(file: str, kind: type = dict, files: FolderFiles | None = None
+                 ) -> dict | list | None:
+  """The JSON object (or list: `kind`) in `file` (through a load's `files`, where given); None
+  where there is no such file."""
+  return read_json(file, TokenizerError, kind, files=files)
 
 
 def flag(options: dict, key: str, default: bool | None, file: str) -> bool | None:

@@ -311,3 +311,29 @@ def test_the_parity_report_on_a_checkpoint_holding_inf_names_it(tmp_path, capsys
   assert code == 2 and "Traceback" not in err, err
   _one_line(err.strip(), "model.pt: weights not finite: layers.1.norm2.weight holds 0 NaN "
                          "and 1 inf of its 8 values")
+
+
+def test_folder_files_read_a_file_once_and_again_once_it_changed(tmp_path):
+  # one load's readers share a FolderFiles: a file is opened once, whatever each reader
+  # expects of it (its own error class, an object, that it is there), and read again when it
+  # changed since (a folder edited between two runs of one process)
+  from flax_encoder.modules_json import FolderFiles
+  from tests.opens import opened_under
+  file = tmp_path / "config.json"
+  file.write_text('{"a": 1}')
+  files = FolderFiles()
+  with opened_under(tmp_path) as opens:
+    assert files.read_json(str(file), EmbeddingError, dict) == {"a": 1}
+    assert files.read_json(str(file), HFError, dict, required=True) == {"a": 1}
+    with pytest.raises(HFError, match=r"config.json: holds a dict, expected a JSON list$"):
+      files.read_json(str(file), HFError, list)
+    assert files.read_json(str(tmp_path / "absent.json"), EmbeddingError) is None
+    with pytest.raises(TokenizerError, match=r"absent.json: no such file$"):
+      files.read_json(str(tmp_path / "absent.json"), TokenizerError, required=True)
+  assert dict(opens) == {"config.json": 1, "absent.json": 1}
+  file.write_text('{"a": 22}')  # another size
+  assert files.read_json(str(file), EmbeddingError, dict) == {"a": 22}
+  file.write_text('{"a": ')
+  for error in (EmbeddingError, HFError):  # what is wrong, kept, in each reader's class
+    with pytest.raises(error, match=r"config.json: not readable JSON \("):
+      files.read_json(str(file), error)

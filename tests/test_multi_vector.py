@@ -19,6 +19,7 @@ from flax_encoder.multi_vector import (EMPTY_DOCUMENT_SCORE, Expansion, MultiVec
                                        MultiVectorError, MultiVectorModel, ScoringMask, maxsim,
                                        maxsim_pairwise, save_multi_vector)
 from tests.test_hostile_inputs import LITERAL_SPECIALS
+from tests.opens import opened_under
 
 MAX_SEQ = 24  # ids a text is cut to where a side sets no length: many texts are longer
 WORDS = ("the quick brown fox jumps over lazy dog 0 1 2 3 4 5 6 7 8 9 0123 4567 89 a b c d e f g "
@@ -167,6 +168,16 @@ def test_maxsim_is_the_sum_over_query_tokens_of_the_best_document_token():
   np.testing.assert_allclose(mean, want / query_mask.sum(1)[:, None], rtol=1e-6)
   pairs = jax.jit(maxsim_pairwise)(queries, query_mask, documents[:2], document_mask[:2])
   np.testing.assert_allclose(pairs, np.diag(want[:, :2]), rtol=1e-6)
+
+
+def test_a_load_opens_each_file_of_the_folder_once(folders):
+  """A load reads the folder's files through one FolderFiles: modules.json, the modules'
+  config.json, the settings and the tokenizer's options each opened once (or looked for once,
+  where absent)."""
+  for name in ("expansion", "attend"):
+    with opened_under(folders[name][0]) as opens:
+      MultiVectorEncoder.load(folders[name][0])
+    assert opens["modules.json"] == 1 and max(opens.values()) == 1, (name, dict(opens))
 
 
 def test_what_the_folders_say_is_read(loaded):

@@ -232,7 +232,9 @@ def test_a_run_reads_its_start_folder_once(groups, hf_dir, tmp_path, monkeypatch
   from train.tasks import rerank, start
   config_json = os.path.realpath(os.path.join(hf_dir, "config.json"))
   tokenizer_json = os.path.realpath(os.path.join(hf_dir, "tokenizer.json"))
-  monkeypatch.setattr(start, "_OPENED", {})  # as in a process of its own
+  # as in a process of its own
+  monkeypatch.setattr(start, "_OPENED", {})
+  monkeypatch.setattr(start, "_FILES", {})
   opened, weights, tokenizers = [], [], []
   real_open, real_read = builtins.open, directory._read_file
 

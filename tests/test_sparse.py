@@ -16,6 +16,7 @@ from flax_encoder import embeddings, modules_json, packing, sparse
 from flax_encoder.embeddings import EmbeddingError
 from flax_encoder.sparse import SparseEncoder, SparseError, SparseVectors, save_splade
 from tests.test_hostile_inputs import LITERAL_SPECIALS
+from tests.opens import opened_under
 
 MAX_SEQ = 24  # ids a text is cut to: several of TEXTS are longer
 WORDS = ("the quick brown fox jumps over lazy dog 0 1 2 3 4 5 6 7 8 9 0123 4567 89 a b c d e f g "
@@ -147,6 +148,16 @@ def test_the_vectors_are_sentence_transformers(loaded, name):
   want = _dense(theirs.encode(TEXTS))
   _assert_same(ours.encode(TEXTS), want)
   assert 0 < (want != 0).sum() < want.size  # relu leaves some dimensions out, not all
+
+
+def test_a_load_opens_each_file_of_the_folder_once(folders):
+  """A load reads the folder's files through one FolderFiles: modules.json, the modules'
+  config.json, the settings and the tokenizer's options each opened once (or looked for once,
+  where absent)."""
+  for name in ("bert-max-relu", "router", "legacy"):
+    with opened_under(folders[name]) as opens:
+      SparseEncoder.load(folders[name])
+    assert opens["modules.json"] == 1 and max(opens.values()) == 1, (name, dict(opens))
 
 
 def test_what_the_folders_say_is_read(loaded, hf_dirs):

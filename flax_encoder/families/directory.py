@@ -24,7 +24,8 @@ from flax_encoder.families.family import HFError
 from flax_encoder.families.safetensors_file import floating_weights, read_safetensors
 from flax_encoder.families.tensors import from_hf_state_dict
 from flax_encoder.families.torch_zip import TorchZipError, read_torch_zip
-from flax_encoder.modules_json import ModulesError, not_a_file, read_json, transformer_folder
+from flax_encoder.modules_json import (FolderFiles, ModulesError, not_a_file, read_json,
+                                       transformer_folder)
 
 # The weights files a directory may hold, in the order transformers prefers them.
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -56,23 +57,25 @@ class HFDirectory(NamedTuple):
     return os.path.join(self.module, "config.json")
 
 
-def open_hf(path: str | os.PathLike | HFDirectory, hf: dict | None = None) -> HFDirectory:
+def open_hf(path: str | os.PathLike | HFDirectory, hf: dict | None = None,
+            files: FolderFiles | None = None) -> HFDirectory:
   """The Hugging Face directory `path` (or a sentence-transformers folder of one:
   `model_directory`), its config.json read and checked (`read_hf_config`), or, where given, its
-  contents `hf` read already, checked; `path` itself where it is one already."""
+  contents `hf` read already, checked; `path` itself where it is one already. Its JSON files
+  are read through a load's `files`, where given."""
   if isinstance(path, HFDirectory):
     return path
-  module = model_directory(path)
-  return HFDirectory(os.fspath(path), module, _read_config(module, hf))
+  module = model_directory(path, files)
+  return HFDirectory(os.fspath(path), module, _read_config(module, hf, files))
 
 
-def model_directory(path: str | os.PathLike) -> str:
+def model_directory(path: str | os.PathLike, files: FolderFiles | None = None) -> str:
   """The directory that holds config.json and the weights of `path`: `path` itself, or, where
   `path` is a sentence-transformers folder (one with modules.json), the folder of its first
   module, which is its Transformer: `path` itself in newer sentence-transformers, a subfolder
-  such as 0_Transformer in older ones."""
+  such as 0_Transformer in older ones. modules.json is read through `files`, where given."""
   try:
-    folder = transformer_folder(path)
+    folder = transformer_folder(path, files)
   except ModulesError as e:
     raise HFError(str(e)) from None
   return os.fspath(path) if folder is None else folder
@@ -84,7 +87,7 @@ def read_hf_config(path: str | os.PathLike | HFDirectory) -> dict:
   return open_hf(path).hf
 
 
-def _read_config(path: str, hf: dict | None = None) -> dict:
+def _read_config(path: str, hf: dict | None = None, files: FolderFiles | None = None) -> dict:
   """config.json of the model's directory `path` (`hf`: its contents, where read already),
   checked to be a family load_hf takes."""
   file = os.path.join(path, "config.json")
@@ -92,7 +95,7 @@ def _read_config(path: str, hf: dict | None = None) -> dict:
     raise HFError(f"{path}: not a directory (expected a Hugging Face model directory with "
                   f"config.json and its weights)")
   if hf is None:
-    hf = read_json(file, HFError, dict)
+    hf = read_json(file, HFError, dict, files=files)
   if hf is None:
     raise HFError(f"{file}: no such file (a Hugging Face model directory has one)")
   model_type = hf.get("model_type")
@@ -119,12 +122,13 @@ def _read_file(file: str) -> dict:
                   f"'flax-encoder[{EXTRAS[e.name]}]'") from None
 
 
-def read_hf_weights(path: str | os.PathLike | HFDirectory) -> dict:
+def read_hf_weights(path: str | os.PathLike | HFDirectory, files: FolderFiles | None = None
+                    ) -> dict:
   """The state dict (names -> numpy arrays, as the files hold them: float16 stays float16) of
   the directory `path` (`model_directory`'s): model.safetensors, pytorch_model.bin (torch.save's
   zip format, read without torch), or either's shards through their index, each shard a file of
-  the directory (`_shard`)."""
-  path = path.module if isinstance(path, HFDirectory) else model_directory(path)
+  the directory (`_shard`); modules.json read through a load's `files`, where given."""
+  path = path.module if isinstance(path, HFDirectory) else model_directory(path, files)
   for name in WEIGHT_FILES:
     file = os.path.join(path, name)
     what = not_a_file(file)
@@ -181,11 +185,11 @@ def _shard(directory: str, name: Any, index: str) -> str:
 
 
 def read_hf(path: str | os.PathLike | HFDirectory, state: dict | None = None,
-            **settings) -> HFModel:
+            files: FolderFiles | None = None, **settings) -> HFModel:
   """`load_hf`, with the name of the directory's family (which a run records); of a directory
   opened already (`open_hf`) and its weights read already (`state`, `read_hf_weights`'), where
-  given."""
-  directory = open_hf(path)
+  given; its JSON files read through a load's `files`, where given."""
+  directory = open_hf(path, files=files)
   config = config_from_hf(directory.hf, file=directory.config_file, **settings)
   if state is None:
     state = read_hf_weights(directory)

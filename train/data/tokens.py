@@ -109,16 +109,17 @@ class SpecialIds:
 PROJECT_IDS = SpecialIds()
 
 
-def hf_tokenizer_file(directory: str, scratch: str) -> tuple[str, bytes]:
+def hf_tokenizer_file(directory: str, scratch: str, files=None) -> tuple[str, bytes]:
   """The tokenizer.json of the Hugging Face or sentence-transformers model `directory`, as
   `flax_encoder.hf_tokenizer.tokenizer_from_directory` reads it, and its bytes: the
   directory's own file where that is it (read once), else the one built from its vocabulary
   files (vocab.txt; vocab.json and merges.txt) or changed for its module or class
   (lower-casing), written into `scratch` (the same bytes each time, so a resumed run finds its
-  tokenizer unchanged). ValueError (one line, naming the directory or file) where it has none
-  it can read."""
+  tokenizer unchanged). Its JSON files are read through the run's `files` (a
+  flax_encoder.modules_json.FolderFiles), where given. ValueError (one line, naming the
+  directory or file) where it has none it can read."""
   from flax_encoder.hf_tokenizer import read_tokenizer
-  tokenizer, source = read_tokenizer(directory)
+  tokenizer, source = read_tokenizer(directory, files=files)
   built = tokenizer.model
   if source is not None:
     return source, built

@@ -50,7 +50,7 @@ from train.run.load import load_params, recorded_encoder_config
 from train.task import FREE, Definition, Field, HFModel, Plots, Resume, Setup, boolean, choice
 from train.task import integer, number, string
 from train.tasks import finetune, packed_pairs, tokenizing
-from train.tasks.start import opened, start_params, start_pooler
+from train.tasks.start import opened, start_files_read, start_params, start_pooler
 
 POOLINGS = ("mean", "cls")
 FORMAT = "flax-encoder pairs 1"
@@ -533,7 +533,7 @@ def start_max_seq_length(config) -> int | None:
   try:
     directory = opened(start)
     positions = families.config_from_hf(directory.hf).max_len
-    return read_max_seq_length(directory.module, positions)
+    return read_max_seq_length(directory.module, positions, start_files_read(start))
   except (ValueError, TypeError, OSError):
     return None
 
@@ -568,8 +568,10 @@ def _check_start_modules(config) -> None:
   from flax_encoder.modules_json import transformer_folder
   start = config.init.get("hf")
   try:
-    modules = embeddings.read_modules(start) if start and transformer_folder(start) else []
-    pooling = embeddings.read_pooling(modules[0][1]) if modules else None
+    files = start_files_read(start) if start else None
+    modules = (embeddings.read_modules(start, files) if start and transformer_folder(start, files)
+               else [])
+    pooling = embeddings.read_pooling(modules[0][1], files=files) if modules else None
   except ValueError:
     return  # loading the start says what is wrong with it, in one line
   if pooling is None:

@@ -40,6 +40,7 @@ from train.task import (Definition, Field, HFModel, Plots, Resume, Setup, boolea
                         number)
 from train.tasks import contrastive, finetune, tokenizing
 from train.tasks.contrastive import ContrastiveTask, cross_entropy_sum, diagonal, ranking_metrics
+from train.tasks.start import start_files_read
 
 TOP = contrastive.TOP
 
@@ -168,11 +169,12 @@ def _start_pooling(config) -> dict:
   otherwise, or where it cannot be read: loading it says what is wrong)."""
   start = config.init.get("hf")
   try:
-    modules = modules_json.read_modules(start) if start else None
+    files = start_files_read(start) if start else None
+    modules = modules_json.read_modules(start, files) if start else None
     for module in modules or []:
       if module.get("type", "").endswith("SpladePooling"):
         return modules_json.read_json(os.path.join(start, module["path"], "config.json"),
-                                      kind=dict) or {}
+                                      kind=dict, files=files) or {}
   except (ValueError, OSError):
     pass
   return {}

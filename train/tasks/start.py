@@ -26,7 +26,7 @@ from flax import serialization
 from flax_encoder import EncoderConfig, families
 from flax_encoder.classifier import HEAD_POOLINGS
 from flax_encoder.families.directory import lies_within
-from flax_encoder.modules_json import not_a_file
+from flax_encoder.modules_json import FolderFiles, file_signature, not_a_file
 from train.data import dataset
 from train.data.tokens import TokenizerSpec, hf_tokenizer_file
 from train.errors import RunError
@@ -110,8 +110,10 @@ def _from_torch(config) -> Start:
   return Start(fields, params, None, path, head)
 
 
-# config.init.hf's directories opened in this process: realpath -> (config.json's stat, it)
+# config.init.hf's directories opened in this process: realpath -> (config.json's stat, it);
+# and the JSON files read of each
 _OPENED: dict[str, tuple[tuple, families.HFDirectory]] = {}
+_FILES: dict[str, FolderFiles] = {}
 
 
 def opened(path: str) -> families.HFDirectory:
@@ -123,19 +125,18 @@ def opened(path: str) -> families.HFDirectory:
   seen = _OPENED.get(key)
   if seen is not None:
     signature, directory = seen
-    if signature == _signature(directory.config_file):
+    if signature == file_signature(directory.config_file):
       return directory
-  directory = families.open_hf(path)
-  _OPENED[key] = (_signature(directory.config_file), directory)
+  directory = families.open_hf(path, files=start_files_read(path))
+  _OPENED[key] = (file_signature(directory.config_file), directory)
   return directory
 
 
-def _signature(file: str) -> tuple:
-  try:
-    stat = os.stat(file)
-  except OSError:
-    return ()
-  return stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
+def start_files_read(path: str) -> FolderFiles:
+  """The JSON files of config.init.hf `path` (modules.json, the modules' settings, the
+  tokenizer's options), each read once in this process for every reader of the run (again
+  where it changed since)."""
+  return _FILES.setdefault(os.path.realpath(path), FolderFiles())
 
 
 def _from_hf(config, workdir: str) -> Start:
@@ -145,12 +146,12 @@ def _from_hf(config, workdir: str) -> Start:
   path = config.init.hf
   copied = read_start(path)
   try:
-    directory = opened(path)
+    directory, files = opened(path), start_files_read(path)
     state = families.read_hf_weights(directory)
     model = families.read_hf(directory, state)
-    tokenizer, tokenizer_bytes = hf_tokenizer_file(path,
-                                                   os.path.join(workdir, "vocabulary", "hf"))
-    classifier = _classifier(directory, state, model)
+    tokenizer, tokenizer_bytes = hf_tokenizer_file(path, os.path.join(workdir, "vocabulary", "hf"),
+                                                   files)
+    classifier = _classifier(directory, state, model, files)
   except (FileNotFoundError, ValueError, TypeError) as e:
     raise RunError(f"config.init.hf: {e}".splitlines()[0]) from None
   cfg, heads = model.config, model.variables.get("heads", {})
@@ -171,8 +172,8 @@ def _from_hf(config, workdir: str) -> Start:
                    "classifier": classifier})
 
 
-def _classifier(directory: families.HFDirectory, state: dict, model: families.HFModel
-                ) -> dict | None:
+def _classifier(directory: families.HFDirectory, state: dict, model: families.HFModel,
+                files: FolderFiles) -> dict | None:
   """{'num_labels', 'pooling', 'params'} of the start's classifier where it is a
   *ForSequenceClassification (a CrossEncoder folder's checked as Reranker.load checks it), or
   {'error': why it cannot be read}, which a task that goes on from it says; None where it is
@@ -183,7 +184,7 @@ def _classifier(directory: families.HFDirectory, state: dict, model: families.HF
     return None
   try:
     if os.path.lexists(os.path.join(directory.path, "modules.json")):
-      cross_encoder.read_modules(directory.path)
+      cross_encoder.read_modules(directory.path, files)
     num_labels, pooling, params = cross_encoder.read_classifier(directory, state, model.config,
                                                                 model.variables)
   except ValueError as e:  # the tasks that start a classifier afresh never read it
@@ -197,7 +198,8 @@ def start_files(directory: str) -> dict[str, list[str]]:
   each checked to be a regular file of the directory: a RunError (config.init.hf: FILE: …)
   names a link leading out of it, and a directory, FIFO or device in a file's place."""
   try:
-    folders = dict.fromkeys((directory, families.model_directory(directory)))
+    folders = dict.fromkeys((directory, families.model_directory(directory,
+                                                                 start_files_read(directory))))
   except ValueError as e:
     raise RunError(f"config.init.hf: {e}".splitlines()[0]) from None
   found = {}
