@@ -39,3 +39,10 @@ def opened_under(folder):
     yield entry[1]
   finally:
     _COUNTERS.remove(entry)
+
+
+def assert_a_load_opens_each_file_once(load, folder) -> None:
+  """`load(folder)` opens modules.json once and no file of `folder` more than once."""
+  with opened_under(folder) as opens:
+    load(folder)
+  assert opens["modules.json"] == 1 and max(opens.values()) == 1, (folder, dict(opens))

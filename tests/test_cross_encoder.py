@@ -15,8 +15,8 @@ import pytest
 from flax_encoder import cross_encoder
 from flax_encoder.cross_encoder import Reranker, RerankerError, save_cross_encoder_modules
 from flax_encoder.tokenizer import kept
+from tests.opens import assert_a_load_opens_each_file_once
 from tests.test_hostile_inputs import LITERAL_SPECIALS
-from tests.opens import opened_under
 
 MAX = 24  # ids a pair is cut to (BERT: 21 between its 3 special ids, an odd room)
 WORDS = ("the quick brown fox jumps over lazy dog 0 1 2 3 4 5 6 7 8 9 0123 4567 89 a b c d e f g "
@@ -166,9 +166,7 @@ def test_a_load_opens_each_file_of_the_folder_once(folders):
   config.json, the settings and the tokenizer's options each opened once (or looked for once,
   where absent)."""
   for name in ("bert", "prompt"):
-    with opened_under(folders[name]) as opens:
-      Reranker.load(folders[name])
-    assert opens["modules.json"] == 1 and max(opens.values()) == 1, (name, dict(opens))
+    assert_a_load_opens_each_file_once(Reranker.load, folders[name])
 
 
 def test_what_the_folders_say_is_read(loaded):

@@ -18,8 +18,8 @@ from flax_encoder.embeddings import Dense, EmbeddingError
 from flax_encoder.multi_vector import (EMPTY_DOCUMENT_SCORE, Expansion, MultiVectorEncoder,
                                        MultiVectorError, MultiVectorModel, ScoringMask, maxsim,
                                        maxsim_pairwise, save_multi_vector)
+from tests.opens import assert_a_load_opens_each_file_once
 from tests.test_hostile_inputs import LITERAL_SPECIALS
-from tests.opens import opened_under
 
 MAX_SEQ = 24  # ids a text is cut to where a side sets no length: many texts are longer
 WORDS = ("the quick brown fox jumps over lazy dog 0 1 2 3 4 5 6 7 8 9 0123 4567 89 a b c d e f g "
@@ -175,9 +175,7 @@ def test_a_load_opens_each_file_of_the_folder_once(folders):
   config.json, the settings and the tokenizer's options each opened once (or looked for once,
   where absent)."""
   for name in ("expansion", "attend"):
-    with opened_under(folders[name][0]) as opens:
-      MultiVectorEncoder.load(folders[name][0])
-    assert opens["modules.json"] == 1 and max(opens.values()) == 1, (name, dict(opens))
+    assert_a_load_opens_each_file_once(MultiVectorEncoder.load, folders[name][0])
 
 
 def test_what_the_folders_say_is_read(loaded):

@@ -15,8 +15,8 @@ import pytest
 from flax_encoder import embeddings, modules_json, packing, sparse
 from flax_encoder.embeddings import EmbeddingError
 from flax_encoder.sparse import SparseEncoder, SparseError, SparseVectors, save_splade
+from tests.opens import assert_a_load_opens_each_file_once
 from tests.test_hostile_inputs import LITERAL_SPECIALS
-from tests.opens import opened_under
 
 MAX_SEQ = 24  # ids a text is cut to: several of TEXTS are longer
 WORDS = ("the quick brown fox jumps over lazy dog 0 1 2 3 4 5 6 7 8 9 0123 4567 89 a b c d e f g "
@@ -155,9 +155,7 @@ def test_a_load_opens_each_file_of_the_folder_once(folders):
   config.json, the settings and the tokenizer's options each opened once (or looked for once,
   where absent)."""
   for name in ("bert-max-relu", "router", "legacy"):
-    with opened_under(folders[name]) as opens:
-      SparseEncoder.load(folders[name])
-    assert opens["modules.json"] == 1 and max(opens.values()) == 1, (name, dict(opens))
+    assert_a_load_opens_each_file_once(SparseEncoder.load, folders[name])
 
 
 def test_what_the_folders_say_is_read(loaded, hf_dirs):
