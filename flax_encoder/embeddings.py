@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder import activations, packing
+from flax_encoder import activations, packing, quantization
 from flax_encoder.config import EncoderConfig
 from flax_encoder.encoder import Encoder
 from flax_encoder.families import HFError, read_hf, read_hf_weights
@@ -706,8 +706,13 @@ class SentenceEncoder:
                default_prompt_name: str | None = None, similarity: str = "cosine",
                row_lengths: Sequence[int] | None = None, max_segments: int | None = None,
                template: Template | None = None, tokenizer_file: str = "the tokenizer",
-               devices: Sequence[jax.Device] | None = None):
+               devices: Sequence[jax.Device] | None = None, truncate_dim: int | None = None):
     self.model, self.tokenizer = model, tokenizer
+    if truncate_dim is not None and type(self).dim is not SentenceEncoder.dim:
+      raise EmbeddingError(f"truncate_dim={truncate_dim!r}: {type(self).__name__}'s vectors are "
+                           f"not truncated, expected None")
+    # the vectors' first dimensions kept (a Matryoshka model's), as sentence-transformers'
+    self.truncate_dim = quantization.check_truncate_dim(truncate_dim, model.dim, EmbeddingError)
     self.tokenizer_file = tokenizer_file  # what an error of the tokenizer's names
     self._place(params, devices or jax.local_devices()[:1])
     self.max_seq_length = max_seq_length
@@ -842,7 +847,8 @@ class SentenceEncoder:
 
   @property
   def dim(self) -> int:
-    return self.model.dim
+    """The width of a vector: the model's, or truncate_dim."""
+    return self.truncate_dim or self.model.dim
 
   def apply(self, params: dict, tokens, segment_ids, positions, pool_from=0,
             segments: int | None = None) -> jax.Array:
@@ -911,14 +917,23 @@ class SentenceEncoder:
 
   def __call__(self, texts: Sequence[str] | str, prompt: str | None = None,
                prompt_name: str | None = None, batch_tokens: int | None = None,
-               task: str | None = None, progress: Callable[[int], None] | None = None
-               ) -> np.ndarray:
+               task: str | None = None, progress: Callable[[int], None] | None = None, *,
+               precision: str = "float32", ranges: np.ndarray | None = None) -> np.ndarray:
     """float32 [len(texts), dim] (a text alone: [dim]): each text's vector, the prompt
     (`prompt_text`) before it. `task` ("query", "document"; None: encode's) picks a Router's
     route; without a Router it changes nothing, as in sentence-transformers. A call encodes
     `batch_tokens` ids on each device at most (default: `default_batch_tokens()`), in rows of
     `row_lengths`; `progress(n)`, where given, is told of the n texts of each such call as its
-    vectors are back (a progress bar's update)."""
+    vectors are back (a progress bar's update). `precision` (int8, uint8, binary, ubinary:
+    `quantization.quantize`, `ranges` those of int8 and uint8, else the call's own vectors')
+    gives them as sentence-transformers' encode(precision=...) does."""
+    quantization.check_precision(precision)
+    if precision != "float32":
+      vectors = self(texts, prompt, prompt_name, batch_tokens, task, progress)
+      try:
+        return quantization.quantize(vectors, precision, ranges)
+      except quantization.QuantizationError as e:
+        raise EmbeddingError(str(e)) from None
     if isinstance(texts, str):
       return self([texts], prompt, prompt_name, batch_tokens, task)[0]
     if task is not None and not isinstance(task, str):
@@ -979,25 +994,25 @@ class SentenceEncoder:
       progress(len(call[2]))
 
   def encode_query(self, texts: Sequence[str] | str, prompt: str | None = None,
-                   prompt_name: str | None = None, batch_tokens: int | None = None
-                   ) -> np.ndarray:
+                   prompt_name: str | None = None, batch_tokens: int | None = None,
+                   **options) -> np.ndarray:
     """Queries' vectors, as sentence-transformers' encode_query: the folder's "query" prompt
     unless another is given (none where it has none, never the default prompt), task "query"
-    (a Router's query route)."""
+    (a Router's query route). `options`: `__call__`'s progress, precision and ranges."""
     if prompt is None and prompt_name is None:
       prompt = self.prompts.get("query", "")
-    return self(texts, prompt, prompt_name, batch_tokens, task="query")
+    return self(texts, prompt, prompt_name, batch_tokens, task="query", **options)
 
   def encode_document(self, texts: Sequence[str] | str, prompt: str | None = None,
-                      prompt_name: str | None = None, batch_tokens: int | None = None
-                      ) -> np.ndarray:
+                      prompt_name: str | None = None, batch_tokens: int | None = None,
+                      **options) -> np.ndarray:
     """Documents' vectors, as sentence-transformers' encode_document: the folder's "document"
     prompt unless another is given (none where it has none), task "document". (Its fall-backs
     "passage" and "corpus" are never reached: sentence-transformers 6 gives every model a
     "document" prompt, '' by default.)"""
     if prompt is None and prompt_name is None:
       prompt = self.prompts.get("document", "")
-    return self(texts, prompt, prompt_name, batch_tokens, task="document")
+    return self(texts, prompt, prompt_name, batch_tokens, task="document", **options)
 
   def _dispatch(self, ids: list[np.ndarray], start: int, batch_tokens: int, pool_from: int,
                 second_starts: Sequence[int] | None = None
@@ -1052,7 +1067,7 @@ class SentenceEncoder:
   def _collect(self, calls, out: np.ndarray) -> None:
     """Each call's texts' outputs read back into `out`, by text."""
     for output, where, texts in calls:
-      out[texts] = np.asarray(output)[where[:, 0], where[:, 1]]
+      out[texts] = np.asarray(output)[where[:, 0], where[:, 1], :out.shape[-1]]
 
 
 def _rows_to(array: np.ndarray, rows: int, fill: int) -> np.ndarray:
