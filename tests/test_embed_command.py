@@ -127,7 +127,7 @@ def test_a_hugging_face_directory_is_mean_pooled_as_sentence_transformers_makes_
 class _Tsv:
   """A format the command does not have: id, then the vector's numbers, tab-separated."""
 
-  def __init__(self, path: str, total: int, dim: int):
+  def __init__(self, path: str, total: int, dim: int, dtype=np.float32):
     self.file = open(path, "w", encoding="utf-8")
 
   def write(self, ids: list, embeddings: np.ndarray) -> None:
@@ -238,3 +238,77 @@ def test_the_bar_moves_with_each_call_and_a_resumed_run_starts_where_the_last_st
   assert 0 < bar.initial < size and bar.initial + sum(bar.moves) == size
   assert len(bar.moves) > 2 * (-(-size // 2048) - 2)  # more than a move a part
   assert corpus.texts_in(out) == len(texts)
+
+
+def test_truncated_and_quantized_files_are_sentence_transformers_encode(folder, tmp_path, capsys):
+  # truncate_dim and precision as SentenceTransformer(truncate_dim=).encode(precision=): int8's
+  # ranges those of every text (the input is under --calibration-texts), written beside the
+  # file for the queries; a float on a bucket's edge may take the next code
+  from sentence_transformers.util.quantization import quantize_embeddings
+  source = tmp_path / "texts.txt"
+  source.write_text("\n".join(TEXTS))
+  theirs = st.SentenceTransformer(folder, device="cpu", truncate_dim=20)
+  floats = theirs.encode(TEXTS)
+  assert embed.main(["--model", folder, "--input", str(source), "--out", str(tmp_path / "q.npy"),
+                     "--truncate-dim", "20", "--precision", "int8"]) == 0
+  got, want = np.load(tmp_path / "q.npy"), theirs.encode(TEXTS, precision="int8")
+  assert got.dtype == np.int8 and got.shape == want.shape == (len(TEXTS), 20)
+  assert np.abs(got.astype(np.int16) - want).max() <= 1
+  ranges = np.load(tmp_path / "q.ranges.npy")
+  np.testing.assert_allclose(ranges, [floats.min(0), floats.max(0)], atol=1e-5)
+  assert "int8 ranges of the first 8 texts" in capsys.readouterr().err
+  # queries bucketed by the corpus's ranges (--ranges), as quantize_embeddings(ranges=)
+  assert embed.main(["--model", folder, "--input", str(source), "--out", str(tmp_path / "r.jsonl"),
+                     "--truncate-dim", "20", "--precision", "uint8", "--ranges",
+                     str(tmp_path / "q.ranges.npy")]) == 0
+  got = np.array([json.loads(line)["embedding"] for line in open(tmp_path / "r.jsonl")])
+  want = quantize_embeddings(floats, precision="uint8", ranges=ranges)
+  assert np.abs(got - want.astype(np.int16)).max() <= 1
+  import pyarrow.parquet as pq
+  assert embed.main(["--model", folder, "--input", str(source), "--out", str(tmp_path / "b.parquet"),
+                     "--precision", "ubinary"]) == 0
+  column = pq.read_table(tmp_path / "b.parquet").column("embedding")
+  assert column.type.value_type == "uint8" and column.type.list_size == 4
+  np.testing.assert_array_equal(np.array(column.to_pylist()),
+                                st.SentenceTransformer(folder, device="cpu").encode(
+                                    TEXTS, precision="ubinary"))
+
+
+@pytest.mark.parametrize("options,message", [
+    (["--truncate-dim", "33"], "--truncate-dim 33: expected 1 to the 32 dimensions of --model"),
+    (["--precision", "int8", "--out-folder"], "--precision int8: a folder --out's parts are "
+     "float32"),
+    (["--precision", "binary", "--ranges", "r.npy"], "--ranges: given with --precision binary"),
+    (["--precision", "int8", "--ranges", "texts.txt"], "--ranges {tmp}/texts.txt: not a readable "
+     ".npy file"),
+])
+def test_bad_truncation_and_precision_options_are_one_line(folder, tmp_path, capsys, options,
+                                                           message):
+  source = tmp_path / "texts.txt"
+  source.write_text("\n".join(TEXTS))
+  out = str(tmp_path / "parts") + "/" if "--out-folder" in options else str(tmp_path / "e.npy")
+  options = [o.replace("texts.txt", str(source)) for o in options if o != "--out-folder"]
+  try:  # argparse's own refusals exit
+    code = embed.main(["--model", folder, "--input", str(source), "--out", out, *options])
+  except SystemExit as e:
+    code = e.code
+  assert code == 2
+  error = capsys.readouterr().err.strip().splitlines()[-1]
+  assert message.format(tmp=tmp_path) in error and "Traceback" not in error
+  assert not os.path.exists(tmp_path / "e.npy")
+
+
+def test_a_folder_of_truncated_parts_records_its_dim_and_names_another(folder, tmp_path, capsys):
+  from flax_encoder.corpus import read_embeddings
+  source = tmp_path / "texts.txt"
+  source.write_text("\n".join(TEXTS))
+  out = str(tmp_path / "parts") + "/"
+  assert embed.main(["--model", folder, "--input", str(source), "--out", out,
+                     "--truncate-dim", "8"]) == 0
+  _, vectors = read_embeddings(out)
+  want = st.SentenceTransformer(folder, device="cpu", truncate_dim=8).encode(TEXTS)
+  np.testing.assert_allclose(vectors, want, atol=1e-5)
+  capsys.readouterr()
+  assert embed.main(["--model", folder, "--input", str(source), "--out", out,
+                     "--truncate-dim", "16"]) == 2
+  assert "--truncate-dim" in capsys.readouterr().err

@@ -57,27 +57,47 @@ from train.run import multihost
 
 _CHUNK = 1024  # texts in memory at once (the progress bar moves with each call of them)
 _FOLDER = "/"  # OUT_FORMATS' key of a folder of parts, which --out names by a trailing /
+CALIBRATION_TEXTS = 1000  # the texts whose vectors' ranges bucket int8 and uint8
+# --precision -> the dtype a file holds
+_DTYPES = {"float32": np.float32, "int8": np.int8, "uint8": np.uint8, "binary": np.int8,
+           "ubinary": np.uint8}
 
 
 def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
           id_field: str = "id", prompt: str | None = None, prompt_name: str | None = None,
           dtype: str = "float32", show: bool = False, allow_nonfinite: bool = False,
           part_mb: float = corpus.PART_MB, batch_tokens: int | None = None,
-          process: tuple[int, int] = (0, 1), barrier=None) -> int:
+          process: tuple[int, int] = (0, 1), barrier=None, truncate_dim: int | None = None,
+          precision: str = "float32", ranges_path: str | None = None,
+          calibration_texts: int = CALIBRATION_TEXTS) -> int:
   """Writes the embeddings of `input_path`'s texts to `out_path` (a file, or a folder of
   parts: `is_folder`) with every local device; returns how many (a folder: how many it holds
   once this process is done). An embedding that is not finite is a RunError before it is
   written, unless `allow_nonfinite` (then written, and warned of on stderr). `process`:
-  (this process's index, the process count); `barrier`: waits for every process."""
+  (this process's index, the process count); `barrier`: waits for every process.
+  `truncate_dim`: each vector's first dimensions (a Matryoshka model's). `precision`: a file's
+  vectors as flax_encoder.quantization gives them, int8 and uint8 by the ranges in
+  `ranges_path` (.npy [2, dim]), else those of the first `calibration_texts` texts, written
+  beside the file (`ranges_file`)."""
+  from flax_encoder import quantization
   writer = OUT_FORMATS[check_arguments(input_path, out_path)].writer
   if writer is None:
     check_folder(out_path)
+    if precision != "float32":
+      raise RunError(f"--precision {precision}: a folder --out's parts are float32; expected "
+                     f"a file --out (.npy, .parquet, .jsonl), or the parts read back "
+                     f"(flax_encoder.corpus.read_embeddings) and quantized "
+                     f"(flax_encoder.quantization.quantize)")
   elif process[1] > 1:
     raise RunError(f"--out {out_path}: a file, which one of {process[1]} processes cannot "
                    f"write; expected a folder (a name ending in /) the processes share")
   check_columns(input_path, text_field)
+  ranges = _read_ranges(ranges_path) if precision in ("int8", "uint8") and ranges_path else None
   import jax
-  encoder = load_encoder(model, dtype).on_devices(jax.local_devices())
+  encoder = load_encoder(model, dtype, truncate_dim).on_devices(jax.local_devices())
+  if ranges is not None and ranges.shape != (2, encoder.dim):
+    raise RunError(f"--ranges {ranges_path}: shape {ranges.shape}, expected (2, {encoder.dim}) "
+                   f"(each dimension's minimum and maximum)")
   from flax_encoder.embeddings import EmbeddingError
   if prompt_name is not None and prompt_name not in encoder.prompts:
     raise RunError(f"--prompt-name {prompt_name}: not among the model's prompts "
@@ -94,10 +114,15 @@ def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
     return corpus.texts_in(out_path) if process[0] == 0 else 0
   source = sources.Source(input_path)
   total = count_texts(source, input_path)
+  if precision in ("int8", "uint8") and ranges is None:
+    ranges = _calibrated(encoder, source, input_path, text_field, id_field, prompt, prompt_name,
+                         batch_tokens, calibration_texts, out_path)
   from tqdm import tqdm
   count, nonfinite = 0, NonFinite()
+  width = (encoder.dim + 7) // 8 if precision.endswith("binary") else encoder.dim
   try:  # an error, Ctrl-C or SIGTERM (main) leave no half-written file behind
-    with written_whole(out_path) as tmp, writer(tmp, total, encoder.dim) as written, \
+    with written_whole(out_path) as tmp, \
+        writer(tmp, total, width, _DTYPES[precision]) as written, \
         tqdm(desc="embed", unit="text", total=total, dynamic_ncols=True,
              disable=not show) as bar:
       for chunk in examples.chunked(texts_of(source, input_path, text_field, id_field),
@@ -112,7 +137,7 @@ def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
         # checked a chunk at a time, so that a broken model stops before hours of NaN
         if nonfinite.add(ids, vectors) and not allow_nonfinite:
           raise nonfinite.error(model, encoder.params, count, total)
-        written.write(list(ids), vectors)
+        written.write(list(ids), quantization.quantize(vectors, precision, ranges))
       if count != total:
         raise RunError(f"--input {input_path}: {count} texts read, {total} counted before: "
                        f"it changed while it was read")
@@ -122,6 +147,46 @@ def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
     print(f"embed: warning: {nonfinite.said(count)} are not finite (NaN or inf); written as "
           f"they came (--allow-nonfinite)", file=sys.stderr)
   return count
+
+
+def ranges_file(out_path: str) -> str:
+  """Where an int8 or uint8 file --out's ranges are written: OUT.ranges.npy, float32 [2, dim],
+  each dimension's minimum and maximum (the queries' --ranges)."""
+  return os.path.splitext(out_path)[0] + ".ranges.npy"
+
+
+def _read_ranges(path: str) -> np.ndarray:
+  try:
+    ranges = np.load(path, allow_pickle=False)
+  except (OSError, ValueError) as e:
+    raise RunError(f"--ranges {path}: not a readable .npy file ({e})".splitlines()[0]) from None
+  if ranges.ndim != 2 or len(ranges) != 2 or not np.issubdtype(ranges.dtype, np.floating):
+    raise RunError(f"--ranges {path}: {ranges.dtype} {list(ranges.shape)}, expected float "
+                   f"[2, dim] (each dimension's minimum and maximum)")
+  return ranges.astype(np.float32)
+
+
+def _calibrated(encoder, source, input_path: str, text_field: str, id_field: str, prompt,
+                prompt_name, batch_tokens, calibration_texts: int, out_path: str) -> np.ndarray:
+  """The int8 ranges of the first `calibration_texts` texts' vectors (all of them, where
+  there are no more: as sentence-transformers' encode(precision="int8") takes them), written
+  to `ranges_file(out_path)`."""
+  from flax_encoder.quantization import int8_ranges
+  texts = []
+  for _, text in texts_of(source, input_path, text_field, id_field):
+    texts.append(text)
+    if len(texts) == calibration_texts:
+      break
+  if len(texts) < 2:
+    raise RunError(f"--input {input_path}: {len(texts)} text, expected at least 2 to take int8 "
+                   f"ranges from (or --ranges)")
+  ranges = int8_ranges(encoder(texts, prompt=prompt, prompt_name=prompt_name,
+                               batch_tokens=batch_tokens))
+  with written_whole(ranges_file(out_path)) as tmp:
+    np.save(tmp, ranges)
+  print(f"embed: int8 ranges of the first {len(texts)} texts, in {ranges_file(out_path)}",
+        file=sys.stderr)
+  return ranges
 
 
 def _tokenizer_file(encoder) -> str:
@@ -162,18 +227,30 @@ def check_columns(input_path: str, text_field: str) -> None:
                    f"{names}")
 
 
-def load_encoder(model: str, dtype: str):
-  """The SentenceEncoder of `model`; RunError naming --model where it cannot be read."""
+def load_encoder(model: str, dtype: str, truncate_dim: int | None = None):
+  """The SentenceEncoder of `model`, its vectors cut to `truncate_dim` where given; RunError
+  naming --model (or --truncate-dim) where it cannot be read."""
   from flax_encoder.embeddings import SentenceEncoder
+  from flax_encoder.quantization import check_truncate_dim
   if not os.path.isdir(model):
     raise RunError(f"--model {model}: no such directory, expected a sentence-transformers "
                    f"folder, a Hugging Face model directory or a contrastive run's workdir")
   if is_workdir(model):
-    return _run_encoder(model, dtype)
+    encoder = _run_encoder(model, dtype)
+  else:
+    try:
+      encoder = SentenceEncoder.load(model, dtype=dtype)
+    except ValueError as e:  # the library's errors name the file and what it holds
+      raise RunError(f"--model {model}: {e}") from None
   try:
-    return SentenceEncoder.load(model, dtype=dtype)
-  except ValueError as e:  # the library's errors name the file and what it holds
-    raise RunError(f"--model {model}: {e}") from None
+    truncate_dim = check_truncate_dim(truncate_dim, encoder.model.dim)
+  except ValueError:
+    raise RunError(f"--truncate-dim {truncate_dim}: expected 1 to the {encoder.model.dim} "
+                   f"dimensions of --model {model}") from None
+  routes = encoder.router.routes.values() if encoder.router is not None else ()
+  for each in (encoder, *routes):  # a Router's calls run its routes' encoders
+    each.truncate_dim = truncate_dim
+  return encoder
 
 
 def is_workdir(path: str) -> bool:
@@ -255,25 +332,25 @@ def texts_of(source: sources.Source, input_path: str, text_field: str,
 
 
 class _Npy:
-  """float32 [total, dim]: the .npy header, then each chunk's rows written after it. Its size
-  is known at the start, so its space is reserved then: a disk without room for it is an
+  """[total, dim] of `dtype`: the .npy header, then each chunk's rows written after it. Its
+  size is known at the start, so its space is reserved then: a disk without room for it is an
   OSError before any text is embedded. (Not a memory map: a page the full disk cannot hold
   would kill the process with SIGBUS, leaving the file behind.)"""
 
-  def __init__(self, path: str, total: int, dim: int):
-    self.file = open(path, "wb")
+  def __init__(self, path: str, total: int, dim: int, dtype=np.float32):
+    self.file, self.dtype = open(path, "wb"), np.dtype(dtype).newbyteorder("<")
     try:
       np.lib.format.write_array_header_1_0(self.file, {
-          "descr": np.lib.format.dtype_to_descr(np.dtype("<f4")), "fortran_order": False,
+          "descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
           "shape": (total, dim)})
       self.file.flush()
-      _reserve(self.file.fileno(), self.file.tell() + total * dim * 4)
+      _reserve(self.file.fileno(), self.file.tell() + total * dim * self.dtype.itemsize)
     except BaseException:
       self.file.close()
       raise
 
   def write(self, ids: list, embeddings: np.ndarray) -> None:
-    self.file.write(np.ascontiguousarray(embeddings, "<f4").tobytes())
+    self.file.write(np.ascontiguousarray(embeddings, self.dtype).tobytes())
 
   def __enter__(self):
     return self
@@ -298,16 +375,16 @@ def _reserve(fd: int, size: int) -> None:
 class _Parquet:
   """Row groups of (id, embedding), one a chunk."""
 
-  def __init__(self, path: str, total: int, dim: int):
+  def __init__(self, path: str, total: int, dim: int, dtype=np.float32):
     import pyarrow as pa
     import pyarrow.parquet as pq
-    self.pa = pa
-    self.schema = pa.schema([("id", pa.string()), ("embedding", pa.list_(pa.float32(), dim))])
+    self.pa, self.type = pa, pa.from_numpy_dtype(np.dtype(dtype))
+    self.schema = pa.schema([("id", pa.string()), ("embedding", pa.list_(self.type, dim))])
     self.writer = pq.ParquetWriter(path, self.schema)
 
   def write(self, ids: list, embeddings: np.ndarray) -> None:
     pa = self.pa
-    column = pa.FixedSizeListArray.from_arrays(pa.array(embeddings.reshape(-1), pa.float32()),
+    column = pa.FixedSizeListArray.from_arrays(pa.array(embeddings.reshape(-1), self.type),
                                                embeddings.shape[1])
     self.writer.write_table(pa.table([pa.array([str(i) for i in ids], pa.string()), column],
                                      schema=self.schema))
@@ -320,7 +397,7 @@ class _Parquet:
 
 
 class _Jsonl:
-  def __init__(self, path: str, total: int, dim: int):
+  def __init__(self, path: str, total: int, dim: int, dtype=np.float32):
     self.file = open(path, "w", encoding="utf-8")
 
   def write(self, ids: list, embeddings: np.ndarray) -> None:
@@ -337,17 +414,17 @@ class _Jsonl:
 @dataclasses.dataclass(frozen=True)
 class OutFormat:
   """What --out writes: its description (--help's), and the writer of a file of the format,
-  `writer(path, total, dim)`, a context manager whose `write(ids, vectors)` adds a chunk; None
-  for a folder of parts (train.outputs.corpus)."""
+  `writer(path, total, dim, dtype)`, a context manager whose `write(ids, vectors)` adds a
+  chunk; None for a folder of parts (train.outputs.corpus)."""
   description: str
   writer: Callable | None
 
 
 # --out's suffix -> its format: a new one is an entry here.
 OUT_FORMATS = {
-    ".npy": OutFormat("float32 [texts, dim], in input order", _Npy),
-    ".parquet": OutFormat("columns id (a string) and embedding (float32 [dim]), in input order",
-                          _Parquet),
+    ".npy": OutFormat("float32 [texts, dim] (or --precision's), in input order", _Npy),
+    ".parquet": OutFormat("columns id (a string) and embedding (float32 [dim], or "
+                          "--precision's), in input order", _Parquet),
     ".jsonl": OutFormat('{"id": ..., "embedding": [...]} a line, in input order', _Jsonl),
     _FOLDER: OutFormat("(a name ending in /, or a directory) parts of --part-mb MiB of input "
                        "each, and a manifest (train.outputs.corpus; read back with "
@@ -463,6 +540,19 @@ def main(argv=None) -> int:
   parser.add_argument("--prompt-name", help="one of the model's prompts, by name")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                       help="what the encoder computes in (the embeddings are float32)")
+  parser.add_argument("--truncate-dim", type=int,
+                      help="keep each vector's first N dimensions (a Matryoshka model's), as "
+                      "sentence-transformers' truncate_dim")
+  parser.add_argument("--precision", default="float32", choices=_DTYPES,
+                      help="a file's vectors as sentence-transformers' encode(precision=...): "
+                      "int8 and uint8 by --ranges, else by the ranges of the first "
+                      "--calibration-texts texts, written to OUT.ranges.npy; binary and "
+                      "ubinary one bit a dimension, 8 to a byte")
+  parser.add_argument("--ranges", help="a .npy of float [2, dim]: int8's buckets (e.g. the "
+                      "OUT.ranges.npy of the corpus these queries are searched in)")
+  parser.add_argument("--calibration-texts", type=int, default=CALIBRATION_TEXTS,
+                      help="the texts whose ranges bucket int8 and uint8 where --ranges is not "
+                      "given")
   parser.add_argument("--allow-nonfinite", action="store_true",
                       help="write embeddings that are NaN or inf (warned of), not stop")
   low, high = corpus.PART_MB_RANGE
@@ -485,6 +575,10 @@ def main(argv=None) -> int:
     parser.error("--prompt and --prompt-name: both given, expected one")
   if args.batch_tokens is not None and not args.batch_tokens > 0:
     parser.error(f"--batch-tokens {args.batch_tokens}: expected a number > 0")
+  if args.calibration_texts < 2:
+    parser.error(f"--calibration-texts {args.calibration_texts}: expected at least 2")
+  if args.ranges is not None and args.precision not in ("int8", "uint8"):
+    parser.error(f"--ranges: given with --precision {args.precision}, expected int8 or uint8")
   wrong = corpus.part_mb_problem(args.part_mb)
   if wrong:
     parser.error(f"--part-mb {wrong}")
@@ -500,7 +594,9 @@ def main(argv=None) -> int:
     count = embed(args.model, args.input, args.out, args.text_field, args.id_field,
                   args.prompt, args.prompt_name, args.dtype, show=True,
                   allow_nonfinite=args.allow_nonfinite, part_mb=args.part_mb,
-                  batch_tokens=args.batch_tokens, process=process, barrier=barrier)
+                  batch_tokens=args.batch_tokens, process=process, barrier=barrier,
+                  truncate_dim=args.truncate_dim, precision=args.precision,
+                  ranges_path=args.ranges, calibration_texts=args.calibration_texts)
   except RunError as e:
     print(f"embed: error: {e}", file=sys.stderr)
     return e.exit_code
