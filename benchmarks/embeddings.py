@@ -19,6 +19,10 @@ timed call. Sides:
   ours                   SentenceEncoder.load(folder)(texts): each text its own segment of a
                          packed row, rows of 128 or 256 ids (at most max_seq_length).
   ours, a text a row     the same with one text a row (max_segments=1): what packing saves.
+  ours bfloat16          SentenceEncoder.load(folder, dtype="bfloat16"): computed in bfloat16.
+  ours int8              SentenceEncoder.load(folder, quantize="int8"): the dense layers in int8
+                         (flax_encoder.quantized: weights a scale per output channel, activations
+                         a scale per token, as they come). Skipped where qwix does not import.
   sentence-transformers  SentenceTransformer(folder, device="cpu").encode(texts, batch_size=B)
                          for B in `--batch-sizes` (its default is 32): sorted by length, each
                          batch padded to its longest.
@@ -27,12 +31,19 @@ timed call. Sides:
                          (onnx_sentence_transformer), each B of `--batch-sizes`; the graph is
                          exported here into a temporary copy of the folder, nothing fetched.
                          Skipped, with the reason, where onnxruntime does not import.
+  sentence-transformers ONNX int8
+                         the same graph quantized by ONNX Runtime's dynamic quantization
+                         (onnxruntime.quantization.quantize_dynamic: int8 weights a scale per
+                         channel, activations quantized as they come), what
+                         sentence-transformers' export_dynamic_quantized_onnx_model does through
+                         optimum; each B of `--batch-sizes`.
 
 Each side is called once untimed (ours compiles then: its first call and the shapes it
 compiled are reported apart), then `--reps` times, interleaved across the sides, each after an
 untimed pause (benchmarks.bench.PAUSE_S); a figure is the median. Before timing, our vectors
 must agree with sentence-transformers' and with its ONNX side's (batch 32) to a cosine of
-0.99999 for every text. torch.set_num_threads(os.cpu_count()) and as many ONNX Runtime threads,
+0.99999 for every text (the int8 and bfloat16 sides: `--min-cosine-quantized`, reported).
+torch.set_num_threads(os.cpu_count()) and as many ONNX Runtime threads,
 glibc malloc keeping freed memory for all (train.run.host.keep_freed_memory), float32
 throughout.
 """
@@ -62,6 +73,8 @@ SEQ_LEN = 256  # all-MiniLM-L6-v2's max_seq_length, the random model's too
 ONNX_OPSET = 18  # optimum-onnx's default, which sentence-transformers' backend exports with
 THEIRS = "sentence-transformers, batch "
 THEIRS_ONNX = "sentence-transformers ONNX, batch "
+THEIRS_INT8 = "sentence-transformers ONNX int8, batch "
+MIN_COSINE_QUANTIZED = 0.95  # below it an int8 or bfloat16 side is no longer the model (reported)
 
 
 def published_minilm() -> str | None:
@@ -126,6 +139,36 @@ def onnx_sentence_transformer(folder: str, scratch: str):
   model[0].model = onnx_transformer(model[0].model, model[0].tokenizer.model_input_names,
                                     os.path.join(copy, "onnx", "model.onnx"), options)
   return model, f"torch.onnx here (optimum.onnxruntime does not import: {why})"
+
+
+def onnx_int8(onnx_model, scratch: str):
+  """(model, how): `onnx_model` (onnx_sentence_transformer's) with its graph quantized by ONNX
+  Runtime's dynamic quantization (int8 weights, a scale per channel; activations quantized as
+  they come: MatMulInteger), as optimum's avx512_vnni dynamic config, which
+  sentence-transformers' export_dynamic_quantized_onnx_model takes, quantizes it; (None, why
+  not) where onnx_model is None or the quantizer does not import."""
+  if onnx_model is None:
+    return None, "no ONNX side"
+  try:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+  except ImportError as e:
+    return None, f"onnxruntime.quantization does not import ({e})"
+  import copy
+  import onnxruntime as ort
+  from sentence_transformers import SentenceTransformer
+  if getattr(onnx_model[0].model, "session", None) is None:
+    return None, "sentence-transformers' own ONNX backend: quantized by its export, not here"
+  folder = os.path.join(scratch, "onnx-copy")
+  target = os.path.join(folder, "onnx", "model_qint8.onnx")
+  quantize_dynamic(os.path.join(folder, "onnx", "model.onnx"), target, per_channel=True,
+                   weight_type=QuantType.QInt8)
+  options = ort.SessionOptions()
+  options.intra_op_num_threads = os.cpu_count()
+  stand_in = copy.copy(onnx_model[0].model)  # the float graph's stand-in, on the int8 graph
+  stand_in.session = ort.InferenceSession(target, options, providers=["CPUExecutionProvider"])
+  model = SentenceTransformer(folder, device="cpu", local_files_only=True)
+  model[0].model = stand_in
+  return model, "onnxruntime.quantization.quantize_dynamic (per channel, QInt8)"
 
 
 def onnx_transformer(transformer, names: list[str], path: str, options):
@@ -227,30 +270,64 @@ def measure(folder: str, texts: list[str], batch_sizes: list[int], reps: int,
       raise AssertionError(f"our vectors differ from sentence-transformers ONNX's: min cosine "
                            f"{onnx['min_cosine']:.7f} < {MIN_COSINE}")
 
+  quantized, theirs_int8 = {}, None
+  if theirs_onnx is not None:
+    theirs_int8, how = onnx_int8(theirs_onnx, scratch)
+    onnx["int8"] = how
+    if theirs_int8 is not None:
+      quantized[f"{THEIRS_INT8}32"] = min_cosine(theirs_int8.encode(texts, batch_size=32),
+                                                 reference)
+  ours_bf16 = SentenceEncoder.load(folder, dtype="bfloat16")
+  quantized["ours bfloat16"] = min_cosine(ours_bf16(texts), reference)
+  try:
+    ours_int8 = SentenceEncoder.load(folder, quantize="int8")
+  except ValueError as e:  # qwix missing
+    ours_int8 = None
+    print(f"ours int8: skipped: {e}", file=sys.stderr)
+  else:
+    quantized["ours int8"] = min_cosine(ours_int8(texts), reference)
+  for name, cos in quantized.items():
+    if cos < MIN_COSINE_QUANTIZED:
+      raise AssertionError(f"{name}: min cosine to sentence-transformers' float32 {cos:.5f} < "
+                           f"{MIN_COSINE_QUANTIZED}")
+
   runners = {"ours": lambda: ours(texts),
-             "ours, a text a row": lambda: one_a_row(texts)}
+             "ours, a text a row": lambda: one_a_row(texts),
+             "ours bfloat16": lambda: ours_bf16(texts)}
+  if ours_int8 is not None:
+    runners["ours int8"] = lambda: ours_int8(texts)
   for b in batch_sizes:
     runners[f"{THEIRS}{b}"] = lambda b=b: theirs.encode(texts, batch_size=b)
   for b in batch_sizes if theirs_onnx is not None else []:
     runners[f"{THEIRS_ONNX}{b}"] = lambda b=b: theirs_onnx.encode(texts, batch_size=b)
+  for b in batch_sizes if theirs_int8 is not None else []:
+    runners[f"{THEIRS_INT8}{b}"] = lambda b=b: theirs_int8.encode(texts, batch_size=b)
   seconds = bench.interleaved(runners, reps, warmup=1)
 
   ids = ours.tokenize(texts)
   lengths = np.asarray([len(i) for i in ids])
   computed = {"ours": computed_ids(ours, ids, embeddings.BATCH_TOKENS),
               "ours, a text a row": computed_ids(one_a_row, ids, embeddings.BATCH_TOKENS)}
+  computed["ours bfloat16"] = computed["ours int8"] = computed["ours"]
   for b in batch_sizes:
     computed[f"{THEIRS}{b}"] = computed[f"{THEIRS_ONNX}{b}"] = padded_ids(lengths, b)
+    computed[f"{THEIRS_INT8}{b}"] = computed[f"{THEIRS}{b}"]
   theirs_best = min(s for name, s in seconds.items() if name.startswith(THEIRS))
   theirs_default = seconds.get(f"{THEIRS}32", theirs_best)
   onnx_best = min((s for name, s in seconds.items() if name.startswith(THEIRS_ONNX)),
+                  default=None)
+  int8_best = min((s for name, s in seconds.items() if name.startswith(THEIRS_INT8)),
                   default=None)
   records = [{"impl": name, "seconds": s, "sentences_per_s": len(texts) / s,
               "computed_ids": computed[name], "real_ids": int(lengths.sum()),
               "real_fraction": float(lengths.sum() / computed[name]),
               "over_best_sentence_transformers": theirs_best / s,
               "over_sentence_transformers_batch_32": theirs_default / s,
-              "over_best_sentence_transformers_onnx": onnx_best and onnx_best / s}
+              "over_best_sentence_transformers_onnx": onnx_best and onnx_best / s,
+              "over_best_sentence_transformers_onnx_int8": int8_best and int8_best / s,
+              "over_ours_float32": seconds["ours"] / s,
+              "min_cosine_to_float32": quantized.get(
+                  f"{THEIRS_INT8}32" if name.startswith(THEIRS_INT8) else name)}
              for name, s in seconds.items()]
   return {"records": records, "min_cosine": cosine,
           "max_abs_diff": float(np.abs(vectors - reference).max()), "onnx": onnx,
@@ -266,14 +343,17 @@ def measure(folder: str, texts: list[str], batch_sizes: list[int], reps: int,
 
 def table(records: list[dict]) -> str:
   lines = ["| implementation | sentences / s | real / computed ids | over sentence-transformers' "
-           "best | over its default (batch 32) | over its ONNX best |",
-           "|---|---:|---:|---:|---:|---:|"]
+           "best | over its default (batch 32) | over its ONNX best | over its ONNX int8 best "
+           "| over ours float32 | least cosine to float32 |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  shown = lambda x, fmt=".2f": "-" if x is None else format(x, fmt)
   for r in records:
-    onnx = r["over_best_sentence_transformers_onnx"]
     lines.append(f"| {r['impl']} | {r['sentences_per_s']:,.1f} | {r['real_fraction']:.0%} | "
                  f"{r['over_best_sentence_transformers']:.2f} | "
                  f"{r['over_sentence_transformers_batch_32']:.2f} | "
-                 f"{'-' if onnx is None else f'{onnx:.2f}'} |")
+                 f"{shown(r['over_best_sentence_transformers_onnx'])} | "
+                 f"{shown(r['over_best_sentence_transformers_onnx_int8'])} | "
+                 f"{r['over_ours_float32']:.2f} | {shown(r['min_cosine_to_float32'], '.5f')} |")
   return "\n".join(lines)
 
 

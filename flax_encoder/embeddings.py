@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder import activations, packing, quantization
+from flax_encoder import activations, packing, quantization, quantized
 from flax_encoder.config import EncoderConfig
 from flax_encoder.encoder import Encoder
 from flax_encoder.families import HFError, read_hf, read_hf_weights
@@ -137,10 +137,12 @@ class Normalize:
 @dataclasses.dataclass(frozen=True)
 class SentenceModel:
   """What a folder's modules compute, apart from their weights: the encoder's config, the
-  pooling, then the Dense and Normalize steps in order."""
+  pooling, then the Dense and Normalize steps in order; `quantize`: the dense layers' products
+  in int8 (`flax_encoder.quantized`; the weights are then its form)."""
   config: EncoderConfig
   pooling: Pooling
   steps: tuple[Dense | Normalize, ...] = ()
+  quantize: str | None = None
 
   @property
   def dim(self) -> int:
@@ -201,16 +203,22 @@ class DenseStep(nn.Module):
     step = self.step
     shape = (step.in_features, step.out_features)
     weight = lambda axes, init=_torch_linear: nn.with_logical_partitioning(init, axes)
-    y = x @ self.param("kernel", weight(("embed", "mlp")), shape)
+    y = _matmul(x, self.param("kernel", weight(("embed", "mlp")), shape))
     if step.bias:
       bound = 1 / math.sqrt(step.in_features)
       bias = lambda key, s, dtype=jnp.float32: jax.random.uniform(key, s, dtype, -bound, bound)
       y = y + self.param("bias", weight(("mlp",), bias), shape[1:])
     y = activations.torch_class(step.activation)(y)
     if step.residual:
-      y = y + (x @ self.param("residual", weight(("embed", "mlp")), shape)
+      y = y + (_matmul(x, self.param("residual", weight(("embed", "mlp")), shape))
                if step.in_features != step.out_features else x)
     return y
+
+
+def _matmul(x: jax.Array, kernel) -> jax.Array:
+  """x [..., in] times kernel [in, out], written as `jax.lax.dot_general` (nn.Dense's product),
+  which a quantized module (flax_encoder.quantized) computes in int8 on a quantized kernel."""
+  return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
 
 
 def _torch_linear(key, shape, dtype=jnp.float32):
@@ -245,8 +253,8 @@ def embed(model: SentenceModel, params: dict, tokens: jax.Array, segment_ids: ja
     float32 [r, segments, dim]: segment j + 1 of row i at [i, j]; zeros where a row has no
     segment j + 1.
   """
-  return SentenceEmbedding(model).apply({"params": params}, tokens, segment_ids, positions,
-                                        pool_from, segments)
+  module = quantized.quantized(SentenceEmbedding(model), model.quantize)
+  return module.apply({"params": params}, tokens, segment_ids, positions, pool_from, segments)
 
 
 def normalize(x: jax.Array) -> jax.Array:
@@ -706,13 +714,20 @@ class SentenceEncoder:
                default_prompt_name: str | None = None, similarity: str = "cosine",
                row_lengths: Sequence[int] | None = None, max_segments: int | None = None,
                template: Template | None = None, tokenizer_file: str = "the tokenizer",
-               devices: Sequence[jax.Device] | None = None, truncate_dim: int | None = None):
+               devices: Sequence[jax.Device] | None = None, truncate_dim: int | None = None,
+               quantize: str | None = None):
+    if quantized.check(quantize) is not None:
+      if type(self)._quantized is SentenceEncoder._quantized and type(self) is not SentenceEncoder:
+        raise EmbeddingError(f"quantize={quantize!r}: {type(self).__name__} computes float "
+                             f"weights only, expected None")
+      model, params = self._quantized(model, params, quantize, max_seq_length)
     self.model, self.tokenizer = model, tokenizer
     if truncate_dim is not None and type(self).dim is not SentenceEncoder.dim:
       raise EmbeddingError(f"truncate_dim={truncate_dim!r}: {type(self).__name__}'s vectors are "
                            f"not truncated, expected None")
     # the vectors' first dimensions kept (a Matryoshka model's), as sentence-transformers'
-    self.truncate_dim = quantization.check_truncate_dim(truncate_dim, model.dim, EmbeddingError)
+    self.truncate_dim = None if truncate_dim is None else quantization.check_truncate_dim(
+        truncate_dim, model.dim, EmbeddingError)
     self.tokenizer_file = tokenizer_file  # what an error of the tokenizer's names
     self._place(params, devices or jax.local_devices()[:1])
     self.max_seq_length = max_seq_length
@@ -844,6 +859,32 @@ class SentenceEncoder:
           name: route.on_devices(devices) if isinstance(route, SentenceEncoder) else route
           for name, route in self.router.routes.items()})
     return encoder
+
+  def quantized(self, quantize: str) -> SentenceEncoder:
+    """This encoder with its dense layers' products in `quantize` ("int8":
+    `flax_encoder.quantized`), as `load(..., quantize=)` gives it; its routes' too."""
+    if quantized.check(quantize) is None or self.model.quantize is not None:
+      raise EmbeddingError(f"quantize={quantize!r}: expected one of {quantized.QUANTIZATIONS} "
+                           f"of an encoder of float weights")
+    encoder = copy.copy(self)
+    encoder.model, params = self._quantized(self.model, self.params, quantize,
+                                            self.max_seq_length)
+    encoder.shapes = set()
+    encoder._place(params, self.devices)
+    if self.router is not None:
+      encoder.router = self.router.with_routes({
+          name: route.quantized(quantize) if isinstance(route, SentenceEncoder) else route
+          for name, route in self.router.routes.items()})
+    return encoder
+
+  @staticmethod
+  def _quantized(model: SentenceModel, params: dict, quantize: str, length: int
+                 ) -> tuple[SentenceModel, dict]:
+    """`model` and its float `params` with the dense layers' products in `quantize`."""
+    model = dataclasses.replace(model, quantize=quantize)
+    module = quantized.quantized(SentenceEmbedding(model), quantize)
+    rows = jnp.zeros((1, length), jnp.int32)
+    return model, quantized.quantized_params(module, params, rows, rows, rows, 0, 1)
 
   @property
   def dim(self) -> int:

@@ -131,3 +131,12 @@ def test_the_retrieval_benchmark_ranks_each_query_against_every_document():
   assert got["mrr_at_10"] == pytest.approx(np.mean([1 / r if r else 0 for r in ranks]))
   assert got["ndcg_at_10"] == pytest.approx(
       np.mean([1 / np.log2(r + 1) if r else 0 for r in ranks]))
+
+
+def test_the_int8_dots_benchmark_measures_each_product_in_a_process_of_its_own(tmp_path, capsys):
+  from benchmarks import int8_dots
+  assert int8_dots.main(["--quick", "--reps", "2", "--out", str(tmp_path / "d.json")]) == 0
+  table = capsys.readouterr().out.splitlines()
+  assert table[2].startswith("| default | 256 x 64 x 64 | ")
+  rows = json.loads((tmp_path / "d.json").read_text())["results"]["default"]
+  assert all(rows[0][kind] > 0 for kind in ("float32", "int8", "bfloat16"))

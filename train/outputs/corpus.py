@@ -181,7 +181,8 @@ def _header(encoder, model: str, input_path: str, reader, text_field: str, id_fi
                     "dim": encoder.dim, "pooling": list(encoder.model.pooling.modes),
                     "normalize": any(isinstance(s, Normalize) for s in encoder.model.steps),
                     "max_seq_length": encoder.max_seq_length, "prompt": prompt,
-                    "dtype": dtype, "truncate_dim": encoder.truncate_dim},
+                    "dtype": dtype, "truncate_dim": encoder.truncate_dim,
+                    "quantize": encoder.model.quantize},
           "input": {"path": os.path.abspath(input_path), "format": reader.format,
                     "compression": reader.compression, "bytes": os.path.getsize(input_path),
                     "fingerprint": _input_fingerprint(input_path)},
@@ -232,7 +233,8 @@ def _prepare_folder(out_dir: str, header: dict, index: int) -> str:
 
 # What a folder's manifest records of the run that wrote it, and what each is, in the order a
 # difference is said: the options before the fingerprints they change (--dtype, the weights').
-_RECORDED = ((("model", "dtype"), "--dtype"), (("model", "truncate_dim"), "--truncate-dim"),
+_RECORDED = ((("model", "dtype"), "--dtype"), (("model", "quantize"), "--quantize"),
+             (("model", "truncate_dim"), "--truncate-dim"),
              (("model", "prompt"), "the prompt"),
              (("fields", "text"), "--text-field"), (("fields", "id"), "--id-field"),
              (("part_bytes",), "a part's bytes (--part-mb)"),
