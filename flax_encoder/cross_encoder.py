@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder import activations, families, modules_json
+from flax_encoder import activations, families, modules_json, quantized
 from flax_encoder.classifier import SequenceClassifier
 from flax_encoder.config import EncoderConfig
 from flax_encoder.embeddings import (EmbeddingError,
@@ -90,10 +90,12 @@ class RerankerModel:
   pooling: str
   type_separator: int | None
   activation: str
+  quantize: str | None = None  # the dense layers' products in int8 (flax_encoder.quantized)
 
-  def classifier(self, segments: int) -> SequenceClassifier:
-    return SequenceClassifier(self.config, self.num_labels, self.pooling, self.type_separator,
-                              max_segments=segments)
+  def classifier(self, segments: int) -> nn.Module:
+    return quantized.quantized(SequenceClassifier(
+        self.config, self.num_labels, self.pooling, self.type_separator, max_segments=segments),
+        self.quantize)
 
 
 def score(model: RerankerModel, params: dict, tokens: jax.Array, segment_ids: jax.Array,
@@ -395,6 +397,14 @@ class Reranker(SentenceEncoder):
   @property
   def dim(self) -> int:
     return self.model.num_labels
+
+  @staticmethod
+  def module(model: RerankerModel) -> nn.Module:
+    return dataclasses.replace(model, quantize=None).classifier(1)
+
+  @staticmethod
+  def _example_call(rows: jax.Array) -> tuple:
+    return rows, rows
 
   def apply(self, params: dict, tokens, segment_ids, segments: int | None = None,
             activation: bool = True, token_types=None) -> jax.Array:

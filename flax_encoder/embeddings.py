@@ -717,9 +717,6 @@ class SentenceEncoder:
                devices: Sequence[jax.Device] | None = None, truncate_dim: int | None = None,
                quantize: str | None = None):
     if quantized.check(quantize) is not None:
-      if type(self)._quantized is SentenceEncoder._quantized and type(self) is not SentenceEncoder:
-        raise EmbeddingError(f"quantize={quantize!r}: {type(self).__name__} computes float "
-                             f"weights only, expected None")
       model, params = self._quantized(model, params, quantize, max_seq_length)
     self.model, self.tokenizer = model, tokenizer
     if truncate_dim is not None and type(self).dim is not SentenceEncoder.dim:
@@ -877,14 +874,25 @@ class SentenceEncoder:
           for name, route in self.router.routes.items()})
     return encoder
 
-  @staticmethod
-  def _quantized(model: SentenceModel, params: dict, quantize: str, length: int
-                 ) -> tuple[SentenceModel, dict]:
-    """`model` and its float `params` with the dense layers' products in `quantize`."""
+  @classmethod
+  def _quantized(cls, model, params: dict, quantize: str, length: int) -> tuple[object, dict]:
+    """`model` (its `quantize` field set) and its float `params` in the form of the module that
+    computes the dense layers' products in `quantize`."""
     model = dataclasses.replace(model, quantize=quantize)
-    module = quantized.quantized(SentenceEmbedding(model), quantize)
+    module = quantized.quantized(cls.module(model), quantize)
     rows = jnp.zeros((1, length), jnp.int32)
-    return model, quantized.quantized_params(module, params, rows, rows, rows, 0, 1)
+    return model, quantized.quantized_params(module, params, *cls._example_call(rows))
+
+  @staticmethod
+  def module(model: SentenceModel) -> nn.Module:
+    """The linen module computing `model`, as `embed` applies it (each type's own)."""
+    return SentenceEmbedding(model)
+
+  @staticmethod
+  def _example_call(rows: jax.Array) -> tuple:
+    """The arguments of a call of `module(model)` on `rows` (one row of ids), as
+    `quantized_params` traces it."""
+    return rows, rows, rows, 0, 1
 
   @property
   def dim(self) -> int:

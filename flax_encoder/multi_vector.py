@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder import modules_json
+from flax_encoder import modules_json, quantized
 from flax_encoder.config import EncoderConfig
 from flax_encoder.embeddings import (MODULE_KINDS, Dense, EmbeddingError, Normalize,
                                      SentenceEncoder, _save_dense, apply_steps, checked_prompts,
@@ -176,6 +176,7 @@ class MultiVectorModel:
   query_length: int | None = None
   document_length: int | None = None
   expansion: Expansion | None = None
+  quantize: str | None = None  # the dense layers' products in int8 (flax_encoder.quantized)
 
   def __post_init__(self):
     width = self.config.d_model
@@ -294,7 +295,8 @@ def token_vectors(model: MultiVectorModel, call: TaskCall, params: dict, tokens:
   ids = tokens if call.expansion_id is None else jnp.where(expanded, call.expansion_id, tokens)
   # ColBERT's queries: no id attends to an expansion token, which attends to the query's ids
   mask = None if call.attend else ~expanded[:, None, None, :]
-  x = TokenVectors(model).apply({"params": params}, ids, segment_ids, positions, mask)
+  module = quantized.quantized(TokenVectors(model), model.quantize)
+  x = module.apply({"params": params}, ids, segment_ids, positions, mask)
   scored = segment_ids > 0
   if call.skip_ids:
     scored &= ~jnp.isin(ids, jnp.asarray(call.skip_ids, ids.dtype))
@@ -616,6 +618,14 @@ class MultiVectorEncoder(SentenceEncoder):
   @property
   def dim(self) -> int:
     return self.model.dim
+
+  @staticmethod
+  def module(model: MultiVectorModel) -> nn.Module:
+    return TokenVectors(model)
+
+  @staticmethod
+  def _example_call(rows: jax.Array) -> tuple:
+    return rows, rows, rows, None
 
   def apply(self, params: dict, tokens, segment_ids, positions, task: str | None = None
             ) -> tuple[jax.Array, jax.Array]:

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_encoder import embeddings, families, modules_json
+from flax_encoder import embeddings, families, modules_json, quantized
 from flax_encoder.config import EncoderConfig
 from flax_encoder.embeddings import EmbeddingError, SentenceEncoder, segments_per_row
 from flax_encoder.families import HFError, read_hf, read_hf_weights
@@ -93,6 +93,7 @@ class SpladeModel:
   pooling: str = "max"
   activation: str = "relu"
   untied_decoder: bool = False  # the masked-LM decoder is a dense layer of its own (EuroBERT's)
+  quantize: str | None = None  # the dense layers' products in int8 (flax_encoder.quantized)
 
   def __post_init__(self):
     if self.pooling not in POOLING_STRATEGIES:
@@ -158,8 +159,8 @@ def splade(model: SpladeModel, params: dict, tokens: jax.Array, segment_ids: jax
     float32 [r, segments, v]: segment j + 1 of row i at [i, j]; zeros where a row has no
     segment j + 1.
   """
-  return SpladeEmbedding(model).apply({"params": params}, tokens, segment_ids, positions,
-                                      segments)
+  module = quantized.quantized(SpladeEmbedding(model), model.quantize)
+  return module.apply({"params": params}, tokens, segment_ids, positions, segments)
 
 
 def splade_pool(logits: jax.Array, segment_ids: jax.Array, segments: int, pooling: str = "max",
@@ -421,6 +422,14 @@ class SparseEncoder(SentenceEncoder):
   @property
   def dim(self) -> int:
     return self.model.dim
+
+  @staticmethod
+  def module(model: SpladeModel) -> nn.Module:
+    return SpladeEmbedding(model)
+
+  @staticmethod
+  def _example_call(rows: jax.Array) -> tuple:
+    return rows, rows, rows, 1
 
   def apply(self, params: dict, tokens, segment_ids, positions, pool_from=0,
             segments: int | None = None) -> jax.Array:

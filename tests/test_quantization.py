@@ -153,3 +153,50 @@ def test_what_int8_does_not_compute_is_refused_in_one_line(folders):  # noqa: F8
       call()
     assert words in str(raised.value) and "\n" not in str(raised.value)
   del SparseEncoder
+
+
+@pytest.fixture(scope="module")
+def kinds(tmp_path_factory):
+  """kind -> (its encoder class, a tiny folder of it): the other three types a folder holds."""
+  from sentence_transformers import MultiVectorEncoder as STMultiVectorEncoder
+
+  from flax_encoder.cross_encoder import Reranker
+  from flax_encoder.multi_vector import MultiVectorEncoder
+  from flax_encoder.sparse import SparseEncoder
+  from tests import hf_models
+  root = tmp_path_factory.mktemp("kinds")
+  base = hf_models.write(root / "base", "bert", head="base")
+  STMultiVectorEncoder(base, device="cpu").save(str(root / "colbert"))
+  return {"sparse": (SparseEncoder, hf_models.write(root / "mlm", "bert", head="masked_lm")),
+          "reranker": (Reranker, hf_models.write(root / "ce", "bert",
+                                                 head="sequence_classification", num_labels=3)),
+          "multi_vector": (MultiVectorEncoder, str(root / "colbert"))}
+
+
+@pytest.mark.parametrize("kind", ["sparse", "reranker", "multi_vector"])
+def test_each_type_computes_in_int8_near_its_float32(kinds, kind):
+  # the same mechanism as SentenceEncoder's: each type's module quantized, its dense layers'
+  # kernels held in int8; its outputs near float32's (each text's SPLADE vector, each pair's
+  # labels, the token vectors: a cosine of 0.9998 or more on these tiny random models)
+  cls, folder = kinds[kind]
+  plain, int8 = cls.load(folder), cls.load(folder, quantize="int8")
+  assert int8.model.quantize == "int8" and "xi8>" in _lowered_call(int8, kind)
+  texts = TEXTS[:12]
+  if kind == "sparse":
+    got, want = int8(texts).toarray(), plain(texts).toarray()
+  elif kind == "reranker":
+    pairs = list(zip(texts, texts[::-1]))
+    got, want = int8.predict(pairs), plain.predict(pairs)
+  else:
+    got, want = (np.concatenate(side.encode_document(texts)) for side in (int8, plain))
+  assert got.shape == want.shape
+  assert _cosines(got, want).min() >= 0.999, _cosines(got, want)
+
+
+def _lowered_call(encoder, kind: str) -> str:
+  import jax
+  import jax.numpy as jnp
+  rows = jnp.ones((1, 16), jnp.int32)
+  if kind == "reranker":
+    return jax.jit(encoder.apply).lower(encoder.params, rows, rows).as_text()
+  return jax.jit(encoder.apply).lower(encoder.params, rows, rows, rows).as_text()
