@@ -88,3 +88,47 @@ def check_truncate_dim(truncate_dim, dim: int, error: type[ValueError] = Quantiz
     raise error(f"truncate_dim={truncate_dim!r}, expected an integer from 1 to the model's "
                 f"dimensions {dim}")
   return truncate_dim
+
+
+_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], np.uint8)  # bits set in a byte
+
+
+def hamming(queries: np.ndarray, corpus: np.ndarray) -> np.ndarray:
+  """int [q, n]: the bits in which each of `queries` differs from each of `corpus` (both
+  ubinary: uint8 [., bytes])."""
+  queries, corpus = np.asarray(queries, np.uint8), np.asarray(corpus, np.uint8)
+  if queries.ndim != 2 or corpus.ndim != 2 or queries.shape[1] != corpus.shape[1]:
+    raise QuantizationError(f"ubinary vectors of shapes {queries.shape} and {corpus.shape}, "
+                            f"expected [q, bytes] and [n, bytes] of the same bytes")
+  out = np.empty((len(queries), len(corpus)), np.int32)
+  rows = max(1, (1 << 26) // max(1, corpus.size))  # queries a step: about 64 MiB of XOR
+  for start in range(0, len(queries), rows):
+    xor = np.bitwise_xor(queries[start:start + rows, None, :], corpus[None])
+    out[start:start + rows] = _POPCOUNT[xor].sum(-1, dtype=np.int32)
+  return out
+
+
+def search(queries: np.ndarray, corpus: np.ndarray, top_k: int = 10,
+           rescore_multiplier: int = 2) -> tuple[np.ndarray, np.ndarray]:
+  """(float [q, k] scores, int [q, k] corpus indices) of the `top_k` best of `corpus` (ubinary
+  vectors, `quantize(..., "ubinary")`) for each of `queries` (float32 vectors of the same
+  model), as sentence-transformers' quantized search does it (semantic_search_faiss with an
+  exact binary index): the `top_k * rescore_multiplier` nearest in Hamming distance (the
+  lower index first among equals), then rescored by the float query's dot product with each
+  candidate's bits (0 or 1 a dimension) and the best `top_k` of those kept."""
+  queries = np.asarray(queries)
+  if queries.ndim != 2 or not np.issubdtype(queries.dtype, np.floating):
+    raise QuantizationError(f"queries: {queries.dtype} {list(queries.shape)}, expected float "
+                            f"[q, dim] (rescored in full precision)")
+  for name, value in (("top_k", top_k), ("rescore_multiplier", rescore_multiplier)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise QuantizationError(f"{name}={value!r}, expected an integer >= 1")
+  k = min(top_k * rescore_multiplier, len(corpus))
+  distances = hamming(quantize(queries, "ubinary"), corpus)
+  # the k smallest distances, ties to the lower index: a stable sort of each row
+  candidates = np.argsort(distances, axis=1, kind="stable")[:, :k]
+  bits = np.unpackbits(np.asarray(corpus, np.uint8)[candidates], axis=-1)[..., :queries.shape[1]]
+  scores = np.einsum("ij,ikj->ik", queries.astype(np.float64), bits.astype(np.float64))
+  best = np.argsort(-scores, axis=1, kind="stable")[:, :top_k]
+  rows = np.arange(len(queries))[:, None]
+  return scores[rows, best], candidates[rows, best]

@@ -200,3 +200,39 @@ def _lowered_call(encoder, kind: str) -> str:
   if kind == "reranker":
     return jax.jit(encoder.apply).lower(encoder.params, rows, rows).as_text()
   return jax.jit(encoder.apply).lower(encoder.params, rows, rows, rows).as_text()
+
+
+@pytest.fixture(scope="module")
+def paragraph_vectors(minilm):
+  """The published MiniLM's vectors of 464 real paragraphs."""
+  from benchmarks.finetune_packed import paragraphs
+  return minilm[0](paragraphs()[0][:464])
+
+
+@pytest.mark.parametrize("multiplier", [1, 4])
+def test_binary_search_with_rescoring_is_sentence_transformers(paragraph_vectors, multiplier):
+  # sentence-transformers' quantized search: an exact binary faiss index, the top_k *
+  # rescore_multiplier nearest by Hamming distance, rescored by the float query
+  faiss = pytest.importorskip("faiss", reason="sentence-transformers' binary index")
+  del faiss
+  from sentence_transformers.util.quantization import semantic_search_faiss
+
+  corpus = quantization.quantize(paragraph_vectors[:400], "ubinary")
+  queries = paragraph_vectors[400:]
+  scores, indices = quantization.search(queries, corpus, top_k=10, rescore_multiplier=multiplier)
+  hits, _ = semantic_search_faiss(queries, corpus_embeddings=corpus, corpus_precision="ubinary",
+                                  top_k=10, rescore_multiplier=multiplier, exact=True)
+  # the same hits and scores, hits of equal scores (texts alike to the bit) in either order;
+  # where the Hamming distance at the candidates' edge is tied, either index picks among the
+  # tied ones its own way: those queries are left out (about half of them on 384 bits)
+  edge = np.sort(quantization.hamming(quantization.quantize(queries, "ubinary"), corpus), 1)
+  clear = edge[:, 10 * multiplier - 1] != edge[:, 10 * multiplier]
+  assert clear.sum() >= 10
+  for mine, mine_scores, theirs in zip(indices[clear], scores[clear],
+                                       [h for h, c in zip(hits, clear) if c]):
+    want = {h["corpus_id"]: h["score"] for h in theirs}
+    assert sorted(mine) == sorted(want)
+    np.testing.assert_allclose(mine_scores, [want[i] for i in mine], rtol=1e-6)
+    np.testing.assert_allclose(mine_scores, [h["score"] for h in theirs], rtol=1e-6)
+  hamming = quantization.hamming(corpus[:3], corpus)
+  assert hamming.shape == (3, 400) and (np.diag(hamming) == 0).all()
