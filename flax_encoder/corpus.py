@@ -1,18 +1,20 @@
 """A corpus's embeddings in parts: the folder `python -m train.embed --out DIR/` writes, read
 back in input order.
 
-    ids, vectors = read_embeddings("embeddings/")         # all of it: ids, float32 [n, dim]
+    ids, vectors = read_embeddings("embeddings/")         # all of it: ids, vectors [n, dim]
     for ids, vectors in iter_embeddings("embeddings/"):   # a part at a time
       ...
 
 The folder holds plain files:
 
   manifest.json     what was embedded and how: `model` (its fingerprint, dimension, pooling,
-                    normalisation, max_seq_length, prompt, dtype), `input` (its name, format,
+                    normalisation, max_seq_length, prompt, dtype, truncate_dim, quantize,
+                    precision and, for int8 and uint8, ranges), `input` (its name, format,
                     size and fingerprint), `fields`, `part_bytes`; once every part is
                     written, `complete` true and `parts`: each one's file, rows, lines,
                     first line and SHA-256.
-  part-00000.npy    float32 [rows, dim], part 0's texts' embeddings in input order.
+  part-00000.npy    float32 [rows, dim] (or `model.precision`'s: flax_encoder.quantization),
+                    part 0's texts' embeddings in input order.
   part-00000.ids.json  part 0's texts: `line`, each text's line (Parquet: row) number
                     within the part, from 1; `ids`, each text's id where the input gives one
                     (null where not), or null where it gives none.
@@ -36,6 +38,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from flax_encoder import quantization
 from flax_encoder.modules_json import read_json
 
 MANIFEST = "manifest.json"
@@ -71,11 +74,12 @@ def run_key(header: dict) -> str:
   return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def npy_header(rows: int, dim: int) -> bytes:
-  """The HEADER_BYTES of a float32 [rows, dim] .npy file."""
+def npy_header(rows: int, dim: int, dtype=np.float32) -> bytes:
+  """The HEADER_BYTES of a [rows, dim] .npy file of `dtype` (little-endian)."""
   import io
   out = io.BytesIO()
-  np.lib.format.write_array_header_1_0(out, {"descr": "<f4", "fortran_order": False,
+  descr = np.lib.format.dtype_to_descr(np.dtype(dtype).newbyteorder("<"))
+  np.lib.format.write_array_header_1_0(out, {"descr": descr, "fortran_order": False,
                                              "shape": (rows, dim)})
   header = out.getvalue()
   # numpy pads its header to a multiple of 64 bytes: pad it on to HEADER_BYTES
@@ -113,6 +117,9 @@ def read_manifest(directory: str) -> dict:
   dim = model.get("dim") if isinstance(model, dict) else None
   if not _integer(dim) or dim < 1:
     raise CorpusError(f"{file}: model.dim={_excerpt(dim)}, expected an integer >= 1")
+  if model.get("precision", "float32") not in quantization.PRECISIONS:
+    raise CorpusError(f"{file}: model.precision={_excerpt(model['precision'])}, expected one of "
+                      f"{quantization.PRECISIONS}")
   if not isinstance(parts, list):
     raise CorpusError(f"{file}: parts={_excerpt(parts)}, expected a list of the parts")
   for i, part in enumerate(parts):
@@ -138,11 +145,18 @@ def _excerpt(value) -> str:
   return said if len(said) <= 60 else said[:57] + "..."
 
 
+def stored(model: dict) -> tuple[np.dtype, int]:
+  """(dtype, values a row) of the parts of a manifest's `model`: float32 [dim], or its
+  precision's."""
+  precision = model.get("precision", "float32")
+  return np.dtype(quantization.DTYPES[precision]), quantization.width(model["dim"], precision)
+
+
 def iter_embeddings(directory: str, verify: bool = True) -> Iterator[tuple[list, np.ndarray]]:
-  """(ids, float32 [rows, dim]) of each part in input order. `verify`: each part's SHA-256 is
-  checked against the manifest's first."""
+  """(ids, [rows, dim] vectors: float32, or the manifest's model.precision) of each part in
+  input order. `verify`: each part's SHA-256 is checked against the manifest's first."""
   manifest = read_manifest(directory)
-  dim = manifest["model"]["dim"]
+  dtype, dim = stored(manifest["model"])
   for part in manifest["parts"]:
     path = os.path.join(directory, part["file"])
     ids_file = path[:-len(".npy")] + ".ids.json"
@@ -157,8 +171,8 @@ def iter_embeddings(directory: str, verify: bool = True) -> Iterator[tuple[list,
       vectors = np.load(path)
     except (OSError, ValueError, EOFError) as e:
       raise CorpusError(f"{path}: not a .npy file numpy reads ({e})") from None
-    if vectors.shape != (part["rows"], dim) or vectors.dtype != np.float32:
-      raise CorpusError(f"{path}: {vectors.dtype} {list(vectors.shape)}, expected float32 "
+    if vectors.shape != (part["rows"], dim) or vectors.dtype != dtype:
+      raise CorpusError(f"{path}: {vectors.dtype} {list(vectors.shape)}, expected {dtype} "
                         f"[{part['rows']}, {dim}]")
     if verify and sha256_of(ids_file) != part["ids_sha256"]:
       raise CorpusError(f"{ids_file}: its SHA-256 differs from the manifest's: changed or "
@@ -177,11 +191,13 @@ def iter_embeddings(directory: str, verify: bool = True) -> Iterator[tuple[list,
 
 
 def read_embeddings(directory: str, verify: bool = True) -> tuple[list, np.ndarray]:
-  """(ids, float32 [texts, dim]) of a folder `python -m train.embed --out DIR/` wrote, in
-  input order. CorpusError in one line where the folder is incomplete or damaged."""
+  """(ids, [texts, dim] vectors: float32, or the precision the folder was written in: its
+  manifest's model.precision, int8's ranges its model.ranges) of a folder `python -m
+  train.embed --out DIR/` wrote, in input order. CorpusError in one line where the folder is
+  incomplete or damaged."""
   ids, parts = [], []
   for part_ids, vectors in iter_embeddings(directory, verify):
     ids += part_ids
     parts.append(vectors)
-  dim = read_manifest(directory)["model"]["dim"]
-  return ids, np.concatenate(parts) if parts else np.zeros((0, dim), np.float32)
+  dtype, dim = stored(read_manifest(directory)["model"])
+  return ids, np.concatenate(parts) if parts else np.zeros((0, dim), dtype)

@@ -16,6 +16,15 @@ from __future__ import annotations
 import numpy as np
 
 PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
+# each precision's numpy dtype
+DTYPES = {"float32": np.float32, "int8": np.int8, "uint8": np.uint8, "binary": np.int8,
+          "ubinary": np.uint8}
+
+
+def width(dim: int, precision: str) -> int:
+  """The values a vector of `dim` dimensions takes in `precision`: a byte a dimension, or 8
+  dimensions a byte for binary and ubinary."""
+  return (dim + 7) // 8 if precision.endswith("binary") else dim
 
 
 class QuantizationError(ValueError):

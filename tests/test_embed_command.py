@@ -276,8 +276,8 @@ def test_truncated_and_quantized_files_are_sentence_transformers_encode(folder, 
 
 @pytest.mark.parametrize("options,message", [
     (["--truncate-dim", "33"], "--truncate-dim 33: expected 1 to the 32 dimensions of --model"),
-    (["--precision", "int8", "--out-folder"], "--precision int8: a folder --out's parts are "
-     "float32"),
+    (["--precision", "int8", "--calibration-texts", "1"], "--calibration-texts 1: expected at "
+     "least 2"),
     (["--precision", "binary", "--ranges", "r.npy"], "--ranges: given with --precision binary"),
     (["--precision", "int8", "--ranges", "texts.txt"], "--ranges {tmp}/texts.txt: not a readable "
      ".npy file"),
@@ -286,8 +286,8 @@ def test_bad_truncation_and_precision_options_are_one_line(folder, tmp_path, cap
                                                            message):
   source = tmp_path / "texts.txt"
   source.write_text("\n".join(TEXTS))
-  out = str(tmp_path / "parts") + "/" if "--out-folder" in options else str(tmp_path / "e.npy")
-  options = [o.replace("texts.txt", str(source)) for o in options if o != "--out-folder"]
+  out = str(tmp_path / "e.npy")
+  options = [o.replace("texts.txt", str(source)) for o in options]
   try:  # argparse's own refusals exit
     code = embed.main(["--model", folder, "--input", str(source), "--out", out, *options])
   except SystemExit as e:
@@ -312,3 +312,27 @@ def test_a_folder_of_truncated_parts_records_its_dim_and_names_another(folder, t
   assert embed.main(["--model", folder, "--input", str(source), "--out", out,
                      "--truncate-dim", "16"]) == 2
   assert "--truncate-dim" in capsys.readouterr().err
+
+
+def test_a_folder_in_a_precision_holds_encodes_codes_and_its_ranges(folder, tmp_path, capsys):
+  # the parts in int8 by the ranges of the first texts, kept in the manifest: what
+  # quantize_embeddings gives the float vectors with those ranges; another precision is named
+  from sentence_transformers.util.quantization import quantize_embeddings
+
+  from flax_encoder.corpus import read_embeddings, read_manifest
+  source = tmp_path / "texts.txt"
+  source.write_text("\n".join(TEXTS))
+  out = str(tmp_path / "parts") + "/"
+  assert embed.main(["--model", folder, "--input", str(source), "--out", out, "--precision",
+                     "int8", "--calibration-texts", "5", "--part-mb", "0.0003"]) == 0
+  assert "int8 ranges of the first 5 texts (in the manifest)" in capsys.readouterr().err
+  ids, codes = read_embeddings(out)
+  model = read_manifest(out)["model"]
+  floats = st.SentenceTransformer(folder, device="cpu").encode(TEXTS)
+  np.testing.assert_allclose(model["ranges"], [floats[:5].min(0), floats[:5].max(0)], atol=1e-5)
+  want = quantize_embeddings(floats, precision="int8", ranges=np.array(model["ranges"]))
+  assert codes.dtype == np.int8 and ids == list(range(1, len(TEXTS) + 1))
+  assert np.abs(codes.astype(np.int16) - want).max() <= 1
+  assert embed.main(["--model", folder, "--input", str(source), "--out", out, "--precision",
+                     "ubinary", "--part-mb", "0.0003"]) == 2
+  assert "--precision was 'int8', now 'ubinary'" in capsys.readouterr().err

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from flax_encoder.corpus import CorpusError, done_parts, read_embeddings
+from flax_encoder.corpus import CorpusError, done_parts, read_embeddings, read_manifest
 from train.errors import RunError
 from train.outputs import corpus as parts
 from train.outputs import embed
@@ -217,6 +217,29 @@ def test_two_processes_of_two_devices_and_eight_devices_write_what_one_device_wr
     ids, vectors = read_embeddings(written)
     assert ids == expected_ids
     np.testing.assert_allclose(vectors, expected, atol=1e-6)
+
+
+@pytest.mark.slow  # several processes
+def test_two_processes_write_int8_parts_by_the_same_ranges_as_one(folder, tmp_path):  # noqa: F811
+  # int8's ranges are process 0's, broadcast to the other (JAX's own): one manifest, and the
+  # codes one process writes, but for a float on a bucket's edge
+  source = _input("jsonl", tmp_path)
+  one = str(tmp_path / "one") + "/"
+  embed.embed(folder, source, one, part_mb=PART_MB, precision="int8", calibration_texts=20)
+  shared = str(tmp_path / "shared") + "/"
+  out = subprocess.run(
+      [sys.executable, "-m", "train.launch", "--program", "embed", "--processes", "2",
+       "--devices-per-process", "2", "--", "--model", folder, "--input", source,
+       "--out", shared, "--part-mb", str(PART_MB), "--precision", "int8",
+       "--calibration-texts", "20"],
+      cwd=runs.ROOT, env=runs.environment(), capture_output=True, text=True,
+      timeout=runs.limit(300))
+  assert out.returncode == 0, out.stdout[-3000:]
+  ranges = [np.array(read_manifest(d)["model"]["ranges"]) for d in (one, shared)]
+  np.testing.assert_allclose(*ranges, atol=1e-6)
+  (ids, codes), (expected_ids, expected) = read_embeddings(shared), read_embeddings(one)
+  assert ids == expected_ids and codes.dtype == np.int8
+  assert np.abs(codes.astype(np.int16) - expected).max() <= 1
 
 
 @pytest.mark.parametrize("option, value, said", [

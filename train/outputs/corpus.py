@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from flax_encoder import corpus
+from flax_encoder import corpus, quantization
 from train.data import examples, sources
 from train.errors import RunError
 from train.files import remove_left_by_killed, sha256_file, written_whole
@@ -59,10 +59,13 @@ def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: 
                 id_field: str = "id", prompt: str | None = None, prompt_name: str | None = None,
                 dtype: str = "float32", show: bool = False, allow_nonfinite: bool = False,
                 part_mb: float = PART_MB, batch_tokens: int | None = None,
-                process: tuple[int, int] = (0, 1), barrier=None) -> tuple[int, int]:
+                process: tuple[int, int] = (0, 1), barrier=None, precision: str = "float32",
+                ranges: np.ndarray | None = None) -> tuple[int, int]:
   """Embeds this process's parts of `input_path` into the folder `out_dir` with `encoder`
   (a SentenceEncoder, its devices chosen); process 0 then writes the manifest, after
-  `barrier()` (every process done). Returns (texts embedded now, parts written now)."""
+  `barrier()` (every process done). The parts hold the vectors in `precision`
+  (flax_encoder.quantization; int8 and uint8 by `ranges`, which the manifest keeps). Returns
+  (texts embedded now, parts written now)."""
   wrong = part_mb_problem(part_mb)
   if wrong:
     raise RunError(f"part_mb: {wrong}")
@@ -72,6 +75,9 @@ def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: 
   reader = _reader(input_path, part_bytes, text_field, id_field)
   header = _header(encoder, model, input_path, reader, text_field, id_field, prompt_text,
                    dtype, part_bytes)
+  if precision != "float32":  # a folder of the defaults' manifest as older versions wrote it
+    header["model"]["precision"] = precision
+    header["model"]["ranges"] = None if ranges is None else np.asarray(ranges).tolist()
   key = _prepare_folder(out_dir, header, index)
   written = _written(out_dir, key, process, say=True)
   nonfinite, embedded, made = NonFinite(), 0, 0
@@ -97,7 +103,7 @@ def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: 
         print(f"embed: {corpus.part_name(k)} is embedded again: its input differs from what it "
               f"embedded (the input changed since)", file=sys.stderr)
       digest = hashlib.sha256()
-      with _Part(out_dir, k, key, encoder.dim) as part:
+      with _Part(out_dir, k, key, *corpus.stored(header["model"])[::-1]) as part:
         # chunks of bounded characters too, as a file --out reads them
         read = _digesting(reader.read(k) if items is None else items, digest)
         for texts in examples.chunked(read, chunk, lambda item: (item[2],)):
@@ -107,7 +113,7 @@ def embed_parts(encoder, model: str, input_path: str, out_dir: str, text_field: 
           if nonfinite.add(ids, vectors) and not allow_nonfinite:
             raise nonfinite.error(model, encoder.params, embedded + len(texts), embedded +
                                   len(texts))
-          part.write(numbers, ids, vectors)
+          part.write(numbers, ids, quantization.quantize(vectors, precision, ranges))
           embedded += len(texts)
           bar.advance(reader.done_in(k))
         part.finish(reader.lines_in(k), reader.span(k), digest.hexdigest())
@@ -181,8 +187,11 @@ def _header(encoder, model: str, input_path: str, reader, text_field: str, id_fi
                     "dim": encoder.dim, "pooling": list(encoder.model.pooling.modes),
                     "normalize": any(isinstance(s, Normalize) for s in encoder.model.steps),
                     "max_seq_length": encoder.max_seq_length, "prompt": prompt,
-                    "dtype": dtype, "truncate_dim": encoder.truncate_dim,
-                    "quantize": encoder.model.quantize},
+                    "dtype": dtype,
+                    # where set: a folder of the defaults has the manifest it had before them
+                    **{key: value for key, value in (("truncate_dim", encoder.truncate_dim),
+                                                     ("quantize", encoder.model.quantize))
+                       if value is not None}},
           "input": {"path": os.path.abspath(input_path), "format": reader.format,
                     "compression": reader.compression, "bytes": os.path.getsize(input_path),
                     "fingerprint": _input_fingerprint(input_path)},
@@ -235,6 +244,9 @@ def _prepare_folder(out_dir: str, header: dict, index: int) -> str:
 # difference is said: the options before the fingerprints they change (--dtype, the weights').
 _RECORDED = ((("model", "dtype"), "--dtype"), (("model", "quantize"), "--quantize"),
              (("model", "truncate_dim"), "--truncate-dim"),
+             (("model", "precision"), "--precision"),
+             (("model", "ranges"), "the int8 ranges (--ranges, or those of the calibration "
+                                   "texts)"),
              (("model", "prompt"), "the prompt"),
              (("fields", "text"), "--text-field"), (("fields", "id"), "--id-field"),
              (("part_bytes",), "a part's bytes (--part-mb)"),
@@ -266,6 +278,8 @@ def _field(manifest: dict, path: tuple[str, ...]):
 def _brief(value) -> str:
   """`value` as said: a fingerprint (64 hexadecimal digits) by its first 12."""
   said = repr(value)
+  if isinstance(value, list):  # int8's ranges: two rows of dim values
+    return said if len(said) <= 40 else said[:37] + "…"
   return said[:13] + "…'" if isinstance(value, str) and len(value) == 64 else said
 
 
@@ -356,27 +370,28 @@ class _Part:
   """Part k's .npy, written as its chunks come (its header's shape filled in at the end), then
   its .json; both appear whole or not at all."""
 
-  def __init__(self, out_dir: str, k: int, key: str, dim: int):
+  def __init__(self, out_dir: str, k: int, key: str, dim: int, dtype=np.float32):
     self.path = os.path.join(out_dir, corpus.part_name(k))
     self.k, self.key, self.dim = k, key, dim
+    self.dtype = np.dtype(dtype).newbyteorder("<")
     self.numbers, self.ids, self.rows = [], [], 0
 
   def __enter__(self):
     self._npy = written_whole(self.path + ".npy")
     self.tmp = self._npy.__enter__()
     self.file = open(self.tmp, "wb")
-    self.file.write(corpus.npy_header(0, self.dim))
+    self.file.write(corpus.npy_header(0, self.dim, self.dtype))
     return self
 
   def write(self, numbers, ids, vectors: np.ndarray) -> None:
-    self.file.write(np.ascontiguousarray(vectors, "<f4").tobytes())
+    self.file.write(np.ascontiguousarray(vectors, self.dtype).tobytes())
     self.numbers += numbers
     self.ids += ids
     self.rows += len(vectors)
 
   def finish(self, lines: int, span: tuple[int, int], input_sha256: str) -> None:
     self.file.seek(0)
-    self.file.write(corpus.npy_header(self.rows, self.dim))
+    self.file.write(corpus.npy_header(self.rows, self.dim, self.dtype))
     self.file.flush()
     os.fsync(self.file.fileno())
     self.file.close()

@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from flax_encoder import quantization
 from train.cli import HelpFormatter
 from train.data import examples, sources
 from train.errors import RunError
@@ -58,9 +59,6 @@ from train.run import multihost
 _CHUNK = 1024  # texts in memory at once (the progress bar moves with each call of them)
 _FOLDER = "/"  # OUT_FORMATS' key of a folder of parts, which --out names by a trailing /
 CALIBRATION_TEXTS = 1000  # the texts whose vectors' ranges bucket int8 and uint8
-# --precision -> the dtype a file holds
-_DTYPES = {"float32": np.float32, "int8": np.int8, "uint8": np.uint8, "binary": np.int8,
-           "ubinary": np.uint8}
 
 
 def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
@@ -75,19 +73,14 @@ def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
   once this process is done). An embedding that is not finite is a RunError before it is
   written, unless `allow_nonfinite` (then written, and warned of on stderr). `process`:
   (this process's index, the process count); `barrier`: waits for every process.
-  `truncate_dim`: each vector's first dimensions (a Matryoshka model's). `precision`: a file's
+  `truncate_dim`: each vector's first dimensions (a Matryoshka model's). `precision`: the
   vectors as flax_encoder.quantization gives them, int8 and uint8 by the ranges in
   `ranges_path` (.npy [2, dim]), else those of the first `calibration_texts` texts, written
-  beside the file (`ranges_file`). `quantize`: the encoder's dense layers in int8."""
-  from flax_encoder import quantization
+  beside a file (`ranges_file`) or into a folder's manifest. `quantize`: the encoder's dense
+  layers in int8."""
   writer = OUT_FORMATS[check_arguments(input_path, out_path)].writer
   if writer is None:
     check_folder(out_path)
-    if precision != "float32":
-      raise RunError(f"--precision {precision}: a folder --out's parts are float32; expected "
-                     f"a file --out (.npy, .parquet, .jsonl), or the parts read back "
-                     f"(flax_encoder.corpus.read_embeddings) and quantized "
-                     f"(flax_encoder.quantization.quantize)")
   elif process[1] > 1:
     raise RunError(f"--out {out_path}: a file, which one of {process[1]} processes cannot "
                    f"write; expected a folder (a name ending in /) the processes share")
@@ -102,11 +95,18 @@ def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
   if prompt_name is not None and prompt_name not in encoder.prompts:
     raise RunError(f"--prompt-name {prompt_name}: not among the model's prompts "
                    f"{sorted(encoder.prompts)}")
+  if precision in ("int8", "uint8") and ranges is None:
+    where = " (in the manifest)" if writer is None else f", in {ranges_file(out_path)}"
+    ranges = _calibrated(encoder, sources.Source(input_path), input_path, text_field, id_field,
+                         prompt, prompt_name, batch_tokens, calibration_texts, where, process)
+    if writer is not None:
+      with written_whole(ranges_file(out_path)) as tmp:
+        np.save(tmp, ranges)
   if writer is None:
     try:
       corpus.embed_parts(encoder, model, input_path, out_path, text_field, id_field, prompt,
                          prompt_name, dtype, show, allow_nonfinite, part_mb, batch_tokens,
-                         process, barrier)
+                         process, barrier, precision, ranges)
     except EmbeddingError as e:  # another model's tokenizer, found as it runs
       raise RunError(f"--model {model}: {_tokenizer_file(encoder)}{e}") from None
     except OSError as e:  # a full disk: the resource failed, not the request (exit 1)
@@ -114,15 +114,12 @@ def embed(model: str, input_path: str, out_path: str, text_field: str = "text",
     return corpus.texts_in(out_path) if process[0] == 0 else 0
   source = sources.Source(input_path)
   total = count_texts(source, input_path)
-  if precision in ("int8", "uint8") and ranges is None:
-    ranges = _calibrated(encoder, source, input_path, text_field, id_field, prompt, prompt_name,
-                         batch_tokens, calibration_texts, out_path)
   from tqdm import tqdm
   count, nonfinite = 0, NonFinite()
-  width = (encoder.dim + 7) // 8 if precision.endswith("binary") else encoder.dim
+  width = quantization.width(encoder.dim, precision)
   try:  # an error, Ctrl-C or SIGTERM (main) leave no half-written file behind
     with written_whole(out_path) as tmp, \
-        writer(tmp, total, width, _DTYPES[precision]) as written, \
+        writer(tmp, total, width, quantization.DTYPES[precision]) as written, \
         tqdm(desc="embed", unit="text", total=total, dynamic_ncols=True,
              disable=not show) as bar:
       for chunk in examples.chunked(texts_of(source, input_path, text_field, id_field),
@@ -167,11 +164,12 @@ def _read_ranges(path: str) -> np.ndarray:
 
 
 def _calibrated(encoder, source, input_path: str, text_field: str, id_field: str, prompt,
-                prompt_name, batch_tokens, calibration_texts: int, out_path: str) -> np.ndarray:
+                prompt_name, batch_tokens, calibration_texts: int, where: str = "",
+                process: tuple[int, int] = (0, 1)) -> np.ndarray:
   """The int8 ranges of the first `calibration_texts` texts' vectors (all of them, where
-  there are no more: as sentence-transformers' encode(precision="int8") takes them), written
-  to `ranges_file(out_path)`."""
-  from flax_encoder.quantization import int8_ranges
+  there are no more: as sentence-transformers' encode(precision="int8") takes them); of
+  several processes, process 0's, which every process takes (JAX's broadcast). Said, with
+  `where` they are kept."""
   texts = []
   for _, text in texts_of(source, input_path, text_field, id_field):
     texts.append(text)
@@ -180,12 +178,13 @@ def _calibrated(encoder, source, input_path: str, text_field: str, id_field: str
   if len(texts) < 2:
     raise RunError(f"--input {input_path}: {len(texts)} text, expected at least 2 to take int8 "
                    f"ranges from (or --ranges)")
-  ranges = int8_ranges(encoder(texts, prompt=prompt, prompt_name=prompt_name,
+  ranges = quantization.int8_ranges(encoder(texts, prompt=prompt, prompt_name=prompt_name,
                                batch_tokens=batch_tokens))
-  with written_whole(ranges_file(out_path)) as tmp:
-    np.save(tmp, ranges)
-  print(f"embed: int8 ranges of the first {len(texts)} texts, in {ranges_file(out_path)}",
-        file=sys.stderr)
+  if process[1] > 1:  # the same ranges in every process's parts, to the bit
+    from jax.experimental import multihost_utils
+    ranges = np.asarray(multihost_utils.broadcast_one_to_all(ranges))
+  if process[0] == 0:
+    print(f"embed: int8 ranges of the first {len(texts)} texts{where}", file=sys.stderr)
   return ranges
 
 
@@ -233,7 +232,6 @@ def load_encoder(model: str, dtype: str, truncate_dim: int | None = None,
   `quantize` (int8) where given; RunError naming --model (or the option) where it cannot be
   read."""
   from flax_encoder.embeddings import SentenceEncoder
-  from flax_encoder.quantization import check_truncate_dim
   if not os.path.isdir(model):
     raise RunError(f"--model {model}: no such directory, expected a sentence-transformers "
                    f"folder, a Hugging Face model directory or a contrastive run's workdir")
@@ -245,7 +243,7 @@ def load_encoder(model: str, dtype: str, truncate_dim: int | None = None,
     except ValueError as e:  # the library's errors name the file and what it holds
       raise RunError(f"--model {model}: {e}") from None
   try:
-    truncate_dim = check_truncate_dim(truncate_dim, encoder.model.dim)
+    truncate_dim = quantization.check_truncate_dim(truncate_dim, encoder.model.dim)
   except ValueError:
     raise RunError(f"--truncate-dim {truncate_dim}: expected 1 to the {encoder.model.dim} "
                    f"dimensions of --model {model}") from None
@@ -554,11 +552,11 @@ def main(argv=None) -> int:
   parser.add_argument("--truncate-dim", type=int,
                       help="keep each vector's first N dimensions (a Matryoshka model's), as "
                       "sentence-transformers' truncate_dim")
-  parser.add_argument("--precision", default="float32", choices=_DTYPES,
-                      help="a file's vectors as sentence-transformers' encode(precision=...): "
-                      "int8 and uint8 by --ranges, else by the ranges of the first "
-                      "--calibration-texts texts, written to OUT.ranges.npy; binary and "
-                      "ubinary one bit a dimension, 8 to a byte")
+  parser.add_argument("--precision", default="float32", choices=quantization.PRECISIONS,
+                      help="the vectors as sentence-transformers' encode(precision=...): int8 "
+                      "and uint8 by --ranges, else by the ranges of the first "
+                      "--calibration-texts texts, written to OUT.ranges.npy (a folder: its "
+                      "manifest); binary and ubinary one bit a dimension, 8 to a byte")
   parser.add_argument("--ranges", help="a .npy of float [2, dim]: int8's buckets (e.g. the "
                       "OUT.ranges.npy of the corpus these queries are searched in)")
   parser.add_argument("--calibration-texts", type=int, default=CALIBRATION_TEXTS,
