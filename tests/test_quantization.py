@@ -204,9 +204,9 @@ def _lowered_call(encoder, kind: str) -> str:
 
 @pytest.fixture(scope="module")
 def paragraph_vectors(minilm):
-  """The published MiniLM's vectors of 464 real paragraphs."""
+  """The published MiniLM's vectors of 280 real paragraphs."""
   from benchmarks.finetune_packed import paragraphs
-  return minilm[0](paragraphs()[0][:464])
+  return minilm[0](paragraphs()[0][:280])
 
 
 @pytest.mark.parametrize("multiplier", [1, 4])
@@ -217,8 +217,8 @@ def test_binary_search_with_rescoring_is_sentence_transformers(paragraph_vectors
   del faiss
   from sentence_transformers.util.quantization import semantic_search_faiss
 
-  corpus = quantization.quantize(paragraph_vectors[:400], "ubinary")
-  queries = paragraph_vectors[400:]
+  corpus = quantization.quantize(paragraph_vectors[:220], "ubinary")
+  queries = paragraph_vectors[220:]
   scores, indices = quantization.search(queries, corpus, top_k=10, rescore_multiplier=multiplier)
   hits, _ = semantic_search_faiss(queries, corpus_embeddings=corpus, corpus_precision="ubinary",
                                   top_k=10, rescore_multiplier=multiplier, exact=True)
@@ -228,11 +228,11 @@ def test_binary_search_with_rescoring_is_sentence_transformers(paragraph_vectors
   edge = np.sort(quantization.hamming(quantization.quantize(queries, "ubinary"), corpus), 1)
   clear = edge[:, 10 * multiplier - 1] != edge[:, 10 * multiplier]
   assert clear.sum() >= 10
+  # and paragraphs alike to the bit score alike: the last place goes to either
   for mine, mine_scores, theirs in zip(indices[clear], scores[clear],
                                        [h for h, c in zip(hits, clear) if c]):
-    want = {h["corpus_id"]: h["score"] for h in theirs}
-    assert sorted(mine) == sorted(want)
-    np.testing.assert_allclose(mine_scores, [want[i] for i in mine], rtol=1e-6)
     np.testing.assert_allclose(mine_scores, [h["score"] for h in theirs], rtol=1e-6)
+    above = lambda pairs: {i for i, score in pairs if not np.isclose(score, mine_scores[-1])}
+    assert above(zip(mine, mine_scores)) == above((h["corpus_id"], h["score"]) for h in theirs)
   hamming = quantization.hamming(corpus[:3], corpus)
-  assert hamming.shape == (3, 400) and (np.diag(hamming) == 0).all()
+  assert hamming.shape == (3, 220) and (np.diag(hamming) == 0).all()
