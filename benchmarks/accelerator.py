@@ -29,7 +29,9 @@ DIR/log.txt are written again as each part ends:
                128 and 512, on 8,192 pydoc paragraphs, for a random MiniLM-L6-sized and a
                BERT-base-sized BERT (each in a process of its own): sentences/s and real
                tokens/s; the vectors checked first (min cosine >= 0.99); sentence-transformers'
-               side skipped, with a note, where torch has no CUDA or it is not installed
+               side skipped, with a note, where torch has no CUDA or it is not installed; and
+               ours with the dense layers in int8 (quantized("int8"): qwix, the wheels' own),
+               its least cosine to ours in bfloat16
   contrastive  the training step of configs/embed.py (contrastive, packed pairs, AdamW) at
                BERT-base size, bfloat16 compute, 256 made-up pairs at seq_len 128, GradCache
                off and on: pairs/s, MFU against the measured matmul and the datasheet peak

@@ -140,6 +140,14 @@ def embed(tiny: bool, variant: str | None, attention: str, reps: int | None = No
       batch_tokens = ours.default_batch_tokens()
       computed = {"ours": computed_ids(ours, ids, batch_tokens)}
       runners = {"ours": lambda ours=ours: ours(texts)}
+      int8_cosine = None
+      try:  # the dense layers in int8 (flax_encoder.quantized), beside bfloat16
+        int8 = ours.quantized("int8")
+        int8_cosine = min_cosine(int8(texts), vectors)
+        runners["ours int8"] = lambda int8=int8: int8(texts)
+        computed["ours int8"] = computed["ours"]
+      except Exception as e:  # noqa: BLE001 - qwix missing, or the device's int8 products
+        notes.append(f"{name}: ours int8 skipped: {type(e).__name__}: {str(e)[:200]}")
       cosine = diff = None
       theirs_dtype = None
       if device:
@@ -171,6 +179,8 @@ def embed(tiny: bool, variant: str | None, attention: str, reps: int | None = No
           row["speed vs best sentence-transformers"] = f"{best / s:.2f}x"
         if impl_name == "ours" and cosine is not None:
           row["min cosine vs sentence-transformers"] = round(cosine, 5)
+        if impl_name == "ours int8":
+          row["min cosine vs ours bfloat16"] = round(int8_cosine, 5)
         rows.append(row)
       notes.append(
           f"{name} ({sizes['num_hidden_layers']} layers, {sizes['hidden_size']} wide, "
@@ -182,6 +192,7 @@ def embed(tiny: bool, variant: str | None, attention: str, reps: int | None = No
           + (f"; theirs: {theirs_dtype}, sdpa, on {device}; min cosine {cosine:.5f}, max abs "
              f"diff {diff:.2e}" if cosine is not None else ""))
       del ours, runners
+      int8 = None
       if device:
         del theirs
         if device == "cuda":

@@ -2,7 +2,8 @@
 # Builds .whl/: the wheels a GPU machine with Python 3.12 and a CUDA jax install needs beyond
 # what such an image usually holds (jax, flax, optax, chex, orbax, torch, absl, etils, numpy,
 # protobuf, pyyaml, pyarrow, sentencepiece, tokenizers, tqdm, matplotlib): grain and what it
-# needs, ml_collections, tensorboard and what it needs, zstandard, and this project. Then checks that they
+# needs, ml_collections, tensorboard and what it needs, zstandard, qwix (int8), and this project.
+# Then checks that they
 # install for Python 3.12 on manylinux x86_64 without anything else.
 #
 #   bash benchmarks/gpu_wheels.sh            # here, from the repository root
@@ -21,7 +22,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp "${platforms[@]}" -d .whl \
   grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 ml_collections==1.1.0 \
   tensorboard==2.21.0 tensorboard-data-server==0.7.2 grpcio==1.85.3 markdown==3.11.3 \
-  werkzeug==3.1.9 markupsafe==3.0.4 zstandard==0.25.0
+  werkzeug==3.1.9 markupsafe==3.0.4 zstandard==0.25.0 qwix==0.1.8
 python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl . 2>/dev/null
 # The check: every wheel installs for CPython 3.12 on x86_64 Linux, and nothing is missing
 # among what they ask for that the folder does not hold either.
@@ -35,7 +36,8 @@ IMAGE = {"absl-py", "cloudpickle", "etils", "numpy", "protobuf", "pyyaml", "pack
          "flax", "optax", "orbax-checkpoint", "chex", "typing-extensions", "psutil", "tqdm",
          "matplotlib", "sentencepiece", "tokenizers", "torch", "safetensors", "pytest",
          "pyarrow", "msgpack", "importlib-resources", "zipp", "fsspec", "humanize",
-         "pillow", "setuptools"}  # matplotlib's and torch's
+         "pillow", "setuptools",  # matplotlib's and torch's
+         "jaxlib", "opt-einsum"}  # jax's
 norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
 have = IMAGE | {norm(w.split("/")[-1].split("-")[0]) for w in glob.glob(".whl/*.whl")}
 missing = set()

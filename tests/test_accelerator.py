@@ -52,15 +52,17 @@ def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   assert flax["tokens/s"] > 0 and transformers["tokens/s"] > 0
   # The same step on the same weights and batch, both in bfloat16.
   assert abs(flax["first-step loss"] / transformers["first-step loss"] - 1) < 0.02
-  # Each model size: ours against sentence-transformers (on the CPU here) at each batch size,
-  # the same vectors to a cosine of 0.99 first.
+  # Each model size: ours (and ours in int8) against sentence-transformers (on the CPU here) at
+  # each batch size, the same vectors to a cosine of 0.99 first.
   embed = parts[("embed", None)]["rows"]
   assert [(r["model"], r["impl"]) for r in embed] == [
       (model, impl) for model in ("MiniLM-L6 size", "BERT-base size")
-      for impl in ("ours", "sentence-transformers, batch 8", "sentence-transformers, batch 32")]
+      for impl in ("ours", "ours int8", "sentence-transformers, batch 8",
+                   "sentence-transformers, batch 32")]
   assert all(r["sentences/s"] > 0 and r["real tokens/s"] > 0 for r in embed)
   assert all(r["min cosine vs sentence-transformers"] >= 0.99 for r in embed
              if r["impl"] == "ours")
+  assert all(r["min cosine vs ours bfloat16"] >= 0.95 for r in embed if r["impl"] == "ours int8")
   steps = parts[("contrastive", None)]["rows"]
   assert [r["step"] for r in steps] == ["plain", "GradCache, 4 texts a chunk"]
   assert all(r["pairs/s"] > 0 and r["first-step loss"] > 0 for r in steps)
