@@ -71,6 +71,7 @@ def test_jemalloc_is_preloaded_where_installed_unless_glibc_is_asked_for(tmp_pat
   assert host.jemalloc_environment({"LD_PRELOAD": str(library)}) is None  # preloaded already
 
 
+@pytest.mark.slow  # the program started twice over
 @pytest.mark.skipif(not any(os.path.isfile(p) for p in host.JEMALLOC),
                     reason="jemalloc is not installed (Debian: libjemalloc2)")
 def test_the_program_runs_itself_again_with_jemalloc_and_says_when_it_cannot(tmp_path):

@@ -57,6 +57,7 @@ def test_the_parity_report_passes_on_the_published_minilm_as_saved(minilm, preci
   assert "PASS: every stage within" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a run of the published model
 def test_fine_tuning_starts_from_the_published_minilm(minilm, tmp_path):
   rows = [{"text": text, "label": "long" if len(text) > 25 else "short"} for text in TEXTS * 4]
   data = tmp_path / "texts.jsonl"

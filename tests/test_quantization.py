@@ -105,6 +105,7 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
   return np.sum(a * b, -1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
+@pytest.mark.slow  # the published model in int8 and float32, and sentence-transformers
 def test_int8_vectors_of_the_published_minilm_are_within_their_cosine(minilm):
   # the dense layers in int8 (weights a scale per output channel, activations a scale per
   # token): each real paragraph's vector within a cosine of 0.99 of sentence-transformers'
@@ -209,6 +210,7 @@ def paragraph_vectors(minilm):
   return minilm[0](paragraphs()[0][:280])
 
 
+@pytest.mark.slow  # the published model on 280 paragraphs
 @pytest.mark.parametrize("multiplier", [1, 4])
 def test_binary_search_with_rescoring_is_sentence_transformers(paragraph_vectors, multiplier):
   # sentence-transformers' quantized search: an exact binary faiss index, the top_k *

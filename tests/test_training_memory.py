@@ -46,6 +46,7 @@ def _write_pairs(path, count: int, seed: int) -> str:
   return str(path)
 
 
+@pytest.mark.slow  # a run long enough to see its memory level off
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"),
                     reason="the program reads its resident memory from /proc (Linux)")
 def test_resident_memory_stops_growing_after_the_warm_up(tmp_path):
