@@ -121,15 +121,7 @@ def test_int8_vectors_of_the_published_minilm_are_within_their_cosine(minilm):
   assert _cosines(ours(TEXTS), theirs.encode(TEXTS)).min() >= 0.97
   kernel = ours.params["encoder"]["layers_0"]["feed_forward"]["w_1"]["kernel"]
   assert kernel.array.qvalue.dtype == np.int8
-  assert ours.model.quantize == "int8" and "xi8>" in jax_lowered(ours)  # int8 tensors
-
-
-def jax_lowered(encoder) -> str:
-  """The HLO of one call of `encoder` on a row of ones."""
-  import jax
-  import jax.numpy as jnp
-  rows = jnp.ones((1, 16), jnp.int32)
-  return jax.jit(encoder.apply).lower(encoder.params, rows, rows, rows).as_text()
+  assert ours.model.quantize == "int8" and "xi8>" in _lowered(ours)  # int8 tensors
 
 
 def test_int8_of_a_tiny_model_and_of_a_loaded_one_agree(folders):  # noqa: F811
@@ -144,7 +136,6 @@ def test_int8_of_a_tiny_model_and_of_a_loaded_one_agree(folders):  # noqa: F811
 
 
 def test_what_int8_does_not_compute_is_refused_in_one_line(folders):  # noqa: F811
-  from flax_encoder.sparse import SparseEncoder
   cases = [(lambda: SentenceEncoder.load(folders["dense"], quantize="int4"),
             "quantize='int4', expected one of ('int8',) or None"),
            (lambda: SentenceEncoder.load(folders["dense"], quantize="int8").quantized("int8"),
@@ -153,7 +144,6 @@ def test_what_int8_does_not_compute_is_refused_in_one_line(folders):  # noqa: F8
     with pytest.raises(ValueError) as raised:
       call()
     assert words in str(raised.value) and "\n" not in str(raised.value)
-  del SparseEncoder
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +171,7 @@ def test_each_type_computes_in_int8_near_its_float32(kinds, kind):
   # labels, the token vectors: a cosine of 0.9998 or more on these tiny random models)
   cls, folder = kinds[kind]
   plain, int8 = cls.load(folder), cls.load(folder, quantize="int8")
-  assert int8.model.quantize == "int8" and "xi8>" in _lowered_call(int8, kind)
+  assert int8.model.quantize == "int8" and "xi8>" in _lowered(int8, kind)
   texts = TEXTS[:12]
   if kind == "sparse":
     got, want = int8(texts).toarray(), plain(texts).toarray()
@@ -194,47 +184,10 @@ def test_each_type_computes_in_int8_near_its_float32(kinds, kind):
   assert _cosines(got, want).min() >= 0.999, _cosines(got, want)
 
 
-def _lowered_call(encoder, kind: str) -> str:
+def _lowered(encoder, kind: str | None = None) -> str:
+  """The HLO of one call of `encoder` on a row of ones (a reranker's: ids and segments)."""
   import jax
   import jax.numpy as jnp
   rows = jnp.ones((1, 16), jnp.int32)
-  if kind == "reranker":
-    return jax.jit(encoder.apply).lower(encoder.params, rows, rows).as_text()
-  return jax.jit(encoder.apply).lower(encoder.params, rows, rows, rows).as_text()
-
-
-@pytest.fixture(scope="module")
-def paragraph_vectors(minilm):
-  """The published MiniLM's vectors of 280 real paragraphs."""
-  from benchmarks.finetune_packed import paragraphs
-  return minilm[0](paragraphs()[0][:280])
-
-
-@pytest.mark.slow  # the published model on 280 paragraphs
-@pytest.mark.parametrize("multiplier", [1, 4])
-def test_binary_search_with_rescoring_is_sentence_transformers(paragraph_vectors, multiplier):
-  # sentence-transformers' quantized search: an exact binary faiss index, the top_k *
-  # rescore_multiplier nearest by Hamming distance, rescored by the float query
-  faiss = pytest.importorskip("faiss", reason="sentence-transformers' binary index")
-  del faiss
-  from sentence_transformers.util.quantization import semantic_search_faiss
-
-  corpus = quantization.quantize(paragraph_vectors[:220], "ubinary")
-  queries = paragraph_vectors[220:]
-  scores, indices = quantization.search(queries, corpus, top_k=10, rescore_multiplier=multiplier)
-  hits, _ = semantic_search_faiss(queries, corpus_embeddings=corpus, corpus_precision="ubinary",
-                                  top_k=10, rescore_multiplier=multiplier, exact=True)
-  # the same hits and scores, hits of equal scores (texts alike to the bit) in either order;
-  # where the Hamming distance at the candidates' edge is tied, either index picks among the
-  # tied ones its own way: those queries are left out (about half of them on 384 bits)
-  edge = np.sort(quantization.hamming(quantization.quantize(queries, "ubinary"), corpus), 1)
-  clear = edge[:, 10 * multiplier - 1] != edge[:, 10 * multiplier]
-  assert clear.sum() >= 10
-  # and paragraphs alike to the bit score alike: the last place goes to either
-  for mine, mine_scores, theirs in zip(indices[clear], scores[clear],
-                                       [h for h, c in zip(hits, clear) if c]):
-    np.testing.assert_allclose(mine_scores, [h["score"] for h in theirs], rtol=1e-6)
-    above = lambda pairs: {i for i, score in pairs if not np.isclose(score, mine_scores[-1])}
-    assert above(zip(mine, mine_scores)) == above((h["corpus_id"], h["score"]) for h in theirs)
-  hamming = quantization.hamming(corpus[:3], corpus)
-  assert hamming.shape == (3, 220) and (np.diag(hamming) == 0).all()
+  args = (rows, rows) if kind == "reranker" else (rows, rows, rows)
+  return jax.jit(encoder.apply).lower(encoder.params, *args).as_text()
