@@ -23,22 +23,40 @@ def test_the_training_step_and_the_exported_encoder_lower_for_tpu_and_cuda():
   assert "encoder exported for tpu,cuda: deserialized for tpu,cuda" in result.stdout
 
 
-@pytest.mark.slow
-def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
+def _accelerator(tmp_path, parts: tuple[str, ...]) -> dict:
+  """(part, variant) -> entry of `python -m benchmarks.accelerator --parts PARTS` at tiny
+  sizes, checked to have run each part, in order, without a failure; its results.md holds a
+  section for each."""
   pytest.importorskip("torch")  # its parity and train_step parts compare with PyTorch
   out = tmp_path / "accelerator"
   env = {**runs.environment(), "JAX_PLATFORMS": "cpu"}
-  result = subprocess.run([sys.executable, "-m", "benchmarks.accelerator", "--out", str(out)],
+  result = subprocess.run([sys.executable, "-m", "benchmarks.accelerator", "--out", str(out),
+                           "--parts", ",".join(parts)],
                           cwd=runs.ROOT, env=env, capture_output=True, text=True,
                           timeout=runs.limit(900), check=False)
   assert result.returncode == 0, result.stderr[-3000:] + (out / "log.txt").read_text()[-3000:]
   results = json.loads((out / "results.json").read_text())
-  parts = {(e["part"], e["variant"]): e for e in results["parts"]}
-  assert [p for p, _ in parts] == ["environment", "suite", "parity", "train_step", "bert",
-                                   "embed", "contrastive", "retrieval", "attention", "long",
-                                   "big",
-                                   "train_run", "profile"]
-  assert all(e["status"] == "ok" for e in parts.values()), parts
+  entries = {(e["part"], e["variant"]): e for e in results["parts"]}
+  assert [p for p, _ in entries] == list(parts)
+  assert all(e["status"] == "ok" for e in entries.values()), entries
+  assert (out / "results.md").read_text().count("\n## ") == len(parts)
+  assert os.path.getsize(out / "log.txt") > 0
+  return entries
+
+
+# The command's parts, in two runs the suite's workers take at once.
+FIRST_PARTS = ("environment", "suite", "parity", "train_step", "bert", "embed", "contrastive")
+SECOND_PARTS = ("retrieval", "attention", "long", "big", "train_run", "profile")
+
+
+def test_every_part_of_the_accelerator_command_is_one_of_the_two_runs():
+  from benchmarks.accelerator import PARTS
+  assert FIRST_PARTS + SECOND_PARTS == PARTS
+
+
+@pytest.mark.slow
+def test_the_accelerator_command_runs_its_parity_training_and_embedding_parts(tmp_path):
+  parts = _accelerator(tmp_path, FIRST_PARTS)
   assert "skipped" in parts[("suite", None)]["notes"][0]
   parity = parts[("parity", None)]["rows"]
   assert parity[-1]["stage"] == "output" and all(r["passes"] for r in parity)
@@ -66,6 +84,11 @@ def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   steps = parts[("contrastive", None)]["rows"]
   assert [r["step"] for r in steps] == ["plain", "GradCache, 4 texts a chunk"]
   assert all(r["pairs/s"] > 0 and r["first-step loss"] > 0 for r in steps)
+
+
+@pytest.mark.slow
+def test_the_accelerator_command_runs_its_retrieval_attention_memory_and_profile_parts(tmp_path):
+  parts = _accelerator(tmp_path, SECOND_PARTS)
   # Each type: ours, then sentence-transformers' (on the CPU here), on the same folder.
   retrieval = parts[("retrieval", None)]["rows"]
   assert [(r["model"], r["impl"]) for r in retrieval] == [
@@ -82,6 +105,3 @@ def test_the_accelerator_command_runs_every_part_at_tiny_sizes(tmp_path):
   assert [r["remat"] for r in parts[("big", None)]["rows"]] == ["none", "full", "save_dots"]
   assert parts[("train_run", None)]["rows"][0]["steps"] == 40
   assert parts[("profile", None)]["rows"]
-  markdown = (out / "results.md").read_text()
-  assert markdown.count("\n## ") == 13 and "| stage |" in markdown
-  assert os.path.getsize(out / "log.txt") > 0
