@@ -38,6 +38,12 @@ def get_config() -> ml_collections.ConfigDict:
   # Matryoshka: the loss summed over these prefixes of the embedding, each normalised again
   # ("768,512,256,128,64": list the full size to train it too); "" = the whole embedding.
   config.task.matryoshka_dims = ""
+  # The loss: "mnrl", MultipleNegativesRankingLoss (the batch's other positives and each line's
+  # negative are an anchor's negatives); or a teacher's scores distilled, "margin_mse"
+  # (MarginMSELoss) or "kl" (DistillKLDivLoss), each line's negative and the teacher's scores
+  # (data.scores_field) required: `python -m train.mine --scorer RERANKER --num-negatives 1`.
+  config.task.loss = "mnrl"
+  config.task.temperature = 1.0  # kl's, of the student's and the teacher's softmax
   # GradCache: the whole batch's loss (every other pair a negative) in the memory of
   # mini_batch texts at a time, for about a third more compute (each text encoded twice
   # forward). Without dropout the gradient is the uncached one.
@@ -51,6 +57,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.anchor_field = "anchor"
   config.data.positive_field = "positive"
   config.data.negative_field = "negative"  # optional on each line: a column more for its anchor
+  # distillation: [the positive's, the negative's] teacher scores; or their difference under
+  # label_field (margin_mse)
+  config.data.scores_field = "scores"
+  config.data.label_field = "label"
   # The held-out pairs each evaluation ranks (its first ones): every anchor against every
   # positive, so the cost grows with its square.
   config.data.eval_pairs = 1024

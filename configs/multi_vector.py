@@ -21,6 +21,9 @@ from configs import embed
 
 def get_config() -> ml_collections.ConfigDict:
   config = embed.get_config()  # the encoder, config.init, the recipe, the pairs and their run
+  # the teacher scores of the dense task's distillation, which this task does not have yet
+  for name in ("scores_field", "label_field"):
+    del config.data[name]
 
   config.task = ml_collections.ConfigDict()
   config.task.name = "multi_vector"

@@ -21,6 +21,11 @@ def get_config() -> ml_collections.ConfigDict:
   config = embed.get_config()
   for name in ("normalize", "symmetric", "matryoshka_dims"):  # a dense embedding's
     del config.task[name]
+  # the dense task's distillation (config.task.loss), which this task does not have yet
+  for name in ("loss", "temperature"):
+    del config.task[name]
+  for name in ("scores_field", "label_field"):
+    del config.data[name]
   config.task.name = "sparse"
   # Unset: config.init.hf's SpladePooling (a SparseEncoder folder), else "max" and "relu":
   # max or sum over a text's ids of log(1 + relu(logit)) ("log1p_relu": log1p once more).

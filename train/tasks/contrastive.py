@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -70,6 +71,9 @@ def sentence_model(cfg: EncoderConfig, pooling: str = "mean",
   return SentenceEmbedding(SentenceModel(cfg, Pooling((pooling,))), check_traced_ids)
 
 
+LOSSES = ("mnrl", "margin_mse", "kl")  # config.task.loss; the last two distil a teacher's
+
+
 @dataclasses.dataclass(frozen=True)
 class RankingLoss:
   """MultipleNegativesRankingLoss over cosine similarities times `scale`; `symmetric` averages
@@ -79,6 +83,7 @@ class RankingLoss:
   scale: float = 20.0
   symmetric: bool = False
   dims: tuple[int, ...] = ()
+  inputs = ("has_negative",)  # what it takes of the batch after the texts
 
   def __call__(self, anchors, positives, negatives=None, has_negative=None) -> jax.Array:
     """The loss summed over the B anchors of [B, d] embeddings; `negatives` [B, d] add their
@@ -104,6 +109,38 @@ class RankingLoss:
       return forward
     # sentence-transformers' symmetric loss: a positive is ranked among the anchors alone.
     return (forward + cross_entropy_sum(scores.T, targets)) / 2
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillationLoss:
+  """A teacher's scores of each line's positive and negative distilled, as sentence-transformers'
+  MarginMSELoss ("margin_mse": the squared error of the student's margin, s(a, p) - s(a, n),
+  against the teacher's) and DistillKLDivLoss ("kl": the KL divergence of the student's
+  softmax over (p, n) from the teacher's, both at `temperature`, times its square) compute
+  them; s the dot product of the embeddings as the model gives them (unit vectors where
+  `normalize`, as an export's Normalize makes them), their default pairwise_dot_score."""
+
+  kind: str
+  normalize: bool = True
+  temperature: float = 1.0
+  scale: float = 20.0  # the held-out loss's (every positive ranked: eval_metrics), not this one's
+  dims = ()
+  inputs = ("teacher",)
+
+  def __call__(self, anchors, positives, negatives, teacher) -> jax.Array:
+    """The loss summed over the B anchors of [B, d] embeddings; `teacher` [B, 2]: its scores
+    of each line's positive and negative."""
+    if self.normalize:
+      anchors, positives, negatives = map(normalize, (anchors, positives, negatives))
+    student = jnp.stack([jnp.sum(anchors * positives, -1), jnp.sum(anchors * negatives, -1)], 1)
+    teacher = jnp.asarray(teacher, jnp.float32)
+    if self.kind == "margin_mse":
+      return jnp.sum(((student[:, 0] - student[:, 1]) - (teacher[:, 0] - teacher[:, 1])) ** 2)
+    t = self.temperature
+    log_student = jax.nn.log_softmax(student / t, axis=1)
+    target = jax.nn.softmax(teacher / t, axis=1)
+    kl = jax.scipy.special.xlogy(target, target) - target * log_student  # 0 where target is 0
+    return t ** 2 * jnp.sum(kl)
 
 
 def diagonal(scores) -> jax.Array:
@@ -240,7 +277,7 @@ class ContrastiveTask(PairsTask):
   segments], the text each segment is (anchor i: i, positive i: eval_pairs + i, -1 none)."""
 
   model: SentenceEmbedding
-  loss: RankingLoss
+  loss: RankingLoss | DistillationLoss
   eval_pairs: int
   chunks: int | None = None  # GradCache's: the rows embedded in this many chunks; None: at once
 
@@ -250,7 +287,7 @@ class ContrastiveTask(PairsTask):
     pooled = embed(params, rows, dropout_rng)  # [rows, segments, d]
     flat = pooled.reshape(-1, pooled.shape[-1])
     texts = [flat[batch[f"{name}_slot"]] for name in TEXTS if f"{name}_slot" in batch]
-    return self.loss(*texts, batch.get("has_negative"))
+    return self.loss(*texts, *(batch.get(name) for name in self.loss.inputs))
 
   def eval_sums(self, params, batch: dict) -> dict:
     """Each text's embedding at its row of [eval_pairs, d] arrays of anchors and positives
@@ -295,11 +332,18 @@ class ContrastiveTask(PairsTask):
 #   {train,eval}.positive.bin      the positives'
 #   train.negative.bin             the hard negatives' (all padding where a line has none) and
 #   train.has_negative.bin         uint8 [n], where the training file has any
+#   train.teacher.bin              float32 [n, 2]: a teacher's scores of each line's positive
+#                                  and negative (distillation: config.task.loss)
 #   dataset.json                   what examples.prepare_examples records, format FORMAT
 
 
 def _text(record: dict, field: str, where: str, required: bool) -> str | None:
   value = record.get(field)
+  if isinstance(value, list) and not required:  # a mined line's negatives (python -m train.mine)
+    if len(value) != 1:
+      raise RunError(f"{where}: {field!r}: a list of {len(value)}, expected one text (this "
+                     f"task takes one negative a line: mine with --num-negatives 1)")
+    value = value[0]
   if value is None and not required:
     return None
   if not isinstance(value, str) or not value.strip():
@@ -308,11 +352,36 @@ def _text(record: dict, field: str, where: str, required: bool) -> str | None:
   return value
 
 
-def _pairs(source, fields: dict) -> Iterator[tuple]:
-  """(line number, anchor, positive, negative or None) of each line, checked."""
-  for number, record in examples.records(source):
-    where = f"{source.path}:{number}"
-    yield (number, *(_text(record, fields[name], where, name != "negative") for name in TEXTS))
+def _pairs(source, fields: dict, teacher: dict | None = None) -> Iterator[tuple]:
+  """(line number, anchor, positive, negative or None) of each line, checked; and, where
+  `teacher` ({'scores': field, 'label': field}) is given, the teacher's scores of its positive
+  and negative (`_teacher_scores`)."""
+  for line, record in examples.records(source):
+    where = f"{source.path}:{line}"
+    texts = tuple(_text(record, fields[name], where, name != "negative") for name in TEXTS)
+    yield (line, *texts) if teacher is None else (
+        line, *texts, _teacher_scores(record, teacher, where, texts[2] is not None))
+
+
+def _teacher_scores(record: dict, teacher: dict, where: str, has_negative: bool
+                    ) -> tuple[float, float]:
+  """(the positive's score, the negative's) a line gives under teacher['scores'] (a list of
+  the two), or its margin under teacher['label'] (the positive's score less the negative's,
+  as sentence-transformers' MarginMSELoss takes a label): (margin, 0)."""
+  scores, label = record.get(teacher["scores"]), record.get(teacher["label"])
+  finite = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+  if not has_negative:
+    raise RunError(f"{where}: no {teacher['negative']!r}, expected a negative on every line "
+                   f"of a distillation (config.task.loss={teacher['loss']!r})")
+  if isinstance(scores, list) and len(scores) >= 2 and all(finite(x) for x in scores[:2]):
+    return float(scores[0]), float(scores[1])  # a mined line's: the positive's, then the first
+  if scores is None and finite(label) and teacher["loss"] == "margin_mse":
+    return float(label), 0.0
+  got = f"{teacher['scores']!r}: {scores!r}"[:80] if scores is not None else (
+      f"{teacher['label']!r}: {label!r}"[:80] if label is not None else "neither")
+  margin = f", or {teacher['label']!r}: the margin" if teacher["loss"] == "margin_mse" else ""
+  raise RunError(f"{where}: {got}, expected {teacher['scores']!r}: the teacher's scores of the "
+                 f"positive and the negative{margin} (config.task.loss={teacher['loss']!r})")
 
 
 def _has_negatives(path: str, fields: dict) -> bool:
@@ -324,10 +393,11 @@ def _has_negatives(path: str, fields: dict) -> bool:
 
 
 def prepare_pairs(paths: dict, directory: str, tokenizer, tokenizer_file, seq_len: int,
-                  fields: dict, pad_id: int, template=None) -> dict:
+                  fields: dict, pad_id: int, template=None, teacher: dict | None = None) -> dict:
   """Writes the pairs of `paths` {'train': …, 'eval': …} into `directory` (the layout above),
   each text laid out as the starting tokenizer lays out one text (`template`) and cut to
-  `seq_len` ids; returns its dataset.json."""
+  `seq_len` ids, with the training lines' teacher scores where `teacher` (`_pairs`) is given;
+  returns its dataset.json."""
   examples.check_ids(tokenizer, pad_id, (*template.start, *template.end) if template else ())
   dtype = examples.ids_dtype(tokenizer)
   negatives = {"train": _has_negatives(paths["train"], fields), "eval": False}
@@ -338,8 +408,10 @@ def prepare_pairs(paths: dict, directory: str, tokenizer, tokenizer_file, seq_le
   splits = iter(paths)  # examples.write_splits encodes the splits in this order
 
   def encode(source, counts):
-    with_negatives = negatives[next(splits)]
-    for chunk in examples.chunked(_pairs(source, fields), examples.CHUNK, lambda e: e[1:]):
+    split = next(splits)
+    with_negatives, scored = negatives[split], teacher if split == "train" else None
+    for chunk in examples.chunked(_pairs(source, fields, scored), examples.CHUNK,
+                                  lambda e: e[1:4]):
       columns = {name: [line[1 + i] for line in chunk] for i, name in enumerate(TEXTS)}
       arrays = {}
       for name in TEXTS[:2] + (TEXTS[2:] if with_negatives else ()):
@@ -357,12 +429,15 @@ def prepare_pairs(paths: dict, directory: str, tokenizer, tokenizer_file, seq_le
         arrays["tokens" if name == "anchor" else name] = rows
       if with_negatives:
         arrays["has_negative"] = np.array([n is not None for n in columns["negative"]], np.uint8)
+      if scored:
+        arrays["teacher"] = np.array([line[4] for line in chunk], np.float32)
       counts.examples += len(chunk)
       yield arrays
 
   return examples.write_splits(paths, directory, tokenizer, tokenizer_file, encode,
                          "an anchor and a positive", {
                              "format": FORMAT, "label_kind": "pairs", "negatives": negatives,
+                             "teacher": teacher,
                              "pad_id": pad_id, "seq_len": seq_len, "fields": fields,
                              "template": template.to_dict() if template else None,
                              "dtype": np.dtype(dtype).name})
@@ -390,6 +465,8 @@ def load_pairs(directory: str) -> dict:
     if meta["negatives"][split]:
       rows["negative"] = read("negative", dtype, (n, seq_len))
       rows["has_negative"] = read("has_negative", np.uint8, (n,))
+    if meta.get("teacher") and split == "train":
+      rows["teacher"] = read("teacher", np.float32, (n, 2))
     loaded[split] = rows
   return loaded
 
@@ -399,11 +476,15 @@ def prepared_pairs(config, workdir: str, resume: Resume, paths: dict) -> finetun
   request, and the encoder's config."""
   fields = {name: config.data[f"{name}_field"] for name in TEXTS}
   seq_len = config.train.seq_len
+  loss = config.task.get("loss", "mnrl")
+  teacher = None if loss == "mnrl" else {
+      "loss": loss, "scores": config.data.scores_field, "label": config.data.label_field,
+      "negative": config.data.negative_field}
   return finetune.prepare(
       config, workdir, resume, paths, lambda record: [record.get(f) for f in fields.values()],
       lambda d, tokenizer, tokenizer_file, pad_id, template: prepare_pairs(
-          paths, d, tokenizer, tokenizer_file, seq_len, fields, pad_id, template),
-      {"format": FORMAT, "fields": fields}, load=load_pairs)
+          paths, d, tokenizer, tokenizer_file, seq_len, fields, pad_id, template, teacher),
+      {"format": FORMAT, "fields": fields, "teacher": teacher}, load=load_pairs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -455,7 +536,8 @@ def pair_packer(config, prepared: finetune.Prepared, chunks: int | None):
   GradCache's `chunks`."""
   lengths = packed_pairs.text_lengths(prepared.loaded["train"], prepared.pad_id)
   return functools.partial(packed_pairs.PairPacker, lengths, config.train.seq_len,
-                           prepared.pad_id, config.train.batch_size, multiple=chunks or 1)
+                           prepared.pad_id, config.train.batch_size, multiple=chunks or 1,
+                           teacher="teacher" in prepared.loaded["train"])
 
 
 def setup(config, workdir: str, resume: Resume) -> Setup:
@@ -471,9 +553,14 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   count = held_out.count
   model = sentence_model(cfg, config.task.pooling, check_traced_ids=False)  # tokenized here
   chunks = gradcache_chunks(config, loaded)
-  task = ContrastiveTask(model, RankingLoss(float(config.task.scale), config.task.symmetric,
-                                            dims), count, chunks)
+  loss = (RankingLoss(float(config.task.scale), config.task.symmetric, dims)
+          if config.task.loss == "mnrl" else
+          DistillationLoss(config.task.loss, config.task.normalize,
+                           float(config.task.temperature), float(config.task.scale)))
+  task = ContrastiveTask(model, loss, count, chunks)
   negatives = "with hard negatives" if "negative" in loaded["train"] else "no hard negatives"
+  if "teacher" in loaded["train"]:
+    negatives += ", a teacher's scores"
   finetune.say_prepared(prepared, f"pairs ({negatives})", config.train.seq_len,
                         held_out.ranked)
   return Setup(task=task, encoder=cfg, train=loaded["train"], eval=held_out.rows,
@@ -542,6 +629,14 @@ def check(config) -> None:
   """The cross-field checks of a contrastive config (RunError naming the field)."""
   _check_start_modules(config)
   check_batch(config)
+  task = config.task
+  if task.loss != "mnrl":
+    for name, value, plain in (("symmetric", task.symmetric, False),
+                               ("matryoshka_dims", task.matryoshka_dims, "")):
+      if value != plain:
+        raise RunError(f"config.task.{name}: {value!r} with config.task.loss={task.loss!r}, "
+                       f"expected {plain!r}: it shapes the ranking loss (mnrl), not a "
+                       f"distillation")
 
 
 def check_batch(config) -> None:
@@ -688,7 +783,11 @@ DEFINITION = Definition(
             "task.pooling": Field(choice(POOLINGS)),
             "task.normalize": Field(boolean),
             "task.symmetric": Field(boolean),
-            "task.matryoshka_dims": Field(_dims_field)},
+            "task.matryoshka_dims": Field(_dims_field),
+            "task.loss": Field(choice(LOSSES)),
+            "task.temperature": Field(number(0)),
+            "data.scores_field": Field(string),
+            "data.label_field": Field(string)},
     setup=setup,
     plots=Plots(loss_title="Contrastive loss (in-batch negatives)", loss_unit="nats / anchor",
                 train_loss="train (the batch's candidates)", **RANKING_PLOTS,

@@ -69,6 +69,7 @@ class PairPacker:
   batch_size: int
   shards: int
   multiple: int = 1
+  teacher: bool = False  # each pair's teacher scores ([batch, 2] float32) go with it
 
   @property
   def segments(self) -> int:
@@ -108,6 +109,8 @@ class PairPacker:
       spec[f"{name}_slot"] = jax.ShapeDtypeStruct((self.batch_size,), np.int32)
     if "negative" in self.lengths:
       spec["has_negative"] = jax.ShapeDtypeStruct((self.batch_size,), np.uint8)
+    if self.teacher:
+      spec["teacher"] = jax.ShapeDtypeStruct((self.batch_size, 2), np.float32)
     return spec
 
   def __call__(self, indices, rows: dict, first_pair: int) -> dict:
@@ -141,6 +144,8 @@ class PairPacker:
     out.update({f"{name}_slot": slots[name] for name in names})
     if "has_negative" in rows:
       out["has_negative"] = np.asarray(rows["has_negative"], np.uint8)
+    if self.teacher:
+      out["teacher"] = np.asarray(rows["teacher"], np.float32)
     return out
 
 

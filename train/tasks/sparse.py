@@ -53,6 +53,7 @@ class SparseRankingLoss:
   scale: float = 1.0
   document_regularizer: float = 3e-5
   query_regularizer: float = 5e-5
+  inputs = ("has_negative",)  # what it takes of the batch after the texts
 
   def __call__(self, anchors, positives, negatives=None, has_negative=None) -> jax.Array:
     """The loss summed over the B anchors of [B, v] vectors (the regularisers B times, so
