@@ -21,9 +21,6 @@ from configs import embed
 
 def get_config() -> ml_collections.ConfigDict:
   config = embed.get_config()  # the encoder, config.init, the recipe, the pairs and their run
-  # the teacher scores of the dense task's distillation, which this task does not have yet
-  for name in ("scores_field", "label_field"):
-    del config.data[name]
 
   config.task = ml_collections.ConfigDict()
   config.task.name = "multi_vector"
@@ -38,6 +35,10 @@ def get_config() -> ml_collections.ConfigDict:
   # MultiVectorMultipleNegativesRankingLoss: 1 (a temperature of 1, as PyLate), MaxSim being a
   # sum over the query's tokens rather than a cosine.
   config.task.scale = 1.0
+  # configs/embed.py's loss: "mnrl", or a teacher's scores distilled into MaxSim ("margin_mse",
+  # "kl": MultiVectorMarginMSELoss, MultiVectorDistillKLDivLoss; ColBERTv2's is kl)
+  config.task.loss = "mnrl"
+  config.task.temperature = 1.0  # kl's, of the student's and the teacher's softmax
   # GradCache over the token vectors, as configs/embed.py's (each text encoded twice forward).
   config.task.cached = False
   config.task.mini_batch = 32  # with cached: texts encoded at once; divides batch_size

@@ -21,11 +21,6 @@ def get_config() -> ml_collections.ConfigDict:
   config = embed.get_config()
   for name in ("normalize", "symmetric", "matryoshka_dims"):  # a dense embedding's
     del config.task[name]
-  # the dense task's distillation (config.task.loss), which this task does not have yet
-  for name in ("loss", "temperature"):
-    del config.task[name]
-  for name in ("scores_field", "label_field"):
-    del config.data[name]
   config.task.name = "sparse"
   # Unset: config.init.hf's SpladePooling (a SparseEncoder folder), else "max" and "relu":
   # max or sum over a text's ids of log(1 + relu(logit)) ("log1p_relu": log1p once more).
@@ -37,6 +32,10 @@ def get_config() -> ml_collections.ConfigDict:
   # (anchors): larger, sparser vectors (sentence-transformers' SpladeLoss examples: 3e-5, 5e-5).
   config.task.document_regularizer = 3e-5
   config.task.query_regularizer = 5e-5
+  # configs/embed.py's loss: "mnrl", or a teacher's scores distilled ("margin_mse", "kl": the
+  # SpladeLoss of SparseMarginMSELoss or SparseDistillKLDivLoss, the regularisers as above);
+  # kl's temperature sentence-transformers' SparseDistillKLDivLoss default
+  config.task.temperature = 2.0
   # A start without a masked-LM head (a sentence-transformers embedding model, say) gets a new
   # one: dense, LayerNorm and bias drawn afresh, the decoder its word embeddings.
   config.init.fresh_head = False

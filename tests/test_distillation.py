@@ -117,3 +117,87 @@ def test_a_line_without_scores_and_a_ranking_option_are_one_line(scored_pairs, h
   with pytest.raises(RunError, match=r"^config.task.symmetric: True with config.task.loss='kl', "
                      r"expected False"):
     contrastive.check(config)
+
+
+@pytest.mark.parametrize("kind", ["margin_mse", "kl"])
+def test_sparse_distillation_is_splade_loss_around_sentence_transformers_distillation(kind):
+  torch = pytest.importorskip("torch")
+  pytest.importorskip("sentence_transformers")
+  from sentence_transformers.sparse_encoder.losses import (FlopsLoss, SparseDistillKLDivLoss,
+                                                           SparseMarginMSELoss)
+  from train.tasks.sparse import SparseDistillationLoss
+  # SPLADE's vectors: non-negative, most 0
+  a, p, n = (np.maximum(x, 0) * 3 for x in _embeddings(4))
+  teacher = (5 * np.random.default_rng(5).normal(size=(B, 2))).astype(np.float32)
+  base = (SparseMarginMSELoss(model=None) if kind == "margin_mse"
+          else SparseDistillKLDivLoss(model=None))  # temperature 2, theirs and ours
+  columns = [torch.from_numpy(x) for x in (a, p, n)]
+  flops = FlopsLoss(model=None)
+  # SpladeLoss: the base loss, the documents' (positives and negatives) FLOPS and the queries'
+  want = (float(base.compute_loss_from_embeddings(columns, torch.from_numpy(teacher)))
+          + 3e-5 * float(flops.compute_loss_from_embeddings(torch.cat(columns[1:])))
+          + 5e-5 * float(flops.compute_loss_from_embeddings(columns[0])))
+  ours = float(SparseDistillationLoss(kind)(a, p, n, teacher)) / B
+  assert ours == pytest.approx(want, rel=1e-6, abs=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["margin_mse", "kl"])
+def test_multi_vector_distillation_is_sentence_transformers_on_their_maxsim(tmp_path, kind):
+  """sentence-transformers' loss on a batch of a MultiVectorEncoder folder, against
+  `distillation` of that model's own MaxSim of each anchor with its positive and negative
+  (which flax-encoder computes equally: tests/test_multi_vector.py)."""
+  torch = pytest.importorskip("torch")
+  pytest.importorskip("sentence_transformers")
+  from sentence_transformers import MultiVectorEncoder
+  from sentence_transformers.multi_vector_encoder.losses import (MultiVectorDistillKLDivLoss,
+                                                                 MultiVectorMarginMSELoss)
+
+  from tests import hf_models
+  from train.tasks.contrastive import distillation
+  torch.manual_seed(0)
+  model = MultiVectorEncoder(hf_models.write(tmp_path / "hf", "bert", head="base"), device="cpu")
+  rng = np.random.default_rng(6)
+  columns = [[_text(rng, t) for t in rng.choice(TOPICS, 4)] for _ in range(3)]
+  teacher = (3 * rng.normal(size=(4, 2))).astype(np.float32)
+  theirs = (MultiVectorMarginMSELoss(model) if kind == "margin_mse"
+            else MultiVectorDistillKLDivLoss(model, temperature=2.0))
+  features = [model.tokenize(texts) for texts in columns]
+  features[0]["task"] = "query"
+  with torch.no_grad():
+    want = float(theirs(features, torch.from_numpy(teacher)))
+    queries = model.encode_query(columns[0])
+    student = np.stack([model.similarity_pairwise(queries, model.encode_document(c)).numpy()
+                        for c in columns[1:]], 1)
+  ours = float(distillation(kind, student, teacher, 2.0)) / 4
+  assert ours == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def starts(tmp_path_factory):
+  """config name -> a tiny start: SPLADE's masked-LM directory, ColBERT's bare encoder."""
+  pytest.importorskip("torch")
+  from tests import hf_models
+  root = tmp_path_factory.mktemp("starts")
+  return {"sparse": hf_models.write(root / "mlm", "bert", head="masked_lm"),
+          "multi_vector": hf_models.write(root / "base", "bert", head="base")}
+
+
+@pytest.mark.parametrize("name, loss", [("sparse", "kl"), ("multi_vector", "margin_mse")])
+def test_sparse_and_multi_vector_runs_distil_and_resume_exactly(scored_pairs, starts, tmp_path,
+                                                                capfd, name, loss):
+  import importlib
+  config = importlib.import_module(f"configs.{name}").get_config()
+  config.data.train, config.data.eval = scored_pairs
+  config.init.hf = starts[name]
+  for field, value in {"train.seq_len": 16, "train.batch_size": 16, "train.num_steps": 8,
+                       "train.checkpoint_every": 4, "train.eval_every": 4,
+                       "train.log_every": 1, "train.keep_checkpoints": 2,
+                       "optim.learning_rate": 5e-3, "optim.warmup_steps": 2,
+                       "task.loss": loss}.items():
+    section, key = field.split(".")
+    config[section][key] = value
+  straight, resumed = runs.straight_and_resumed(config, tmp_path, capfd)
+  # (the losses' formulas are checked above; a few steps of these tiny models move them by
+  # less than their noise)
+  assert runs.losses(resumed) == runs.losses(straight)
+  assert np.isfinite(list(runs.losses(straight).values())).all()

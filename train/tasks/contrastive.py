@@ -111,14 +111,32 @@ class RankingLoss:
     return (forward + cross_entropy_sum(scores.T, targets)) / 2
 
 
+def distillation(kind: str, student, teacher, temperature: float = 1.0) -> jax.Array:
+  """A teacher's scores distilled, summed over the B lines of [B, 2] scores of each line's
+  positive and negative, as sentence-transformers' losses of every model type compute it:
+  "margin_mse", the squared error of the student's margin (the positive's score less the
+  negative's) against the teacher's (MarginMSELoss); "kl", the KL divergence of the
+  student's softmax over the two from the teacher's, both at `temperature`, times its square
+  (DistillKLDivLoss)."""
+  student, teacher = student.astype(jnp.float32), jnp.asarray(teacher, jnp.float32)
+  if kind == "margin_mse":
+    return jnp.sum(((student[:, 0] - student[:, 1]) - (teacher[:, 0] - teacher[:, 1])) ** 2)
+  log_student = jax.nn.log_softmax(student / temperature, axis=1)
+  target = jax.nn.softmax(teacher / temperature, axis=1)
+  kl = jax.scipy.special.xlogy(target, target) - target * log_student  # 0 where target is 0
+  return temperature ** 2 * jnp.sum(kl)
+
+
+def pair_scores(anchors, positives, negatives) -> jax.Array:
+  """[B, 2]: each anchor's dot product with its positive and with its negative."""
+  return jnp.stack([jnp.sum(anchors * positives, -1), jnp.sum(anchors * negatives, -1)], 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class DistillationLoss:
-  """A teacher's scores of each line's positive and negative distilled, as sentence-transformers'
-  MarginMSELoss ("margin_mse": the squared error of the student's margin, s(a, p) - s(a, n),
-  against the teacher's) and DistillKLDivLoss ("kl": the KL divergence of the student's
-  softmax over (p, n) from the teacher's, both at `temperature`, times its square) compute
-  them; s the dot product of the embeddings as the model gives them (unit vectors where
-  `normalize`, as an export's Normalize makes them), their default pairwise_dot_score."""
+  """`distillation` of the dot products of the embeddings as the model gives them (unit
+  vectors where `normalize`, as an export's Normalize makes them): sentence-transformers'
+  default pairwise_dot_score."""
 
   kind: str
   normalize: bool = True
@@ -132,15 +150,8 @@ class DistillationLoss:
     of each line's positive and negative."""
     if self.normalize:
       anchors, positives, negatives = map(normalize, (anchors, positives, negatives))
-    student = jnp.stack([jnp.sum(anchors * positives, -1), jnp.sum(anchors * negatives, -1)], 1)
-    teacher = jnp.asarray(teacher, jnp.float32)
-    if self.kind == "margin_mse":
-      return jnp.sum(((student[:, 0] - student[:, 1]) - (teacher[:, 0] - teacher[:, 1])) ** 2)
-    t = self.temperature
-    log_student = jax.nn.log_softmax(student / t, axis=1)
-    target = jax.nn.softmax(teacher / t, axis=1)
-    kl = jax.scipy.special.xlogy(target, target) - target * log_student  # 0 where target is 0
-    return t ** 2 * jnp.sum(kl)
+    return distillation(self.kind, pair_scores(anchors, positives, negatives), teacher,
+                        self.temperature)
 
 
 def diagonal(scores) -> jax.Array:
@@ -769,6 +780,12 @@ PAIR_FIELDS = {
     # the same gradient (dropout aside) in less memory, as grad_accum_steps
     "task.cached": Field(boolean, FREE),
     "task.mini_batch": Field(integer(1), FREE)}
+# The loss, and a distillation's teacher scores: the fields of the tasks of pairs that distil.
+DISTILLATION_FIELDS = {
+    "task.loss": Field(choice(LOSSES)),
+    "task.temperature": Field(number(0)),
+    "data.scores_field": Field(string),
+    "data.label_field": Field(string)}
 # What every task of pairs plots beside its loss: the held-out ranking.
 RANKING_PLOTS = dict(
     eval_loss="eval (all held-out positives)",
@@ -784,10 +801,7 @@ DEFINITION = Definition(
             "task.normalize": Field(boolean),
             "task.symmetric": Field(boolean),
             "task.matryoshka_dims": Field(_dims_field),
-            "task.loss": Field(choice(LOSSES)),
-            "task.temperature": Field(number(0)),
-            "data.scores_field": Field(string),
-            "data.label_field": Field(string)},
+            **DISTILLATION_FIELDS},
     setup=setup,
     plots=Plots(loss_title="Contrastive loss (in-batch negatives)", loss_unit="nats / anchor",
                 train_loss="train (the batch's candidates)", **RANKING_PLOTS,

@@ -155,6 +155,10 @@ class MultiVectorTask(contrastive.PairsTask):
   eval_pairs: int
   skip_ids: tuple[int, ...] = ()  # a document's ids it does not score
   chunks: int | None = None  # GradCache's: the rows embedded in this many chunks; None: at once
+  # a teacher's scores distilled ("margin_mse", "kl": contrastive.distillation of MaxSim, as
+  # MultiVectorMarginMSELoss and MultiVectorDistillKLDivLoss), where not None
+  distil: str | None = None
+  temperature: float = 1.0
 
   def scores(self, params, batch: dict, dropout_rng: jax.Array | None = None) -> jax.Array:
     """float32 [B, B or 2B]: MaxSim of each anchor against each positive, then each hard
@@ -170,8 +174,13 @@ class MultiVectorTask(contrastive.PairsTask):
                          documents, self.skip_ids)
 
   def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
-    scores = self.scale * self.scores(params, batch, dropout_rng)
-    return cross_entropy_sum(scores, diagonal(scores[:, :scores.shape[0]]))
+    scores = self.scores(params, batch, dropout_rng)
+    b = scores.shape[0]
+    if self.distil:  # each anchor's MaxSim with its own positive and its own negative
+      student = jnp.stack([diagonal(scores[:, :b]), diagonal(scores[:, b:])], 1)
+      return contrastive.distillation(self.distil, student, batch["teacher"], self.temperature)
+    scores = self.scale * scores
+    return cross_entropy_sum(scores, diagonal(scores[:, :b]))
 
   def eval_sums(self, params, batch: dict) -> dict:
     """Each held-out text's token vectors at its row of [eval_pairs, l, dim] tables of anchors
@@ -328,8 +337,9 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   held_out = contrastive.held_out_pairs(config, prepared)
   model = token_model(cfg, dim, check_traced_ids=False)  # tokenized here
   chunks = contrastive.gradcache_chunks(config, loaded)
-  task = MultiVectorTask(model, float(config.task.scale), held_out.count, skip_ids,
-                         chunks)
+  task = MultiVectorTask(model, float(config.task.scale), held_out.count, skip_ids, chunks,
+                         None if config.task.loss == "mnrl" else config.task.loss,
+                         float(config.task.temperature))
   params = start_params(prepared.start, cfg, config, 0)
   if folder is not None:
     params["dense_0"] = {"kernel": np.asarray(folder.params["dense_0"]["kernel"], np.float32)}
@@ -376,7 +386,7 @@ def multi_vector_encoder(workdir: str, dtype: str = "float32") -> MultiVectorEnc
 
 DEFINITION = Definition(
     name="multi_vector",
-    fields={**contrastive.PAIR_FIELDS,
+    fields={**contrastive.PAIR_FIELDS, **contrastive.DISTILLATION_FIELDS,
             "task.dim": Field(optional(integer(1)), FIXES_STATE),
             "task.skiplist": Field(optional(boolean))},
     setup=setup,

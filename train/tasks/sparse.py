@@ -39,7 +39,8 @@ from train.run.load import recorded_encoder_config
 from train.task import (Definition, Field, HFModel, Plots, Resume, Setup, boolean, choice,
                         number)
 from train.tasks import contrastive, finetune, tokenizing
-from train.tasks.contrastive import ContrastiveTask, cross_entropy_sum, diagonal, ranking_metrics
+from train.tasks.contrastive import (ContrastiveTask, cross_entropy_sum, diagonal, distillation,
+                                    pair_scores, ranking_metrics)
 from train.tasks.start import start_files_read
 
 TOP = contrastive.TOP
@@ -72,6 +73,28 @@ class SparseRankingLoss:
     ranking = cross_entropy_sum(candidates, diagonal(scores))
     return ranking + len(anchors) * (self.document_regularizer * flops(documents, present) +
                                      self.query_regularizer * flops(anchors))
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseDistillationLoss:
+  """A teacher's scores distilled into sparse vectors, as sentence-transformers' SpladeLoss
+  around SparseMarginMSELoss ("margin_mse") or SparseDistillKLDivLoss ("kl") computes it:
+  `contrastive.distillation` of the dot products, and SparseRankingLoss's FLOPS regularisers
+  of the documents (positives and negatives) and the queries."""
+
+  kind: str
+  temperature: float = 2.0
+  document_regularizer: float = 3e-5
+  query_regularizer: float = 5e-5
+  scale: float = 1.0  # the held-out loss's (SparseTask.eval_metrics), not this one's
+  inputs = ("teacher",)
+
+  def __call__(self, anchors, positives, negatives, teacher) -> jax.Array:
+    base = distillation(self.kind, pair_scores(anchors, positives, negatives), teacher,
+                        self.temperature)
+    return base + len(anchors) * (
+        self.document_regularizer * flops(jnp.concatenate([positives, negatives])) +
+        self.query_regularizer * flops(anchors))
 
 
 def flops(vectors: jax.Array, present: jax.Array | None = None) -> jax.Array:
@@ -131,8 +154,10 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   model = SpladeEmbedding(SpladeModel(cfg, task_config.pooling, task_config.activation,
                                       _untied(family)), check_traced_ids=False)
   chunks = contrastive.gradcache_chunks(config, loaded)
-  loss = SparseRankingLoss(float(task_config.scale), float(task_config.document_regularizer),
-                           float(task_config.query_regularizer))
+  regularizers = (float(task_config.document_regularizer), float(task_config.query_regularizer))
+  loss = (SparseRankingLoss(float(task_config.scale), *regularizers) if task_config.loss == "mnrl"
+          else SparseDistillationLoss(task_config.loss, float(task_config.temperature),
+                                      *regularizers, float(task_config.scale)))
   task = SparseTask(model, loss, held_out.count, chunks)
   negatives = "with hard negatives" if "negative" in loaded["train"] else "no hard negatives"
   finetune.say_prepared(prepared, f"pairs ({negatives}), sparse vectors of {cfg.vocab_size} "
@@ -238,7 +263,7 @@ def hf_model(workdir: str, config) -> HFModel:
 
 DEFINITION = Definition(
     name="sparse",
-    fields={**contrastive.PAIR_FIELDS,
+    fields={**contrastive.PAIR_FIELDS, **contrastive.DISTILLATION_FIELDS,
             "task.pooling": Field(choice(POOLING_STRATEGIES)),
             "task.activation": Field(choice(SPLADE_ACTIVATIONS)),
             "task.document_regularizer": Field(number(0, low_open=False)),
