@@ -28,7 +28,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.task = ml_collections.ConfigDict()
   config.task.name = "rerank"
   # "listwise": the positive's cross-entropy among its group's scores; "bce": each pair's
-  # binary cross-entropy against 1 (the positive) or 0 (a negative), averaged over the group.
+  # binary cross-entropy against 1 (the positive) or 0 (a negative), averaged over the group;
+  # "margin_mse": a teacher's scores distilled (sentence-transformers' CrossEncoder
+  # MarginMSELoss: the positive's logit less each of the line's negatives', against the
+  # teacher's margin), each line's "scores" required (python -m train.mine --scorer).
   config.task.loss = "listwise"
   # Negatives a query is trained against: its line's hard negatives first, then positives of
   # other lines drawn at random when the data is prepared. Each costs a pair's compute.
@@ -44,6 +47,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.positive_field = "positive"  # a text, or (held out) a list of them
   config.data.negative_field = "negative"  # a text or a list; optional
   config.data.documents_field = "documents"  # held out: the first stage's candidates, in order
+  # margin_mse: the teacher's scores, of the positive then each negative
+  config.data.scores_field = "scores"
   config.data.document_field = "document"  # train.predict's lines: {"query", "document"}
   config.data.label_field = "label"  # train.predict's lines: 1 relevant, 0 not (optional)
   # Candidates a held-out query reranks: its first stage's first ones. Each costs a pair.

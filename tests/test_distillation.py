@@ -201,3 +201,74 @@ def test_sparse_and_multi_vector_runs_distil_and_resume_exactly(scored_pairs, st
   # less than their noise)
   assert runs.losses(resumed) == runs.losses(straight)
   assert np.isfinite(list(runs.losses(straight).values())).all()
+
+
+def test_reranker_distillation_is_cross_encoder_margin_mse(tmp_path):
+  """sentence-transformers' CrossEncoder MarginMSELoss on a batch of (query, positive, two
+  negatives), against `margin_mse` of that model's own logits (which flax-encoder's Reranker
+  computes equally: tests/test_cross_encoder.py); a group's drawn negatives (NaN: no teacher
+  score) left out."""
+  torch = pytest.importorskip("torch")
+  pytest.importorskip("sentence_transformers")
+  from sentence_transformers import CrossEncoder
+  from sentence_transformers.cross_encoder.losses import MarginMSELoss
+
+  from tests import hf_models
+  from train.tasks.rerank import margin_mse
+  model = CrossEncoder(hf_models.write(tmp_path / "ce", "bert", head="sequence_classification",
+                                       num_labels=1), device="cpu")
+  rng = np.random.default_rng(7)
+  columns = [[_text(rng, t) for t in rng.choice(TOPICS, 5)] for _ in range(4)]
+  teacher = (3 * rng.normal(size=(5, 3))).astype(np.float32)
+  with torch.no_grad():
+    want = float(MarginMSELoss(model)(columns, torch.from_numpy(teacher)))
+    logits = np.stack([model.predict(list(zip(columns[0], c)), activation_fn=torch.nn.Identity())
+                       for c in columns[1:]], 1)
+  drawn = np.concatenate([logits, rng.normal(size=(5, 2))], 1)  # two drawn, unscored
+  scored = np.concatenate([teacher, np.full((5, 2), np.nan, np.float32)], 1)
+  assert float(np.mean(margin_mse(drawn, scored))) == pytest.approx(want, rel=1e-5, abs=1e-7)
+
+
+def test_a_reranker_distillation_run_reads_each_lines_scores_and_resumes_exactly(tmp_path, capfd):
+  pytest.importorskip("torch")
+  from configs import rerank as rerank_config
+  from tests import hf_models
+  from train import loop
+  from train.tasks.rerank import load_groups
+  rng = np.random.default_rng(8)
+  train, held = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+  with open(train, "w") as f:
+    for topic in rng.choice(TOPICS, 64):
+      f.write(json.dumps({"query": _text(rng, topic), "positive": _text(rng, topic),
+                          "negative": [_text(rng, t) for t in rng.choice(TOPICS, 2)],
+                          "scores": [float(rng.uniform(2, 4)), *rng.uniform(-2, 1, 2).tolist()]
+                          }) + "\n")
+  with open(held, "w") as f:
+    for topic in rng.choice(TOPICS, 12):
+      f.write(json.dumps({"query": _text(rng, topic), "positive": _text(rng, topic),
+                          "negative": [_text(rng, t) for t in rng.choice(TOPICS, 5)]}) + "\n")
+  config = rerank_config.get_config()
+  config.data.train, config.data.eval = str(train), str(held)
+  config.init.hf = hf_models.write(tmp_path / "ce", "bert", head="sequence_classification",
+                                   num_labels=1)
+  for field, value in {"train.seq_len": 24, "train.batch_size": 8, "train.num_steps": 8,
+                       "train.checkpoint_every": 4, "train.eval_every": 4, "train.log_every": 1,
+                       "train.keep_checkpoints": 2, "task.negatives": 3,
+                       "task.loss": "margin_mse"}.items():
+    section, key = field.split(".")
+    config[section][key] = value
+  straight, resumed = runs.straight_and_resumed(config, tmp_path, capfd)
+  assert runs.losses(resumed) == runs.losses(straight)
+  teacher = load_groups(os.path.join(straight, "data"))["train"]["teacher"]
+  with open(train) as f:
+    first = json.loads(f.readline())["scores"]
+  # the positive's and the line's two negatives' scores; the one drawn from another line: NaN
+  np.testing.assert_array_equal(teacher[0, :3], np.asarray(first, np.float32))
+  assert np.isnan(teacher[:, 3]).all()
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text(json.dumps({"query": "a b", "positive": "a c", "negative": ["d", "e"],
+                             "scores": [1.0, 0.5]}) + "\n")
+  config.data.train = str(bad)
+  with pytest.raises(RunError, match=r"bad.jsonl:1: 'scores': \[1.0, 0.5\], expected the "
+                     r"teacher's scores of the positive and each of the 2 negatives"):
+    loop.run(config, str(tmp_path / "bad"))

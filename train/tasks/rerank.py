@@ -31,6 +31,7 @@ that `CrossEncoder` loads with the run's scores.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -53,7 +54,7 @@ from train.tasks.supervised import (SupervisedTask, hf_model, line_texts, read_r
 from train.tasks.tokenizing import run_tokenizer, type_separator
 
 FORMAT = "flax-encoder rerank 2"
-LOSSES = ("listwise", "bce")
+LOSSES = ("listwise", "bce", "margin_mse")
 TOP = 10  # the cut-off of MRR and nDCG
 
 
@@ -95,13 +96,16 @@ class RerankTask(SupervisedTask):
 
   def loss_sum(self, params, batch: dict, dropout_rng: jax.Array) -> jax.Array:
     logits = self.scores(params, batch, dropout_rng)
+    if self.loss == "margin_mse":
+      return jnp.sum(margin_mse(logits, batch["teacher"]))
     return jnp.sum(self._losses(logits, batch["labels"], jnp.ones_like(logits, bool)))
 
   def _losses(self, logits, labels, present) -> jax.Array:
-    """Each query's loss [q] over its `present` documents: listwise, the cross-entropy of its
-    positives among them (-log of their summed probability); bce, the mean binary
-    cross-entropy of each against its label."""
-    if self.loss == "listwise":
+    """Each query's loss [q] over its `present` documents: listwise (and, held out, for a
+    margin_mse run, which has no teacher there), the cross-entropy of its positives among them
+    (-log of their summed probability); bce, the mean binary cross-entropy of each against its
+    label."""
+    if self.loss in ("listwise", "margin_mse"):
       everything = jax.nn.logsumexp(jnp.where(present, logits, -jnp.inf), axis=1)
       relevant = jax.nn.logsumexp(jnp.where(present & (labels > 0), logits, -jnp.inf), axis=1)
       return jnp.where(jnp.isfinite(relevant), everything - relevant, 0.0)
@@ -124,6 +128,18 @@ class RerankTask(SupervisedTask):
   def eval_metrics(self, sums: dict) -> dict:
     n = max(float(sums["queries"]), 1.0)
     return {name: float(value) / n for name, value in sums.items() if name != "queries"}
+
+
+def margin_mse(logits: jax.Array, teacher: jax.Array) -> jax.Array:
+  """Each query's [q] mean squared error of the student's margins, its positive's logit (the
+  first of [q, g] `logits`) less each negative's, against the teacher's (`teacher` [q, g]:
+  its scores, NaN for the group's drawn negatives, which it did not score): sentence-
+  transformers' CrossEncoder MarginMSELoss over each line's own negatives."""
+  scored = jnp.isfinite(teacher[:, 1:])
+  student = logits[:, :1] - logits[:, 1:]
+  target = jnp.where(scored, teacher[:, :1] - teacher[:, 1:], 0.0)
+  squares = jnp.where(scored, (student - target) ** 2, 0.0)
+  return jnp.sum(squares, 1) / jnp.maximum(jnp.sum(scored, 1), 1)
 
 
 def _ranks(scores: jax.Array, present: jax.Array) -> jax.Array:
@@ -155,6 +171,8 @@ def ranking_sums(ranks: jax.Array, relevant: jax.Array, positives: jax.Array) ->
 #
 #   train.tokens.bin     the pairs' ids [n, 1 + negatives, seq_len], padded; the positive's first
 #   train.labels.bin     float32 [n, 1 + negatives]: 1 for the positive, 0 for the negatives
+#   train.teacher.bin    float32 [n, 1 + negatives] (config.task.loss margin_mse): the teacher's
+#                        scores of the group's documents, NaN for those drawn from other lines
 #   train.seconds.bin    int32 [n, 1 + negatives]: where each pair's document begins (its ids,
 #                        then the template's end, are of token type 1 where the model has types)
 #   eval.tokens.bin      the candidates' pairs [m, eval_candidates, seq_len]
@@ -178,8 +196,11 @@ def _texts(record: dict, field: str, where: str, required: bool) -> list[str]:
   return values
 
 
-def _lines(source: sources.Source, fields: dict, split: str) -> Iterator[tuple]:
-  """(line number, query, positives, negatives, documents) of each line, checked."""
+def _lines(source: sources.Source, fields: dict, split: str, scored: bool = False
+           ) -> Iterator[tuple]:
+  """(line number, query, positives, negatives, documents, the teacher's scores or None) of
+  each line, checked: with `scored`, a training line's "scores" (fields['scores']), the
+  teacher's of its positive then each of its negatives."""
   for number, record in examples.records(source):
     where = f"{source.path}:{number}"
     query = _texts(record, fields["query"], where, True)
@@ -188,15 +209,28 @@ def _lines(source: sources.Source, fields: dict, split: str) -> Iterator[tuple]:
     positives = _texts(record, fields["positive"], where, True)
     negatives = _texts(record, fields["negative"], where, False)
     documents = _texts(record, fields["documents"], where, False) if split == "eval" else []
-    yield number, query[0], positives, negatives, documents
+    scores = None
+    if scored and split == "train":
+      scores = record.get(fields["scores"])
+      finite = lambda x: (isinstance(x, (int, float)) and not isinstance(x, bool)
+                          and math.isfinite(x))
+      if not negatives or not (isinstance(scores, list) and len(scores) == 1 + len(negatives)
+                               and all(finite(x) for x in scores)):
+        got = f"{fields['scores']!r}: {scores!r}"[:80] if fields["scores"] in record else (
+            f"no {fields['scores']!r}")
+        raise RunError(f"{where}: {got}, expected the teacher's scores of the positive and each "
+                       f"of the {len(negatives)} negatives (config.task.loss='margin_mse', "
+                       f"which needs a negative or more)")
+    yield number, query[0], positives, negatives, documents, scores
 
 
 def prepare_groups(paths: dict, directory: str, tokenizer, tokenizer_file, seq_len: int,
                    fields: dict, pad_id: int, separator_id: int, template, negatives: int,
-                   candidates: int, seed: int) -> dict:
+                   candidates: int, seed: int, scored: bool = False) -> dict:
   """Writes the groups of `paths` {'train': …, 'eval': …} into `directory` (the layout above),
   each pair laid out as the starting tokenizer lays out a pair (`template`, else
-  `separator_id` between) and cut to `seq_len` ids; returns its dataset.json."""
+  `separator_id` between) and cut to `seq_len` ids, with the teacher's scores of the training
+  groups where `scored`; returns its dataset.json."""
   laid = (*template.start, *template.between, *template.end) if template else (separator_id,)
   examples.check_ids(tokenizer, pad_id, laid)
   dtype = examples.ids_dtype(tokenizer)
@@ -206,12 +240,15 @@ def prepare_groups(paths: dict, directory: str, tokenizer, tokenizer_file, seq_l
 
   def encode(source, counts):
     split = next(splits)
-    lines = list(_lines(source, fields, split))
-    groups, labels, positives = [], [], []
+    lines = list(_lines(source, fields, split, scored))
+    groups, labels, positives, teacher = [], [], [], []
     if split == "train":
       everyone = [line[2][0] for line in lines]
-      for i, (_, _, pos, negs, _) in enumerate(lines):
+      for i, (_, _, pos, negs, _, scores) in enumerate(lines):
         docs = [pos[0], *negs[:negatives]]
+        if scores is not None:  # the drawn negatives' NaN: the teacher did not score them
+          teacher.append(np.concatenate([scores[:len(docs)], np.full(width[split] - len(docs),
+                                                                    np.nan)]))
         others = len(lines) - 1
         drawn = rng.choice(max(others, 1), size=width[split] - len(docs),
                            replace=others < width[split] - len(docs)) if others else []
@@ -219,7 +256,7 @@ def prepare_groups(paths: dict, directory: str, tokenizer, tokenizer_file, seq_l
         groups.append(docs)
         labels.append([1.0] + [0.0] * (len(docs) - 1))
     else:
-      for _, _, pos, negs, docs in lines:
+      for _, _, pos, negs, docs, _ in lines:
         if not docs:  # a random first stage: the positives among the negatives, shuffled
           docs = [*pos, *negs]
           docs = [docs[j] for j in rng.permutation(len(docs))]
@@ -249,6 +286,8 @@ def prepare_groups(paths: dict, directory: str, tokenizer, tokenizer_file, seq_l
         label_rows[row, :len(labels[i])] = labels[i]
       if split == "train":
         arrays["labels"] = label_rows
+        if scored:
+          arrays["teacher"] = np.asarray([teacher[i] for i in chunk], np.float32)
       else:
         arrays.update(relevant=(label_rows > 0).astype(np.uint8), present=present,
                       positives=np.asarray([positives[i] for i in chunk], np.int32))
@@ -261,6 +300,7 @@ def prepare_groups(paths: dict, directory: str, tokenizer, tokenizer_file, seq_l
                                    "seq_len": seq_len, "fields": fields, "width": width,
                                    "separator_id": separator_id, "negatives": negatives,
                                    "eval_candidates": candidates, "seed": seed,
+                                   "teacher": scored,
                                    "template": template.to_dict() if template else None,
                                    "dtype": np.dtype(dtype).name})
 
@@ -281,6 +321,8 @@ def load_groups(directory: str) -> dict:
             "seconds": read("seconds", np.int32, (n, g))}
     if split == "train":
       rows["labels"] = read("labels", np.float32, (n, g))
+      if meta.get("teacher"):
+        rows["teacher"] = read("teacher", np.float32, (n, g))
     else:
       rows.update(relevant=read("relevant", np.uint8, (n, g)),
                   present=read("present", np.uint8, (n, g)),
@@ -296,6 +338,7 @@ def load_groups(directory: str) -> dict:
 def _fields(config) -> dict:
   return {"query": config.data.query_field, "positive": config.data.positive_field,
           "negative": config.data.negative_field, "documents": config.data.documents_field,
+          "scores": config.data.scores_field,
           # a predicted line's, as train.predict reads it (RerankPredictor.read)
           "text": config.data.query_field, "pair": config.data.document_field,
           "label": config.data.label_field}
@@ -309,7 +352,8 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
   def build(directory, tokenizer, tokenizer_file, pad_id, template):
     return prepare_groups(paths, directory, tokenizer, tokenizer_file, config.train.seq_len,
                           fields, pad_id, config.data.separator_id, template, task.negatives,
-                          config.data.eval_candidates, config.train.seed)
+                          config.data.eval_candidates, config.train.seed,
+                          task.loss == "margin_mse")
 
   prepared = finetune.prepare(
       config, workdir, resume, paths,
@@ -317,7 +361,8 @@ def setup(config, workdir: str, resume: Resume) -> Setup:
                       _as_list(record.get(fields[f]))],
       build, {"format": FORMAT, "fields": fields, "negatives": task.negatives,
               "eval_candidates": config.data.eval_candidates, "seed": config.train.seed,
-              "separator_id": config.data.separator_id},
+              "separator_id": config.data.separator_id,
+              **({"teacher": True} if task.loss == "margin_mse" else {})},
       load=load_groups)
   cfg, meta, loaded = prepared.encoder, prepared.meta, prepared.loaded
   model = SequenceClassifier(cfg, 1, pooling(config, prepared.start), type_separator(meta),
@@ -424,6 +469,7 @@ DEFINITION = Definition(
             "data.positive_field": Field(string),
             "data.negative_field": Field(string),
             "data.documents_field": Field(string),
+            "data.scores_field": Field(string),
             "data.document_field": Field(string, FREE),  # prediction only
             "data.label_field": Field(string, FREE),
             "data.separator_id": Field(integer(0)),
