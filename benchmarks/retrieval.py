@@ -26,6 +26,14 @@ seq_len 128, configs' recipes) and exported, then loaded by flax-encoder's class
                  the query's 3 negatives drawn from     --rerank-top (20) documents: a
                  other pairs' documents                 positive outside them stays missed
 
+With --distil, a second round follows the recipe of docs/retrieval.md from the same start:
+each training pair's hardest negative mined by the start (`python -m train.mine`), the pair
+and that negative scored by the reranker trained above (or --teacher's), and dense, sparse and
+multi-vector models trained on the teacher's scores (config.task.loss=margin_mse), ranked as
+the others.
+
+  python -m benchmarks.retrieval --pairs 1000 --distil --out …   # ~30 min, 2 cores
+
 The start model's own dense figures are the baseline. Speed: each exported folder's texts/s
 (pairs/s for the reranker) over --speed-texts held-out documents, ours (packed) against
 sentence-transformers' (batch 32), median of --repeats interleaved calls after one warm-up,
@@ -97,6 +105,22 @@ def train_and_export(name: str, config: str, overrides: dict, layout: str, work:
   return {"folder": out, "train_s": took}
 
 
+def _scores_of(kind: str, folder: str, queries: list, documents: list, dense_scores) -> dict:
+  """The metrics of the `kind` model in `folder` ranking `documents` for `queries`."""
+  if kind == "dense":
+    return metrics(dense_scores(folder))
+  if kind == "sparse":
+    from flax_encoder.sparse import SparseEncoder
+    encoder = SparseEncoder.load(folder)
+    q, d = encoder.encode_query(queries), encoder.encode_document(documents)
+    return {**metrics(encoder.similarity(q, d)), "active_dims_query": float(np.mean(q.active)),
+            "active_dims_document": float(np.mean(d.active))}
+  from flax_encoder.multi_vector import MultiVectorEncoder
+  encoder = MultiVectorEncoder.load(folder)
+  return metrics(encoder.similarity(encoder.encode_query(queries),
+                                    encoder.encode_document(documents)))
+
+
 def evaluate(folders: dict, held: list, rerank_top: int) -> dict:
   """{row: metrics} of each trained folder (and the start's), ranked as the module says."""
   from flax_encoder.embeddings import SentenceEncoder
@@ -115,18 +139,13 @@ def evaluate(folders: dict, held: list, rerank_top: int) -> dict:
   if "dense" in folders:
     dense = dense_scores(folders["dense"])
     rows["dense"] = metrics(dense)
-  if "sparse" in folders:
-    from flax_encoder.sparse import SparseEncoder
-    encoder = SparseEncoder.load(folders["sparse"])
-    q, d = encoder.encode_query(queries), encoder.encode_document(documents)
-    rows["sparse"] = {**metrics(encoder.similarity(q, d)),
-                      "active_dims_query": float(np.mean(q.active)),
-                      "active_dims_document": float(np.mean(d.active))}
-  if "multi_vector" in folders:
-    from flax_encoder.multi_vector import MultiVectorEncoder
-    encoder = MultiVectorEncoder.load(folders["multi_vector"])
-    rows["multi-vector"] = metrics(encoder.similarity(encoder.encode_query(queries),
-                                                      encoder.encode_document(documents)))
+  for kind, row in (("sparse", "sparse"), ("multi_vector", "multi-vector")):
+    if kind in folders:
+      rows[row] = _scores_of(kind, folders[kind], queries, documents, dense_scores)
+  for name in ("dense distilled", "sparse distilled", "multi_vector distilled"):
+    if name in folders:
+      rows[name.replace("_", "-")] = _scores_of(name.split()[0], folders[name], queries,
+                                                documents, dense_scores)
   if "rerank" in folders:
     from flax_encoder.cross_encoder import Reranker
     reranker = Reranker.load(folders["rerank"])
@@ -184,10 +203,39 @@ def speed(folders: dict, held: list, texts: int, repeats: int) -> dict:
   return out
 
 
+DISTILLED = {"dense": ("configs/embed.py", {}), "sparse": ("configs/sparse.py",
+                                                           {"init.fresh_head": True}),
+             "multi_vector": ("configs/multi_vector.py", {})}
+
+
+def distilled_round(folders: dict, paths: dict, common: dict, teacher: str, work: str) -> dict:
+  """The recipe of docs/retrieval.md from the same start: each training pair's hardest
+  negative mined with the start (python -m train.mine), the pair and the negative scored by
+  the reranker `teacher` (--scorer), then dense, sparse and multi-vector models distilled
+  from those scores (config.task.loss=margin_mse); {name distilled: its run}."""
+  mined = os.path.join(work, "mined.jsonl")
+  start = time.time()
+  done = subprocess.run([sys.executable, "-m", "train.mine", "--model", folders["start"],
+                         "--input", paths["train"], "--out", mined, "--num-negatives", "1",
+                         "--scorer", teacher], cwd=ROOT, capture_output=True,
+                        text=True, check=False)
+  if done.returncode:
+    return {"mine": {"error": done.stderr.strip().splitlines()[-1]}}
+  out = {"mine": {"seconds": round(time.time() - start, 1), "said": done.stdout.strip(),
+                  "teacher": teacher}}
+  for name, (config, extra) in DISTILLED.items():
+    out[f"{name} distilled"] = train_and_export(
+        f"{name}-distilled", config, {**common, "data.train": mined, "data.eval": paths["eval"],
+                                      "task.loss": "margin_mse", **extra},
+        "sentence-transformers", work)
+  return out
+
+
 def table(results: dict) -> str:
   lines = ["| model | nDCG@10 | MRR@10 | trained |", "|---|---:|---:|---:|"]
   run_of = {"dense": "dense", "sparse": "sparse", "multi-vector": "multi_vector",
-            "start + rerank": "rerank", "dense + rerank": "rerank"}
+            "start + rerank": "rerank", "dense + rerank": "rerank",
+            **{f"{k.replace('_', '-')} distilled": f"{k} distilled" for k in DISTILLED}}
   for name, row in results["quality"].items():
     trained = results["runs"].get(run_of.get(name), {}).get("train_s")
     lines.append(f"| {name} | {row['ndcg_at_10']:.3f} | {row['mrr_at_10']:.3f} | "
@@ -210,6 +258,11 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--workdir", help="where the runs go (default: a temporary directory)")
   parser.add_argument("--out", help="the results as JSON")
+  parser.add_argument("--distil", action="store_true",
+                      help="then the distilled round: negatives mined, scored by the reranker, "
+                      "dense, sparse and multi-vector distilled from the scores")
+  parser.add_argument("--teacher", help="the distilled round's reranker (a CrossEncoder folder; "
+                      "default: the one this run trains)")
   parser.add_argument("--speed-only", action="store_true",
                       help="time the encoders of an earlier run's --workdir (its results in "
                       "--out kept) again, on a quieter machine, without training")
@@ -266,6 +319,11 @@ def main(argv=None) -> int:
       folders[name] = runs[name]["folder"]
     else:
       print(f"{name}: {runs[name]['error']}", file=sys.stderr)
+  if args.distil and (args.teacher or "rerank" in folders):
+    runs.update(distilled_round(folders, paths, common, args.teacher or folders["rerank"],
+                                work))
+    folders.update({name: run["folder"] for name, run in runs.items()
+                    if name.endswith("distilled") and "folder" in run})
   results = {"machine": machine(), "environment": bench.environment(), "pairs": len(pairs),
              "epochs": args.epochs,
              "held_out": len(held), "start": start, "runs": runs,

@@ -140,3 +140,13 @@ def test_the_int8_dots_benchmark_measures_each_product_in_a_process_of_its_own(t
   assert table[2].startswith("| default | 256 x 64 x 64 | ")
   rows = json.loads((tmp_path / "d.json").read_text())["results"]["default"]
   assert all(rows[0][kind] > 0 for kind in ("float32", "int8", "bfloat16"))
+
+
+def test_the_search_benchmark_times_each_side_on_the_same_documents(tmp_path):
+  from benchmarks import search
+  out = tmp_path / "search.json"
+  assert search.main(["--queries", "20", "--documents", "500", "--dim", "16", "--k", "10",
+                      "--repeats", "1", "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  assert rows["flax-encoder (search.top_k)"]["ours_x"] == 1.0
+  assert all(row["queries_per_s"] > 0 for row in rows.values())

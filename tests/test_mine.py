@@ -16,13 +16,13 @@ from train.outputs import mine
 
 
 def topic_pairs() -> tuple[list[tuple[str, str]], list[str]]:
-  """Real text: (a pydoc topic's name, one of its paragraphs) for every 6th paragraph, several
-  a topic; and every 6th paragraph from the 3rd on, more corpus."""
+  """Real text: (a pydoc topic's name, one of its paragraphs) for every 10th paragraph,
+  several a topic; and every 10th paragraph from the 5th on, more corpus."""
   from benchmarks.finetune_packed import paragraphs
   texts, topics = paragraphs()
   pairs = [(topic.replace("-", " "), text) for i, (text, topic) in enumerate(zip(texts, topics))
-           if i % 6 == 0]
-  return pairs, texts[3::6]
+           if i % 10 == 0]
+  return pairs, texts[5::10]
 
 
 def _theirs(model: str, pairs, corpus, **options) -> dict:
@@ -63,7 +63,7 @@ def test_the_negatives_are_sentence_transformers(minilm, options):
   want = _theirs(minilm, pairs, corpus, **options)
   got = mine.mine(minilm, pairs, corpus, **options)
   written = {(line["anchor"], line["positive"]): line for line in got if line is not None}
-  assert set(written) == set(want) and len(want) >= 30  # lines left with a negative
+  assert set(written) == set(want) and len(want) >= 20  # lines left with a negative
   for key, (negatives, scores) in want.items():
     assert written[key]["negative"] == negatives, key
     np.testing.assert_allclose(written[key]["scores"], scores, atol=2e-6)
@@ -74,7 +74,7 @@ def test_a_reranker_scores_the_candidates_as_cross_encoder_does(minilm, tmp_path
   from tests import hf_models
   scorer = hf_models.write(tmp_path / "ce", "bert", head="sequence_classification", num_labels=1)
   pairs, corpus = topic_pairs()
-  pairs = pairs[:40]
+  pairs = pairs[:30]
   options = {"num_negatives": 2, "min_score": 0.3}
   want = _theirs(minilm, pairs, corpus, cross_encoder=scorer, **options)
   got = mine.mine(minilm, pairs, corpus, scorer=scorer, **options)
@@ -124,3 +124,18 @@ def test_the_command_writes_the_lines_in_input_order_and_refuses_bad_options(min
   with pytest.raises(RunError, match=r"bad.jsonl:1: 'positive' \(--positive-field\): got 3, "
                      r"expected a non-empty string"):
     mine.read_pairs(str(tmp_path / "bad.jsonl"), "anchor", "positive")
+
+
+def test_a_beir_folders_judged_pairs_are_mined_from_its_whole_corpus(tmp_path):
+  import shutil
+
+  from tests.test_evaluate import write_beir
+  folder = write_beir(tmp_path / "set", ["d zero", "d one", "d two"], ["q zero", "q one"],
+                      {"q0": {"d1": 1, "d2": 0}, "q1": {"d0": 2, "d2": 1}})
+  shutil.copy(tmp_path / "set" / "qrels" / "test.tsv", tmp_path / "set" / "qrels" / "train.tsv")
+  pairs, corpus = mine.beir_pairs(folder, "train")
+  assert pairs == [("q zero", "d one"), ("q one", "d zero"), ("q one", "d two")]
+  assert corpus == ["d zero", "d one", "d two"]
+  (tmp_path / "set" / "qrels" / "dev.tsv").write_text("q0\td2\t0\n")
+  with pytest.raises(RunError, match=r"no relevant \(query, document\) pair in qrels/dev.tsv"):
+    mine.beir_pairs(folder, "dev")

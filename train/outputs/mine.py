@@ -4,7 +4,9 @@ r"""Hard negatives for (anchor, positive) lines, mined from a corpus with a mode
 
 Each line of --input is a JSON object with an anchor and a positive ("anchor", "positive":
 --anchor-field, --positive-field). The corpus is the positives, and the texts of --corpus
-(.txt, a text a line; .jsonl or .parquet, the --corpus-field of each) where given. The model
+(.txt, a text a line; .jsonl or .parquet, the --corpus-field of each) where given. --beir DIR
+takes a BEIR folder instead (train.evaluate's): the judged (query, document) pairs of its
+--split (train), mined from its whole corpus. The model
 (a sentence-transformers folder, a Hugging Face model directory or a contrastive run's workdir)
 embeds the distinct anchors and the corpus, unit-normalised; each anchor is scored against
 the whole corpus on every device (flax_encoder.search), and its negatives are chosen as
@@ -31,7 +33,7 @@ import numpy as np
 
 from flax_encoder import mining, search
 from train.cli import HelpFormatter
-from train.data import examples, sources
+from train.data import beir, examples, sources
 from train.errors import RunError
 from train.files import special_kind, unwritable_kind, written_whole
 
@@ -55,6 +57,19 @@ def read_pairs(path: str, anchor_field: str, positive_field: str) -> list[tuple[
   if not pairs:
     raise RunError(f"--input {path}: no lines, expected (anchor, positive) lines")
   return pairs
+
+
+def beir_pairs(directory: str, split: str) -> tuple[list[tuple[str, str]], list[str]]:
+  """(query, document) of each judged-relevant pair of a BEIR folder's `split` (relevance 1 or
+  more), in its qrels' order; and its whole corpus."""
+  data = beir.read(directory, split)
+  text = dict(zip(data.corpus_ids, data.documents))
+  queries = dict(zip(data.query_ids, data.queries))
+  pairs = [(queries[q], text[d]) for q, judged in data.qrels.items() for d, r in judged.items()
+           if r >= 1 and d in text]
+  if not pairs:
+    raise RunError(f"--beir {directory}: no relevant (query, document) pair in qrels/{split}.tsv")
+  return pairs, data.documents
 
 
 def read_corpus(path: str, field: str) -> list[str]:
@@ -157,7 +172,12 @@ def main(argv=None) -> int:
                                    formatter_class=HelpFormatter)
   parser.add_argument("--model", required=True, help="a sentence-transformers folder, a Hugging "
                       "Face model directory or a contrastive run's workdir")
-  parser.add_argument("--input", required=True, help=".jsonl or .parquet of (anchor, positive)")
+  source = parser.add_mutually_exclusive_group(required=True)
+  source.add_argument("--input", help=".jsonl or .parquet of (anchor, positive)")
+  source.add_argument("--beir", help="a BEIR folder instead: its --split's judged (query, "
+                      "document) pairs, mined from its whole corpus")
+  parser.add_argument("--split", default="train", choices=beir.SPLITS,
+                      help="the qrels of --beir whose pairs are mined")
   parser.add_argument("--out", required=True, help="the mined lines, .jsonl")
   parser.add_argument("--corpus", help="more texts to mine from: .txt, .jsonl or .parquet")
   parser.add_argument("--corpus-field", default="text", help="the text field of --corpus")
@@ -190,8 +210,14 @@ def main(argv=None) -> int:
     parser.error(f"--out {args.out}: {kind}, expected the name of a file to write")
   say = lambda message: print(f"mine: {message}", file=sys.stderr, flush=True)
   try:
-    pairs = read_pairs(args.input, args.anchor_field, args.positive_field)
-    corpus = read_corpus(args.corpus, args.corpus_field) if args.corpus else None
+    if args.beir:
+      pairs, corpus = beir_pairs(args.beir, args.split)
+    else:
+      pairs = read_pairs(args.input, args.anchor_field, args.positive_field)
+    if args.corpus:
+      corpus = [*(corpus or []), *read_corpus(args.corpus, args.corpus_field)]
+    elif not args.beir:
+      corpus = None
     lines = mine(args.model, pairs, corpus, num_negatives=args.num_negatives,
                  range_min=args.range_min, range_max=args.range_max,
                  absolute_margin=args.margin, relative_margin=args.relative_margin,
