@@ -7,7 +7,9 @@ topk (its default), on the same unit vectors, interleaved, on this CPU.
   python -m benchmarks.search --out benchmarks/results/search.json   # ~1 min, 2 cores
 
 Each side finds the 100 best of --documents for --queries (random unit vectors of --dim); the
-first call of each is a warm-up (ours compiles), then the median of --repeats. The sides must
+first call of each is a warm-up (ours compiles), then the median of --repeats. (Where JAX
+computes on the CPU and FAISS is installed, the commands take FAISS's side for cosine and dot:
+`flax_encoder.search.dense_top_k`.) The sides must
 find the same documents (checked: the sets of each query's first 10).
 """
 

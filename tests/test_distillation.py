@@ -9,11 +9,19 @@ import numpy as np
 import pytest
 
 from tests import runs
-from tests.test_contrastive import TOPICS, _config, _text, hf_dir  # noqa: F401 (a fixture)
+from tests.test_contrastive import TOPICS, _config, _text
 from train.errors import RunError
 from train.tasks.contrastive import DistillationLoss
 
 B, D = 6, 8
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+  """A tiny BERT, test_contrastive's start."""
+  pytest.importorskip("torch")
+  from tests import hf_models
+  return hf_models.write(tmp_path_factory.mktemp("bert"), "bert")
 
 
 def _embeddings(seed: int = 0):
@@ -79,7 +87,7 @@ def scored_pairs(tmp_path_factory):
           _write_pairs(directory / "eval.jsonl", rng.choice(TOPICS, 24, replace=False), rng))
 
 
-@pytest.mark.parametrize("loss", ["margin_mse", "kl"])
+@pytest.mark.parametrize("loss", ["margin_mse", pytest.param("kl", marks=pytest.mark.slow)])
 def test_a_distillation_run_reads_the_scores_trains_and_resumes_exactly(scored_pairs, hf_dir,
                                                                         tmp_path, capfd, loss):
   from train.tasks.contrastive import load_pairs
@@ -182,6 +190,7 @@ def starts(tmp_path_factory):
           "multi_vector": hf_models.write(root / "base", "bert", head="base")}
 
 
+@pytest.mark.slow  # two runs of each
 @pytest.mark.parametrize("name, loss", [("sparse", "kl"), ("multi_vector", "margin_mse")])
 def test_sparse_and_multi_vector_runs_distil_and_resume_exactly(scored_pairs, starts, tmp_path,
                                                                 capfd, name, loss):
@@ -229,6 +238,7 @@ def test_reranker_distillation_is_cross_encoder_margin_mse(tmp_path):
   assert float(np.mean(margin_mse(drawn, scored))) == pytest.approx(want, rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.slow  # two runs
 def test_a_reranker_distillation_run_reads_each_lines_scores_and_resumes_exactly(tmp_path, capfd):
   pytest.importorskip("torch")
   from configs import rerank as rerank_config

@@ -77,6 +77,12 @@ def test_the_search_keeps_each_querys_best_documents_over_chunks_and_devices():
   assert ids.shape == (7, 3)  # fewer documents than k
   with pytest.raises(search.SearchError, match=r"^similarity='l2', expected one of"):
     search.dense_scores("l2")
+  # FAISS's index where it is installed (on the CPU), the same documents as JAX's search
+  for similarity in ("cosine", "dot", "euclidean"):
+    want = search.top_k(search.dense_scores(similarity), queries, documents, 10)
+    got = search.dense_top_k(similarity, queries, documents, 10)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
 
 
 def write_beir(root, documents: list[str], queries: list[str], qrels: dict) -> str:
@@ -145,6 +151,7 @@ def test_the_commands_figures_are_pytrec_evals_on_the_run_file_it_wrote(minilm_e
   assert 0.2 < result["metrics"]["ndcg_at_10"] < 1  # a model that ranks: well above chance
 
 
+@pytest.mark.slow  # the published model in sentence-transformers, and its evaluator
 def test_the_dense_ranking_is_sentence_transformers_over_the_whole_corpus(minilm_evaluated):
   """Every query's 100 documents are those sentence-transformers' model scores highest, with
   its scores; its InformationRetrievalEvaluator gives the same figures."""

@@ -52,11 +52,14 @@ def minilm():
   return all_minilm_l6_v2()
 
 
+SLOW = pytest.mark.slow  # the published model, theirs and ours, again
+
+
 @pytest.mark.parametrize("options", [
     {},
-    {"num_negatives": 5, "range_min": 2, "range_max": 30},
-    {"absolute_margin": 0.05, "max_score": 0.6},
-    {"relative_margin": 0.1, "num_negatives": 2},
+    pytest.param({"num_negatives": 5, "range_min": 2, "range_max": 30}, marks=SLOW),
+    pytest.param({"absolute_margin": 0.05, "max_score": 0.6}, marks=SLOW),
+    pytest.param({"relative_margin": 0.1, "num_negatives": 2}, marks=SLOW),
 ], ids=["defaults", "range", "margin-and-bound", "relative-margin"])
 def test_the_negatives_are_sentence_transformers(minilm, options):
   pairs, corpus = topic_pairs()
@@ -69,6 +72,7 @@ def test_the_negatives_are_sentence_transformers(minilm, options):
     np.testing.assert_allclose(written[key]["scores"], scores, atol=2e-6)
 
 
+@SLOW
 def test_a_reranker_scores_the_candidates_as_cross_encoder_does(minilm, tmp_path):
   pytest.importorskip("torch")
   from tests import hf_models
@@ -101,6 +105,7 @@ def test_random_sampling_draws_from_the_range_best_first_and_again_the_same():
   assert seen == {1, 2, 3, 4, 5}
 
 
+@SLOW
 def test_the_command_writes_the_lines_in_input_order_and_refuses_bad_options(minilm, tmp_path):
   pairs, _ = topic_pairs()
   pairs = pairs[:30]

@@ -38,6 +38,7 @@ def _task(data: beir.BeirSet):
   return Topics()
 
 
+@pytest.mark.slow  # mteb, the published model twice and the evaluate command
 def test_mteb_scores_sentence_encoder_as_sentence_transformer(tmp_path):
   mteb = pytest.importorskip("mteb", reason="MTEB's evaluation (pip install mteb)")
   pytest.importorskip("sentence_transformers")

@@ -141,7 +141,8 @@ def retrieve(encoder, kind: str, queries: list[str], documents: list[str], k: in
     if kind == "multi_vector":  # [q, chunk, s, t] products
       (q, _), (d, _) = block, corpus
       chunk = max(1, search.CHUNK_SCORES // (q.shape[0] * q.shape[1] * d.shape[1]))
-    found.append(search.top_k(score, block, corpus, k, chunk))
+    found.append(search.dense_top_k(encoder.similarity, block, corpus, k) if kind == "dense"
+                 else search.top_k(score, block, corpus, k, chunk))
   return (np.concatenate([s for s, _ in found]), np.concatenate([i for _, i in found]))
 
 

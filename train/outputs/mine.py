@@ -120,9 +120,8 @@ def mine(model: str, pairs: list[tuple[str, str]], corpus: list[str] | None = No
   documents = _unit(np.asarray(encoder.encode_document(texts), np.float32))
   queries = _unit(np.asarray(encoder.encode_query(anchors), np.float32))
   say(f"searching {len(texts)} texts for each anchor's {mining.candidates(range_max, most)} best")
-  score = search.dense_scores(encoder.similarity)
-  scores, ids = search.top_k(score, queries, documents,
-                             mining.candidates(range_max, most))
+  scores, ids = search.dense_top_k(encoder.similarity, queries, documents,
+                                   mining.candidates(range_max, most))
   owner = np.repeat(np.arange(len(anchors)), [len(p) for p in positives])
   flat = search.dense_pairwise(encoder.similarity, queries[owner],
                                documents[np.concatenate(positives)])
