@@ -140,16 +140,20 @@ def compile_times(cfg: EncoderConfig, layers=(6, 12, 24), batch: int = 8,
 
 
 def environment() -> dict:
+  """The versions and machine a benchmark ran on (torch's fields None where it is absent)."""
   import flax
   import jaxlib
-  import torch
+  try:
+    import torch
+  except ImportError:
+    torch = None
   device = jax.devices()[0]
   return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
-          "optax": optax.__version__, "torch": torch.__version__,
+          "optax": optax.__version__, "torch": torch and torch.__version__,
           "python": platform.python_version(),
           "backend": jax.default_backend(), "device": device.device_kind,
           "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-          "torch_threads": torch.get_num_threads(),
+          "torch_threads": torch and torch.get_num_threads(),
           "matmul_precision": jax.config.jax_default_matmul_precision}
 
 
