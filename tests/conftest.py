@@ -44,3 +44,18 @@ def pytest_xdist_auto_num_workers(config):
   multi-process test holds back on purpose. A worker more keeps them busy (94%)."""
   cores = len(os.sched_getaffinity(0))
   return cores + max(1, cores // 2)
+
+
+@pytest.fixture
+def tiny_config():
+  return EncoderConfig(vocab_size=37, d_model=16, n_heads=4, d_ff=24, n_layers=2, max_len=24,
+                       dropout=0.1)
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory):
+  """The workdir of one uninterrupted run of tests/tiny.py's config on one device (trained once
+  for all pytest-xdist workers: tests only read it or copy it)."""
+  workdir, _ = runs.once_per_session(tmp_path_factory, "reference",
+                                     lambda directory: runs.train(directory).returncode)
+  return workdir

@@ -475,8 +475,11 @@ def test_a_sentence_transformers_start_is_fine_tuned_as_the_embeddings_it_gives(
 BAD_LINES = [
     ({"anchor": "a b", "text": "c d"}, "'positive': no such field, expected a non-empty string"),
     ({"anchor": 7, "positive": "c d"}, "'anchor': got 7, expected a non-empty string"),
-    ({"anchor": "a", "positive": "b", "negative": ["c"]},
-     "'negative': got ['c'], expected a non-empty string"),
+    ({"anchor": "a", "positive": "b", "negative": ["c", "d"]},
+     "'negative': a list of 2, expected one text (this task takes one negative a line: mine "
+     "with --num-negatives 1)"),
+    ({"anchor": "a", "positive": "b", "negative": [3]},
+     "'negative': got 3, expected a non-empty string"),
     ({"anchor": "  ", "positive": "b"}, "'anchor': got '  ', expected a non-empty string"),
 ]
 
