@@ -13,6 +13,7 @@ scores the earlier document comes first.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import jax
@@ -172,6 +173,7 @@ def _padded(x: np.ndarray, rows: int) -> np.ndarray:
       [x, np.zeros((rows - len(x), *x.shape[1:]), x.dtype)])
 
 
+@functools.lru_cache(maxsize=16)  # one jit per scorer and k: a call per block of queries
 def _chunk_top_k(score: Callable, k: int):
   @jax.jit
   def best(queries, documents, present):

@@ -122,27 +122,25 @@ def retrieve(encoder, kind: str, queries: list[str], documents: list[str], k: in
   corpus = encoder.encode_document(documents)
   say(f"embedding {len(queries)} queries")
   asked = encoder.encode_query(queries)
-  if kind == "dense":
-    score, corpus = search.dense_scores(encoder.similarity), np.asarray(corpus, np.float32)
-    blocks = [np.asarray(asked, np.float32)[i:i + QUERY_BLOCK]
-              for i in range(0, len(queries), QUERY_BLOCK)]
-  elif kind == "sparse":
+  say(f"searching {len(documents)} documents")
+  if kind == "dense":  # all queries at once: top_k bounds its memory, FAISS builds one index
+    return search.dense_top_k(encoder.similarity, np.asarray(asked, np.float32),
+                              np.asarray(corpus, np.float32), k)
+  blocks = range(0, len(queries), QUERY_BLOCK)
+  if kind == "sparse":  # dense rows of the vocabulary, a block of queries at a time
     score, corpus = search.sparse_scores(encoder.similarity_fn_name), _DenseRows(corpus)
-    blocks = [_DenseRows(asked)[i:i + QUERY_BLOCK] for i in range(0, len(queries), QUERY_BLOCK)]
+    blocks = [_DenseRows(asked)[i:i + QUERY_BLOCK] for i in blocks]
   else:
     score = search.maxsim_scores(encoder.similarity_fn_name == "meanmaxsim")
     corpus = pad_vectors(corpus, "documents")
-    blocks = [pad_vectors(asked[i:i + QUERY_BLOCK], "queries")
-              for i in range(0, len(queries), QUERY_BLOCK)]
+    blocks = [pad_vectors(asked[i:i + QUERY_BLOCK], "queries") for i in blocks]
   found = []
   for block in blocks:
-    say(f"searching {len(documents)} documents")
     chunk = None
     if kind == "multi_vector":  # [q, chunk, s, t] products
       (q, _), (d, _) = block, corpus
       chunk = max(1, search.CHUNK_SCORES // (q.shape[0] * q.shape[1] * d.shape[1]))
-    found.append(search.dense_top_k(encoder.similarity, block, corpus, k) if kind == "dense"
-                 else search.top_k(score, block, corpus, k, chunk))
+    found.append(search.top_k(score, block, corpus, k, chunk))
   return (np.concatenate([s for s, _ in found]), np.concatenate([i for _, i in found]))
 
 

@@ -209,14 +209,13 @@ def main(argv=None) -> int:
     parser.error(f"--out {args.out}: {kind}, expected the name of a file to write")
   say = lambda message: print(f"mine: {message}", file=sys.stderr, flush=True)
   try:
+    corpus = None
     if args.beir:
       pairs, corpus = beir_pairs(args.beir, args.split)
     else:
       pairs = read_pairs(args.input, args.anchor_field, args.positive_field)
     if args.corpus:
       corpus = [*(corpus or []), *read_corpus(args.corpus, args.corpus_field)]
-    elif not args.beir:
-      corpus = None
     lines = mine(args.model, pairs, corpus, num_negatives=args.num_negatives,
                  range_min=args.range_min, range_max=args.range_max,
                  absolute_margin=args.margin, relative_margin=args.relative_margin,
