@@ -96,6 +96,33 @@ def metrics(run: dict, qrels: dict, names=tuple(DEFAULT), judged_missing: str = 
           for name in names}
 
 
+def diagonal_metrics(similarity, names=("mrr_at_10", "ndcg_at_10", "recall_at_1",
+                                         "recall_at_10")) -> dict:
+  """The mean of each of `names` over the rows of `similarity` [queries, candidates], where
+  candidate i is query i's one relevant document (relevance 1): what `metrics` gives for that
+  run when the relevant candidate's id is the least of its query's. trec_eval breaks a tie by
+  id, the greater first, so a candidate scored as high as the relevant one ranks above it: a
+  model that scores everything alike ranks last. Vectorised, for the held-out pairs a
+  training task ranks every evaluation."""
+  parsed = [(name, *measure(name)) for name in names]
+  similarity = np.asarray(similarity, np.float64)
+  if similarity.ndim != 2 or similarity.shape[0] > similarity.shape[1]:
+    raise RankingError(f"similarity of shape {similarity.shape}, expected [queries, "
+                       f"candidates] with a candidate for each query")
+  relevant = np.diagonal(similarity)[:, None]
+  # 1-based: the candidates scored at least as high, the relevant one among them
+  rank = np.maximum(np.sum(similarity >= relevant, axis=1), 1).astype(np.float64)
+  per_rank = {"ndcg": lambda r: 1 / np.log2(r + 1),  # one relevant: the ideal DCG is 1
+              "mrr": lambda r: 1 / r, "map": lambda r: 1 / r,  # its precision where it ranks
+              "recall": lambda r: np.ones_like(r)}
+  out = {}
+  for name, kind, depth in parsed:
+    within = rank <= depth
+    gain = 1.0 / depth if kind == "precision" else per_rank[kind](rank)
+    out[name] = float(np.mean(np.where(within, gain, 0.0))) if len(rank) else 0.0
+  return out
+
+
 def top_k(run: dict, k: int) -> dict:
   """The run with each query's first `k` documents in trec_eval's order."""
   return {q: {doc: scores[doc] for doc in ranked(scores)[:k]} for q, scores in run.items()}

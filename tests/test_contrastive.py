@@ -16,6 +16,7 @@ import pytest
 
 from configs import embed as embed_config
 from flax_encoder import EncoderConfig
+from flax_encoder.ranking import diagonal_metrics
 from tests import runs
 from train.data import pipeline
 from train.errors import RunError
@@ -79,14 +80,14 @@ def test_ranking_metrics_of_a_hand_made_similarity_matrix():
   similarity[2, 2] = 1  # every other above: rank 12, outside the top 10
   similarity[3, 4] = 1  # a tie ranks above: rank 2
   ranks = np.array([1, 3, 12, 2] + [1] * 8)
-  metrics = contrastive.ranking_metrics(similarity)
+  metrics = diagonal_metrics(similarity)
   in_top = ranks <= 10
   assert metrics["mrr_at_10"] == pytest.approx((1 + 1 / 3 + 0 + 1 / 2 + 8) / 12)
   assert metrics["ndcg_at_10"] == pytest.approx((1 + 1 / 2 + 0 + 1 / np.log2(3) + 8) / 12)
   assert metrics["recall_at_1"] == pytest.approx(9 / 12)
   assert metrics["recall_at_10"] == pytest.approx(in_top.mean()) == pytest.approx(11 / 12)
   # A model that scores everything alike ranks every relevant one last.
-  flat = contrastive.ranking_metrics(np.zeros((12, 12)))
+  flat = diagonal_metrics(np.zeros((12, 12)))
   assert flat["recall_at_10"] == 0 and flat["mrr_at_10"] == 0
 
 
@@ -186,7 +187,7 @@ def test_the_held_out_embeddings_are_put_together_over_packed_padded_batches():
   metrics = task.eval_metrics(sums)
   similarity = _unit(sums["anchors"]) @ _unit(sums["positives"]).T
   assert metrics["mrr_at_10"] == pytest.approx(
-      contrastive.ranking_metrics(similarity)["mrr_at_10"])
+      diagonal_metrics(similarity)["mrr_at_10"])
   assert metrics["loss"] == pytest.approx(_ce_sum(20 * similarity) / 5, rel=1e-6)
   assert metrics["random_mrr_at_10"] == pytest.approx((1 + 1 / 2 + 1 / 3 + 1 / 4 + 1 / 5) / 5)
 

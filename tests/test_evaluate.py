@@ -52,6 +52,34 @@ def test_the_figures_are_trec_evals_on_runs_with_ties_and_graded_judgements():
         assert got[q][name] == pytest.approx(want[q][name], abs=1e-12), (q, name)
 
 
+def test_the_training_tasks_figures_are_trec_evals_with_the_relevant_one_last_of_its_ties():
+  # The held-out pairs a training task ranks: candidate i the one relevant to query i. Integer
+  # scores tie often; the relevant candidate's id is the least of its query's, so trec_eval
+  # ranks it below every candidate scored alike.
+  pytrec_eval = pytest.importorskip("pytrec_eval")
+  rng = np.random.default_rng(0)
+  names = {"ndcg_cut_10": "ndcg_at_10", "recall_1": "recall_at_1", "recall_10": "recall_at_10",
+           "map_cut_10": "map_at_10", "P_5": "precision_at_5"}
+  for similarity in [rng.integers(0, 6, (12, 30)).astype(float), np.zeros((12, 12)),
+                     rng.normal(size=(12, 30))]:
+    doc = lambda i, j: f"d{0 if i == j else 1}{j:03d}"
+    run = {f"q{i}": {doc(i, j): float(s) for j, s in enumerate(row)}
+           for i, row in enumerate(similarity)}
+    qrels = {f"q{i}": {doc(i, i): 1} for i in range(len(similarity))}
+    each = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.1,10", "map_cut.10",
+                                                  "P.5"}).evaluate(run)
+    reciprocal = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(
+        ranking.top_k(run, 10))
+    want = {name: np.mean([m[key] for m in each.values()]) for key, name in names.items()}
+    want["mrr_at_10"] = np.mean([m["recip_rank"] for m in reciprocal.values()])
+    got = ranking.diagonal_metrics(similarity, tuple(want))
+    for name in want:
+      assert got[name] == pytest.approx(want[name], abs=1e-12), name
+  assert ranking.diagonal_metrics(np.zeros((12, 12)))["mrr_at_10"] == 0  # all alike: last
+  with pytest.raises(ranking.RankingError, match=r"^similarity of shape \(3,\), expected"):
+    ranking.diagonal_metrics(np.zeros(3))
+
+
 def test_a_run_file_reads_back_as_written_and_a_bad_line_is_named():
   run = {"q1": {"d2": 0.5, "d1": 0.5, "d3": 2.0}, "q2": {"d9": -1.25}}
   lines = ranking.run_lines(run, "tag")

@@ -42,6 +42,7 @@ import numpy as np
 
 from flax_encoder import EncoderConfig, families
 from flax_encoder.embeddings import Pooling, SentenceEmbedding, SentenceModel, normalize
+from flax_encoder.ranking import diagonal_metrics
 from flax_encoder.tokenizer import Template, example_ids
 from train.data import dataset, examples, sources
 from train.errors import RunError
@@ -230,20 +231,6 @@ def cached(embed: Embed, chunks: int) -> Embed:
 # Ranking the held-out pairs.
 
 
-def ranking_metrics(similarity: np.ndarray) -> dict:
-  """MRR@10, nDCG@10, recall@1 and recall@10 of anchor i ranking the candidates by
-  `similarity` [anchors, candidates], candidate i the one relevant. A candidate scored as
-  high as the relevant one ranks above it: a model that scores everything alike is last."""
-  similarity = np.asarray(similarity, np.float64)
-  relevant = np.diagonal(similarity)[:, None]
-  rank = np.maximum(np.sum(similarity >= relevant, axis=1), 1)
-  top = rank <= TOP
-  return {"mrr_at_10": float(np.mean(np.where(top, 1 / rank, 0))),
-          # one relevant candidate: the ideal DCG is 1
-          "ndcg_at_10": float(np.mean(np.where(top, 1 / np.log2(rank + 1), 0))),
-          "recall_at_1": float(np.mean(rank == 1)), "recall_at_10": float(np.mean(top))}
-
-
 def _unit_np(x: np.ndarray) -> np.ndarray:
   return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
@@ -323,12 +310,12 @@ class ContrastiveTask(PairsTask):
     log_z = peak[:, 0] + np.log(np.sum(np.exp(scores - peak), axis=1))
     n = len(similarity)
     metrics = {"loss": float(np.mean(log_z - np.diagonal(scores))),
-               **ranking_metrics(similarity),
+               **diagonal_metrics(similarity),
                "random_mrr_at_10": float(sum(1 / r for r in range(1, min(TOP, n) + 1)) / n)}
     for d in self.loss.dims:
       if d < anchors.shape[1]:
         prefix = _unit_np(anchors[:, :d]) @ _unit_np(positives[:, :d]).T
-        metrics[f"mrr_at_10_dim_{d}"] = ranking_metrics(prefix)["mrr_at_10"]
+        metrics[f"mrr_at_10_dim_{d}"] = diagonal_metrics(prefix)["mrr_at_10"]
     return metrics
 
   @staticmethod

@@ -53,13 +53,14 @@ from flax_encoder.embeddings import Dense, Normalize, segments_per_row
 from flax_encoder.multi_vector import (EMPTY_DOCUMENT_SCORE, SCORE_ELEMENTS, MultiVectorEncoder,
                                        MultiVectorError, MultiVectorModel, ScoringMask,
                                        TokenVectors, _vocabulary, maxsim)
+from flax_encoder.ranking import diagonal_metrics
 from flax_encoder.tokenizer import Template
 from train.errors import RunError
 from train.run.load import recorded_encoder_config
 from train.task import (FIXES_STATE, Definition, Field, Plots, Resume, Setup, boolean, integer,
                         optional)
 from train.tasks import contrastive, finetune, tokenizing
-from train.tasks.contrastive import cached, cross_entropy_sum, diagonal, ranking_metrics
+from train.tasks.contrastive import cached, cross_entropy_sum, diagonal
 from train.tasks.start import start_params
 
 DIM = 128  # the projection's width from a start without one (sentence-transformers' default)
@@ -220,7 +221,7 @@ class MultiVectorTask(contrastive.PairsTask):
     peak = scores.max(axis=1, keepdims=True)
     log_z = peak[:, 0] + np.log(np.sum(np.exp(scores - peak), axis=1))
     n = len(similarity)
-    return {"loss": float(np.mean(log_z - np.diagonal(scores))), **ranking_metrics(similarity),
+    return {"loss": float(np.mean(log_z - np.diagonal(scores))), **diagonal_metrics(similarity),
             "random_mrr_at_10": float(sum(1 / r for r in range(1, min(contrastive.TOP, n) + 1))
                                       / n)}
 

@@ -31,6 +31,7 @@ import numpy as np
 from flax_encoder import families
 from flax_encoder import modules_json
 from flax_encoder.masked_lm import MaskedLM
+from flax_encoder.ranking import diagonal_metrics
 from flax_encoder.sparse import (POOLING_STRATEGIES, SPLADE_ACTIVATIONS, SpladeEmbedding,
                                  SpladeModel)
 from flax_encoder.tokenizer import Template
@@ -40,7 +41,7 @@ from train.task import (Definition, Field, HFModel, Plots, Resume, Setup, boolea
                         number)
 from train.tasks import contrastive, finetune, tokenizing
 from train.tasks.contrastive import (ContrastiveTask, cross_entropy_sum, diagonal, distillation,
-                                    pair_scores, ranking_metrics)
+                                    pair_scores)
 from train.tasks.start import start_files_read
 
 TOP = contrastive.TOP
@@ -120,7 +121,7 @@ class SparseTask(ContrastiveTask):
     peak = scores.max(axis=1, keepdims=True)
     log_z = peak[:, 0] + np.log(np.sum(np.exp(scores - peak), axis=1))
     n = len(scores)
-    return {"loss": float(np.mean(log_z - np.diagonal(scores))), **ranking_metrics(scores),
+    return {"loss": float(np.mean(log_z - np.diagonal(scores))), **diagonal_metrics(scores),
             "active_dims_anchor": float(np.mean(np.count_nonzero(anchors, axis=1))),
             "active_dims_positive": float(np.mean(np.count_nonzero(positives, axis=1))),
             "random_mrr_at_10": float(sum(1 / r for r in range(1, min(TOP, n) + 1)) / n)}
