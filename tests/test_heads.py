@@ -186,6 +186,27 @@ def _spec_tokenizer(directory):
   return TokenizerSpec("huggingface", os.path.join(directory, "tokenizer.json")).load(0)
 
 
+def test_predict_in_int8_is_near_the_float_prediction(hf_run, data, tmp_path):
+  # --quantize int8 (qwix: int8 kernels a scale per output channel, activations a scale per
+  # token): the same tags for nearly every word; numbers within 2% of the float ones (this
+  # tiny run predicts nearly one number: their spread is no scale).
+  pytest.importorskip("qwix")
+  task, workdir, _ = hf_run
+  eval_ = data[0][task][1]
+  got = {}
+  for quantize in (None, "int8"):
+    out = tmp_path / f"{quantize}.jsonl"
+    assert predict(workdir, eval_, str(out), quantize=quantize).count == 16
+    got[quantize] = [json.loads(line) for line in out.read_text().splitlines()]
+  if task == "tag":
+    tags = [(a, b) for x, y in zip(got[None], got["int8"]) for a, b in zip(x["tags"], y["tags"])]
+    assert np.mean([a == b for a, b in tags]) >= 0.95
+  else:
+    plain, int8 = (np.array([p["score"] for p in got[q]]) for q in (None, "int8"))
+    assert not np.array_equal(plain, int8)  # computed otherwise
+    assert np.abs(int8 - plain).max() <= 0.02 * np.abs(plain).max()
+
+
 def test_a_run_exports_what_transformers_loads_as_itself_and_predicts_its_eval(hf_run,
                                                                                data, tmp_path):
   task, workdir, final = hf_run

@@ -171,6 +171,28 @@ def test_the_export_is_a_cross_encoder_with_the_runs_scores(tuned, groups, tmp_p
   np.testing.assert_allclose(scores, want, atol=1e-5)
 
 
+def test_predict_in_int8_scores_near_the_runs_float_scores(tuned, groups, tmp_path):
+  # --quantize int8: the dense layers' kernels in int8 with a scale per output channel, the
+  # activations quantized per token (qwix); the logits follow the float ones closely.
+  pytest.importorskip("qwix")
+  from train.outputs.predict import main, predict
+  workdir, _ = tuned
+  lines = tmp_path / "pairs.jsonl"
+  with open(groups[1]) as f:
+    lines.write_text("".join(json.dumps({"query": line["query"], "document": d}) + "\n"
+                             for line in map(json.loads, f) for d in line["documents"][:4]))
+  logits = {}
+  for quantize in (None, "int8"):
+    out = tmp_path / f"{quantize}.jsonl"
+    assert predict(workdir, str(lines), str(out), quantize=quantize).count == 120
+    logits[quantize] = np.array([json.loads(l)["logit"] for l in out.read_text().splitlines()])
+  assert not np.array_equal(logits["int8"], logits[None])  # computed otherwise
+  assert np.corrcoef(logits["int8"], logits[None])[0, 1] >= 0.999
+  assert np.abs(logits["int8"] - logits[None]).max() <= 0.05 * np.ptp(logits[None])
+  assert main(["--workdir", workdir, "--input", str(lines), "--out", str(tmp_path / "q.jsonl"),
+               "--quantize", "int8"]) == 0
+
+
 @pytest.mark.slow  # two runs of the program
 def test_a_rerank_run_resumes_exactly(groups, hf_dir, tmp_path, capfd):
   from train.run.load import load_encoder

@@ -74,9 +74,10 @@ class Predicted:
 
 
 def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
-            show: bool = False) -> Predicted:
-  """Writes the predictions for `input_path` to `out_path`, with a progress bar if `show`.
-  `out_path` appears once every line is predicted, never half-written."""
+            show: bool = False, quantize: str | None = None) -> Predicted:
+  """Writes the predictions for `input_path` to `out_path`, with a progress bar if `show`;
+  with the model's dense layers in int8 where `quantize` is "int8". `out_path` appears once
+  every line is predicted, never half-written."""
   check_arguments(input_path, out_path, batch_size)
   if not os.path.isdir(workdir):
     raise RunError(f"--workdir {workdir}: no such directory")
@@ -87,6 +88,7 @@ def predict(workdir: str, input_path: str, out_path: str, batch_size: int = 64,
     run = read_run(workdir)
   except FileNotFoundError as e:  # train.run.load: no checkpoint to read
     raise RunError(str(e)) from None
+  run = supervised.quantized_run(run, quantize)
   predictor = tasks.definition(run.task).predictor(run, batch_size)
   source = sources.Source(input_path)
 
@@ -166,11 +168,15 @@ def main(argv=None) -> int:
   parser.add_argument("--input", required=True, help="JSON lines with the texts")
   parser.add_argument("--out", required=True, help="JSON lines of predictions, in order")
   parser.add_argument("--batch-size", type=int, default=64, help="examples a call predicts")
+  parser.add_argument("--quantize", choices=("int8",),
+                      help="compute the dense layers in int8 (flax_encoder.quantized: weights "
+                           "per output channel, activations per token; needs the int8 extra)")
   args = parser.parse_args(argv)
   # SIGTERM as Ctrl-C: predict's cleanup runs (the default action would skip it).
   previous = signal.signal(signal.SIGTERM, _interrupt)
   try:
-    done = predict(args.workdir, args.input, args.out, args.batch_size, show=True)
+    done = predict(args.workdir, args.input, args.out, args.batch_size, show=True,
+                   quantize=args.quantize)
   except RunError as e:
     print(f"predict: error: {e}", file=sys.stderr)
     return 2

@@ -104,6 +104,28 @@ def read_run(workdir: str, predictor) -> FineTuned:
                    tokenizing.run_tokenizer(workdir, meta), record.get("family"))
 
 
+# The tasks whose predictors apply the run's model as it is read (classify's builds its own).
+QUANTIZABLE = ("regress", "rerank", "tag")
+
+
+def quantized_run(run: FineTuned, quantize: str | None) -> FineTuned:
+  """`run` with its model's dense layers computed in `quantize` (int8: flax_encoder.quantized,
+  weights per output channel, activations per token), its parameters in that form; `run`
+  itself where None. RunError naming --quantize where it cannot be."""
+  if quantize is None:
+    return run
+  if run.task not in QUANTIZABLE:
+    raise RunError(f"--quantize {quantize}: a {run.task} run predicts in its float weights "
+                   f"here, expected a run of {QUANTIZABLE}")
+  from flax_encoder import quantized
+  try:
+    model = quantized.quantized(run.model, quantize)
+    params = quantized.quantized_params(model, run.params, jnp.ones((1, 1), jnp.int32))
+  except quantized.QuantizeError as e:
+    raise RunError(f"--quantize {quantize}: {e}") from None
+  return dataclasses.replace(run, model=model, params=params)
+
+
 def run_of(run: FineTuned | str, predictor) -> FineTuned:
   """`run` (a workdir, or the run read), which must be a run of `predictor`'s task."""
   if isinstance(run, str):
