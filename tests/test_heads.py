@@ -207,6 +207,15 @@ def test_predict_in_int8_is_near_the_float_prediction(hf_run, data, tmp_path):
     assert np.abs(int8 - plain).max() <= 0.02 * np.abs(plain).max()
 
 
+def test_predict_refuses_int8_for_a_classify_run_in_one_line():
+  from train.tasks.supervised import FineTuned, quantized_run
+  run = FineTuned("classify", None, {}, ["a", "b"], {}, None)
+  assert quantized_run(run, None) is run
+  with pytest.raises(RunError, match=r"^--quantize int8: a classify run predicts in its float "
+                     r"weights here, expected a run of \('regress', 'rerank', 'tag'\)$"):
+    quantized_run(run, "int8")
+
+
 def test_a_run_exports_what_transformers_loads_as_itself_and_predicts_its_eval(hf_run,
                                                                                data, tmp_path):
   task, workdir, final = hf_run
