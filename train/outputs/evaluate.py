@@ -126,14 +126,14 @@ def retrieve(encoder, kind: str, queries: list[str], documents: list[str], k: in
   if kind == "dense":  # all queries at once: top_k bounds its memory, FAISS builds one index
     return search.dense_top_k(encoder.similarity, np.asarray(asked, np.float32),
                               np.asarray(corpus, np.float32), k)
-  blocks = range(0, len(queries), QUERY_BLOCK)
+  starts = range(0, len(queries), QUERY_BLOCK)
   if kind == "sparse":  # dense rows of the vocabulary, a block of queries at a time
     score, corpus = search.sparse_scores(encoder.similarity_fn_name), _DenseRows(corpus)
-    blocks = [_DenseRows(asked)[i:i + QUERY_BLOCK] for i in blocks]
+    blocks = [_DenseRows(asked)[i:i + QUERY_BLOCK] for i in starts]
   else:
     score = search.maxsim_scores(encoder.similarity_fn_name == "meanmaxsim")
     corpus = pad_vectors(corpus, "documents")
-    blocks = [pad_vectors(asked[i:i + QUERY_BLOCK], "queries") for i in blocks]
+    blocks = [pad_vectors(asked[i:i + QUERY_BLOCK], "queries") for i in starts]
   found = []
   for block in blocks:
     chunk = None
